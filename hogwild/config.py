@@ -1,0 +1,281 @@
+"""Structured configuration: the dataclass schema behind every Hydra override.
+
+Every field carries its meaning in the docstring below it; every check lives in a
+``__post_init__`` and raises :class:`ConfigError` naming the offending key, so a bad
+value fails in one line before any process is spawned (DESIGN rule 9).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+
+MODELS = ("mlp", "convnet", "sparse_linear")
+DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "npz", "sparse_synthetic")
+OPTIMIZERS = ("sgd", "adam", "adagrad")
+OPTIM_STATES = ("worker", "shared")
+SYNC_MODES = ("average", "broadcast", "diloco", "median", "trimmed_mean")
+BACKENDS = ("auto", "gloo", "nccl")
+DEVICES = ("cpu", "cuda")
+SYNC_DTYPES = ("fp32", "bf16", "fp16")
+
+
+class ConfigError(ValueError):
+    """A user mistake in the configuration or an input file: reported in one line."""
+
+
+def _require(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {msg}")
+
+
+def _choice(value: str, key: str, choices: tuple[str, ...]) -> None:
+    _require(value in choices, key, f"unknown value {value!r}; choose one of {', '.join(choices)}")
+
+
+def _positive(value: float, key: str, allow_zero: bool = False) -> None:
+    ok = value >= 0 if allow_zero else value > 0
+    _require(ok, key, f"must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+@dataclass
+class ModelConfig:
+    name: str = "mlp"
+    """Model architecture: mlp | convnet | sparse_linear."""
+    hidden: int = 128
+    """Hidden width of the mlp."""
+    dropout: float = 0.25
+    """Dropout of the convnet (the parameter-server tutorial's net)."""
+
+    def __post_init__(self) -> None:
+        _choice(self.name, "model.name", MODELS)
+        _positive(self.hidden, "model.hidden")
+        _require(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
+
+
+@dataclass
+class DataConfig:
+    name: str = "digits"
+    """Dataset: digits | mnist | fashion_mnist | cifar10 | npz | sparse_synthetic."""
+    root: str = "data"
+    """Folder of torchvision datasets (mnist, fashion_mnist, cifar10)."""
+    download: bool = False
+    """Let torchvision download into ``root``; never done unless asked."""
+    path: Optional[str] = None
+    """The .npz file for ``data=npz`` (arrays X, y and optionally X_test, y_test)."""
+    test_fraction: float = 0.2
+    """Held-out share where a dataset has no test split of its own (digits, npz, sparse)."""
+    split_seed: int = 0
+    """Seed of the train/test split; fixed apart from train.seed so sweeps share a test set."""
+    image_size: int = 0
+    """Resize digits images to this side (e.g. 28 for the convnet); 0 keeps 8x8."""
+    num_samples: int = 20000
+    """sparse_synthetic: number of samples."""
+    num_features: int = 2**18
+    """sparse_synthetic: feature space size (the RCV1-like 2^18)."""
+    active_features: int = 32
+    """sparse_synthetic: non-zeros per sample."""
+    num_classes: int = 2
+    """sparse_synthetic: classes of the hidden linear model."""
+
+    def __post_init__(self) -> None:
+        _choice(self.name, "data.name", DATASETS)
+        _require(0.0 < self.test_fraction < 1.0, "data.test_fraction",
+                 f"must be in (0, 1), got {self.test_fraction}")
+        _positive(self.image_size, "data.image_size", allow_zero=True)
+        _positive(self.num_samples, "data.num_samples")
+        _positive(self.num_features, "data.num_features")
+        _positive(self.active_features, "data.active_features")
+        _require(self.active_features <= self.num_features, "data.active_features",
+                 "must not exceed data.num_features")
+        _require(self.num_classes >= 2, "data.num_classes", f"must be >= 2, got {self.num_classes}")
+        if self.name == "npz":
+            _require(bool(self.path), "data.path", "required for data=npz (a .npz with X and y)")
+
+
+@dataclass
+class OptimConfig:
+    name: str = "sgd"
+    """Update rule applied in place by each worker: sgd | adam | adagrad."""
+    lr: float = 0.05
+    """Learning rate."""
+    momentum: float = 0.0
+    """SGD momentum (sgd only)."""
+    weight_decay: float = 0.0
+    """L2 penalty added to the gradient."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """Adam's betas."""
+    eps: float = 1e-8
+    """Adam/Adagrad epsilon."""
+    state: str = "worker"
+    """Where momentum/Adam/Adagrad state lives: worker (private, as mnist_hogwild) or shared."""
+
+    def __post_init__(self) -> None:
+        _choice(self.name, "optim.name", OPTIMIZERS)
+        _positive(self.lr, "optim.lr")
+        _require(0.0 <= self.momentum < 1.0, "optim.momentum", f"must be in [0, 1), got {self.momentum}")
+        _positive(self.weight_decay, "optim.weight_decay", allow_zero=True)
+        _require(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas), "optim.betas",
+                 f"must be two numbers in [0, 1), got {list(self.betas)}")
+        _positive(self.eps, "optim.eps")
+        _choice(self.state, "optim.state", OPTIM_STATES)
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 30
+    """Passes of each worker over its own shard (ignored when max_steps is set)."""
+    max_steps: Optional[int] = None
+    """Total updates per replica, split evenly over its workers; overrides epochs."""
+    batch_size: int = 32
+    """Per-worker mini-batch size."""
+    seed: int = 0
+    """Model init seed; worker w of the job is seeded with seed + w."""
+    log_every_s: float = 10.0
+    """Progress interval when the console is not a terminal (a terminal gets one live line)."""
+
+    def __post_init__(self) -> None:
+        _positive(self.epochs, "train.epochs")
+        if self.max_steps is not None:
+            _positive(self.max_steps, "train.max_steps")
+        _positive(self.batch_size, "train.batch_size")
+        _positive(self.seed, "train.seed", allow_zero=True)
+        _positive(self.log_every_s, "train.log_every_s")
+
+
+@dataclass
+class EvalConfig:
+    every_s: float = 5.0
+    """Evaluate the (live) shared model on the test split this often, in the rank-0 leader."""
+
+    def __post_init__(self) -> None:
+        _positive(self.every_s, "eval.every_s")
+
+
+@dataclass
+class CheckpointConfig:
+    every_s: float = 30.0
+    """Write checkpoints/step_*.pt (and last.pt) this often; bounds the work a crash loses."""
+    keep: int = 3
+    """How many step checkpoints to keep."""
+
+    def __post_init__(self) -> None:
+        _positive(self.every_s, "checkpoint.every_s")
+        _positive(self.keep, "checkpoint.keep")
+
+
+@dataclass
+class SyncConfig:
+    mode: str = "average"
+    """Cross-replica rule: average | broadcast | diloco | median | trimmed_mean."""
+    interval: int = 50
+    """Sync each time a replica's own update count (all its workers) grows by this much."""
+    backend: str = "auto"
+    """Process-group backend: auto (gloo on cpu, nccl on cuda) | gloo | nccl."""
+    timeout_s: float = 300.0
+    """Collective and rendezvous timeout; a dead peer fails the job after this long."""
+    outer_lr: float = 0.7
+    """diloco: outer learning rate."""
+    outer_momentum: float = 0.9
+    """diloco: outer Nesterov momentum."""
+    trim: int = 1
+    """trimmed_mean: replicas dropped at each end, per coordinate."""
+    target_drift: Optional[float] = None
+    """If set, adapt the interval so the measured drift stays near this value."""
+    min_interval: int = 5
+    """Lower bound of the adaptive interval."""
+    max_interval: int = 5000
+    """Upper bound of the adaptive interval."""
+    dtype: str = "fp32"
+    """Wire precision of the synced delta: fp32 | bf16 | fp16 (with error feedback)."""
+
+    def __post_init__(self) -> None:
+        _choice(self.mode, "sync.mode", SYNC_MODES)
+        _positive(self.interval, "sync.interval")
+        _choice(self.backend, "sync.backend", BACKENDS)
+        _positive(self.timeout_s, "sync.timeout_s")
+        _positive(self.outer_lr, "sync.outer_lr")
+        _require(0.0 <= self.outer_momentum < 1.0, "sync.outer_momentum",
+                 f"must be in [0, 1), got {self.outer_momentum}")
+        _positive(self.trim, "sync.trim", allow_zero=True)
+        if self.target_drift is not None:
+            _positive(self.target_drift, "sync.target_drift")
+        _positive(self.min_interval, "sync.min_interval")
+        _require(self.max_interval >= self.min_interval, "sync.max_interval",
+                 "must be >= sync.min_interval")
+        _choice(self.dtype, "sync.dtype", SYNC_DTYPES)
+
+
+@dataclass
+class FaultConfig:
+    max_worker_restarts: int = 3
+    """Respawns allowed per replica before the run stops (with a final checkpoint)."""
+    max_nonfinite: int = 100
+    """Skipped non-finite updates allowed per replica before the run stops."""
+    shutdown_timeout_s: float = 20.0
+    """How long a stopping leader waits for workers before killing them."""
+
+    def __post_init__(self) -> None:
+        _positive(self.max_worker_restarts, "fault.max_worker_restarts", allow_zero=True)
+        _positive(self.max_nonfinite, "fault.max_nonfinite", allow_zero=True)
+        _positive(self.shutdown_timeout_s, "fault.shutdown_timeout_s")
+
+
+@dataclass
+class Config:
+    workers: Any = "auto"
+    """Hogwild processes per replica; auto = the cores this process may use / local replicas."""
+    device: str = "cpu"
+    """cpu, or cuda: the shared model lives on the GPU and workers reach it via CUDA IPC."""
+    run_dir: str = "outputs/${hogwild_run_id:}"
+    """Output folder; shared by all ranks of one torchrun job (one id per job)."""
+    resume: Any = "auto"
+    """auto (resume if run_dir has checkpoints) | true (must resume) | false | a checkpoint path."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+
+    def __post_init__(self) -> None:
+        w = self.workers
+        if isinstance(w, str) and w != "auto":
+            try:
+                w = int(w)
+            except ValueError:
+                raise ConfigError(f"workers: must be a positive integer or 'auto', got {w!r}") from None
+        _require(w == "auto" or (isinstance(w, int) and not isinstance(w, bool) and w > 0),
+                 "workers", f"must be a positive integer or 'auto', got {self.workers!r}")
+        self.workers = w
+        _choice(self.device, "device", DEVICES)
+        r = self.resume
+        _require(isinstance(r, (bool, str)), "resume", f"must be auto, true, false or a path, got {r!r}")
+        if self.device == "cpu":
+            _require(self.sync.backend != "nccl", "sync.backend",
+                     "nccl needs device=cuda (NCCL runs on GPUs only); use gloo or auto")
+        if self.sync.mode == "trimmed_mean":
+            _require(self.sync.trim >= 0, "sync.trim", "must be >= 0")
+
+
+def available_cores() -> int:
+    """Cores this process may use (respects taskset/cgroup affinity, unlike cpu_count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def resolve_workers(workers: Any, local_replicas: int = 1) -> int:
+    """``auto`` = the cores this process may use, shared among this host's replicas."""
+    if workers != "auto":
+        return int(workers)
+    return max(1, available_cores() // max(1, local_replicas))
+
+
+def register() -> None:
+    """Register the schema so ``conf/config.yaml`` can extend it (Hydra's structured-config way)."""
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)

@@ -1,0 +1,251 @@
+"""Dataset registry, disjoint worker shards and step-addressable batch order.
+
+Every dataset is loaded once by the leader into tensors that are moved to shared memory,
+so K workers on a machine hold one copy, not K.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from hogwild.config import ConfigError, DataConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Split:
+    """Inputs as a tuple (dense: ``(X,)``; sparse: ``(indices, values)``) and int64 labels."""
+
+    inputs: tuple[Tensor, ...]
+    targets: Tensor
+
+    def __len__(self) -> int:
+        return int(self.targets.shape[0])
+
+    def batch(self, idx: Tensor) -> tuple[tuple[Tensor, ...], Tensor]:
+        return tuple(t[idx] for t in self.inputs), self.targets[idx]
+
+    def share_memory_(self) -> "Split":
+        for t in (*self.inputs, self.targets):
+            t.share_memory_()
+        return self
+
+
+@dataclass
+class Dataset:
+    train: Split
+    test: Split
+    num_classes: int
+    input_shape: tuple[int, ...]
+    """Per-sample shape of a dense input; ``(num_features,)`` for sparse data."""
+    sparse: bool = False
+
+    def share_memory_(self) -> "Dataset":
+        self.train.share_memory_()
+        self.test.share_memory_()
+        return self
+
+
+Loader = Callable[[DataConfig], Dataset]
+_LOADERS: dict[str, Loader] = {}
+
+
+def register(name: str) -> Callable[[Loader], Loader]:
+    def deco(fn: Loader) -> Loader:
+        _LOADERS[name] = fn
+        return fn
+    return deco
+
+
+def load_dataset(cfg: DataConfig) -> Dataset:
+    if cfg.name not in _LOADERS:
+        raise ConfigError(f"data.name: unknown dataset {cfg.name!r}; choose one of {', '.join(_LOADERS)}")
+    ds = _LOADERS[cfg.name](cfg)
+    for split_name, split in (("train", ds.train), ("test", ds.test)):
+        if len(split) == 0:
+            raise ConfigError(f"data: the {split_name} split of {cfg.name!r} is empty")
+    logger.info("data %s: %d train / %d test samples, %d classes, input %s",
+                cfg.name, len(ds.train), len(ds.test), ds.num_classes, ds.input_shape)
+    return ds
+
+
+def _split(x: Tensor, y: Tensor, fraction: float, seed: int, stratify: bool = True) -> tuple[Split, Split]:
+    from sklearn.model_selection import train_test_split
+
+    idx = np.arange(len(y))
+    strat = y.numpy() if stratify and len(y) >= 10 else None
+    try:
+        tr, te = train_test_split(idx, test_size=fraction, random_state=seed, stratify=strat)
+    except ValueError:  # a class too rare to stratify: fall back to a plain seeded split
+        tr, te = train_test_split(idx, test_size=fraction, random_state=seed)
+    tr_t, te_t = torch.from_numpy(np.sort(tr)), torch.from_numpy(np.sort(te))
+    return Split((x[tr_t],), y[tr_t]), Split((x[te_t],), y[te_t])
+
+
+def _resize(x: Tensor, size: int) -> Tensor:
+    if size <= 0 or size == x.shape[-1]:
+        return x
+    return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+
+
+@register("digits")
+def _digits(cfg: DataConfig) -> Dataset:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    x = _resize(x, cfg.image_size)
+    x = (x - 0.5) / 0.5
+    y = torch.tensor(d.target, dtype=torch.int64)
+    train, test = _split(x, y, cfg.test_fraction, cfg.split_seed)
+    return Dataset(train, test, 10, tuple(x.shape[1:]))
+
+
+def _torchvision(cfg: DataConfig, cls_name: str, mean: float, std: float) -> Dataset:
+    import torchvision
+
+    cls = getattr(torchvision.datasets, cls_name)
+    root = os.path.expanduser(cfg.root)
+    splits = []
+    for train in (True, False):
+        try:
+            ds = cls(root=root, train=train, download=cfg.download)
+        except RuntimeError as e:
+            if "not found" in str(e).lower() or "corrupted" in str(e).lower():
+                raise ConfigError(
+                    f"data.root: {cls_name} files not found under {os.path.abspath(root)!r}; "
+                    f"put them there or pass data.download=true") from None
+            raise
+        data = torch.as_tensor(np.asarray(ds.data))
+        if data.ndim == 4:  # CIFAR stores NHWC uint8
+            data = data.permute(0, 3, 1, 2)
+        else:
+            data = data.unsqueeze(1)
+        x = (data.float() / 255.0 - mean) / std
+        x = _resize(x, cfg.image_size)
+        y = torch.as_tensor(np.asarray(ds.targets), dtype=torch.int64)
+        splits.append(Split((x.contiguous(),), y))
+    return Dataset(splits[0], splits[1], 10, tuple(splits[0].inputs[0].shape[1:]))
+
+
+@register("mnist")
+def _mnist(cfg: DataConfig) -> Dataset:
+    return _torchvision(cfg, "MNIST", 0.1307, 0.3081)
+
+
+@register("fashion_mnist")
+def _fashion(cfg: DataConfig) -> Dataset:
+    return _torchvision(cfg, "FashionMNIST", 0.2860, 0.3530)
+
+
+@register("cifar10")
+def _cifar(cfg: DataConfig) -> Dataset:
+    return _torchvision(cfg, "CIFAR10", 0.4734, 0.2516)
+
+
+def _npz_array(z: "np.lib.npyio.NpzFile", key: str, path: str) -> np.ndarray:
+    try:
+        return np.asarray(z[key])
+    except Exception as e:  # noqa: BLE001 - a broken member is a user file problem
+        raise ConfigError(f"data.path: {path}: array {key!r} is unreadable ({type(e).__name__})") from None
+
+
+def _npz_pair(z: "np.lib.npyio.NpzFile", xk: str, yk: str, path: str) -> tuple[Tensor, Tensor]:
+    x, y = _npz_array(z, xk, path), _npz_array(z, yk, path)
+    if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
+        raise ConfigError(f"data.path: {path}: {xk} must be a non-empty N x D array, got shape {x.shape}")
+    if y.ndim != 1:
+        raise ConfigError(f"data.path: {path}: {yk} must be a 1-D label array, got shape {y.shape}")
+    if len(x) != len(y):
+        raise ConfigError(f"data.path: {path}: {xk} has {len(x)} rows but {yk} has {len(y)} labels")
+    if not np.issubdtype(x.dtype, np.number):
+        raise ConfigError(f"data.path: {path}: {xk} must be numeric, got dtype {x.dtype}")
+    if not np.isfinite(x).all():
+        raise ConfigError(f"data.path: {path}: {xk} contains NaN or Inf values")
+    if not np.issubdtype(y.dtype, np.integer) or (y < 0).any():
+        raise ConfigError(f"data.path: {path}: {yk} must hold non-negative integer class labels")
+    return torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.int64)
+
+
+@register("npz")
+def _npz(cfg: DataConfig) -> Dataset:
+    path = os.path.expanduser(cfg.path or "")
+    if not os.path.isfile(path):
+        raise ConfigError(f"data.path: no such file {path!r}")
+    try:
+        z = np.load(path, allow_pickle=False)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is a user error
+        raise ConfigError(f"data.path: {path} is not a readable .npz file ({type(e).__name__})") from None
+    with z:
+        missing = [k for k in ("X", "y") if k not in z.files]
+        if missing:
+            raise ConfigError(f"data.path: {path} lacks array(s) {', '.join(missing)} (needs X and y)")
+        x, y = _npz_pair(z, "X", "y", path)
+        if "X_test" in z.files or "y_test" in z.files:
+            xt, yt = _npz_pair(z, "X_test", "y_test", path)
+            if xt.shape[1] != x.shape[1]:
+                raise ConfigError(f"data.path: {path}: X_test has {xt.shape[1]} columns, X has {x.shape[1]}")
+            train, test = Split((x,), y), Split((xt,), yt)
+        else:
+            if len(y) < 2:
+                raise ConfigError(f"data.path: {path}: needs at least 2 samples to hold out a test split")
+            train, test = _split(x, y, cfg.test_fraction, cfg.split_seed)
+    num_classes = int(max(int(train.targets.max()), int(test.targets.max())) + 1)
+    return Dataset(train, test, max(num_classes, 2), (x.shape[1],))
+
+
+@register("sparse_synthetic")
+def _sparse_synthetic(cfg: DataConfig) -> Dataset:
+    """RCV1-like: ``active_features`` of ``num_features`` non-zero, labels from a hidden model."""
+    g = torch.Generator().manual_seed(cfg.split_seed)
+    n, f, a, c = cfg.num_samples, cfg.num_features, cfg.active_features, cfg.num_classes
+    # Zipf-like feature popularity, as in text: a few hot features, a long cold tail.
+    popularity = 1.0 / torch.arange(1, f + 1, dtype=torch.float64) ** 0.5
+    idx = torch.multinomial(popularity.float(), n * a, replacement=True, generator=g).view(n, a)
+    val = torch.rand(n, a, generator=g) / math.sqrt(a)
+    w_true = torch.randn(f, c, generator=g)
+    logits = (w_true[idx] * val.unsqueeze(-1)).sum(1)
+    y = logits.argmax(1)
+    n_test = max(1, int(n * cfg.test_fraction))
+    perm = torch.randperm(n, generator=g)
+    te, tr = perm[:n_test].sort().values, perm[n_test:].sort().values
+    return Dataset(Split((idx[tr], val[tr]), y[tr]), Split((idx[te], val[te]), y[te]), c, (f,), sparse=True)
+
+
+def shard(n: int, num_shards: int, shard_id: int, seed: int) -> Tensor:
+    """Disjoint, seeded shard ``shard_id`` of ``range(n)``: shards of all workers of all replicas."""
+    if num_shards > n:
+        raise ConfigError(f"workers: {num_shards} workers in the job but only {n} training samples")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return perm[shard_id::num_shards].clone()
+
+
+class ShardSampler:
+    """Batch ``step`` of a shard, reproducibly: a restarted worker resumes at its step count."""
+
+    def __init__(self, shard_idx: Tensor, batch_size: int, seed: int) -> None:
+        self.shard = shard_idx
+        self.batch_size = min(batch_size, len(shard_idx))
+        self.seed = seed
+        self.batches_per_epoch = math.ceil(len(shard_idx) / self.batch_size)
+        self._epoch = -1
+        self._perm: Optional[Tensor] = None
+
+    def batch(self, step: int) -> Tensor:
+        epoch, pos = divmod(step, self.batches_per_epoch)
+        if epoch != self._epoch:
+            gen = torch.Generator().manual_seed(self.seed * 100003 + epoch)
+            self._perm = self.shard[torch.randperm(len(self.shard), generator=gen)]
+            self._epoch = epoch
+        assert self._perm is not None
+        return self._perm[pos * self.batch_size:(pos + 1) * self.batch_size]

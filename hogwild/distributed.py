@@ -1,0 +1,133 @@
+"""The one place that reads torchrun's environment and sets up the leaders' process group.
+
+Only leaders (one per replica) ever join the group; workers never see these variables'
+meaning. Reading happens in functions, never at import time, so tests can inject values.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Mapping, Optional
+
+import torch
+import torch.distributed as dist
+
+from hogwild.config import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+def _int_env(env: Mapping[str, str], key: str, default: int) -> int:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"environment variable {key}: expected an integer, got {raw!r}") from None
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this leader sits in the job; a plain ``hogwild-train`` is rank 0 of 1."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    run_id: Optional[str] = None
+    restart_count: int = 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.master_addr}:{self.master_port}"
+
+    @classmethod
+    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "DistEnv":
+        env = os.environ if env is None else env
+        world = _int_env(env, "WORLD_SIZE", 1)
+        rank = _int_env(env, "RANK", 0)
+        if not 0 <= rank < max(world, 1):
+            raise ConfigError(f"environment variable RANK={rank} is outside WORLD_SIZE={world}")
+        run_id = env.get("TORCHELASTIC_RUN_ID")
+        return cls(
+            rank=rank,
+            world_size=world,
+            local_rank=_int_env(env, "LOCAL_RANK", 0),
+            local_world_size=_int_env(env, "LOCAL_WORLD_SIZE", 1),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=_int_env(env, "MASTER_PORT", 29500),
+            run_id=None if run_id in (None, "", "none") else run_id,
+            restart_count=_int_env(env, "TORCHELASTIC_RESTART_COUNT", 0),
+        )
+
+
+def default_run_id(env: Optional[Mapping[str, str]] = None) -> str:
+    """One output folder per job (DESIGN rule 8): torchrun's run id, else a timestamp.
+
+    Under torchrun without ``--rdzv-id`` ranks could pick different seconds; the leaders
+    then adopt rank 0's folder after rendezvous (see :func:`agree_on_path`).
+    """
+    run_id = DistEnv.from_env(env).run_id
+    return run_id if run_id else time.strftime("%Y-%m-%d/%H-%M-%S")
+
+
+def hydra_output_subdir(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    return ".hydra" if DistEnv.from_env(env).rank == 0 else None
+
+
+def pick_backend(requested: str, device: str) -> str:
+    if requested == "auto":
+        return "nccl" if device == "cuda" else "gloo"
+    if requested == "nccl" and not torch.cuda.is_available():
+        raise ConfigError("sync.backend: nccl requested but CUDA is not available on this machine")
+    return requested
+
+
+def init_group(env: DistEnv, backend: str, timeout_s: float, device: str) -> None:
+    """Join the leaders' group, failing within ``timeout_s`` with the endpoint in the message."""
+    if not env.distributed or dist.is_initialized():
+        return
+    if device == "cuda":
+        torch.cuda.set_device(env.local_rank)
+    timeout = timedelta(seconds=timeout_s)
+    logger.info("rank %d/%d joining %s group at %s (timeout %.0fs)",
+                env.rank, env.world_size, backend, env.endpoint, timeout_s)
+    # env:// reads MASTER_ADDR/PORT and, under torchrun, reuses the agent's store.
+    os.environ.setdefault("MASTER_ADDR", env.master_addr)
+    os.environ.setdefault("MASTER_PORT", str(env.master_port))
+    try:
+        dist.init_process_group(backend, init_method="env://", rank=env.rank,
+                                world_size=env.world_size, timeout=timeout)
+    except (RuntimeError, TimeoutError, dist.DistError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"sync: could not join the process group at {env.endpoint} within {timeout_s:.0f}s "
+            f"(sync.timeout_s): {first}") from None
+
+
+def destroy_group() -> None:
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - teardown after a failure must not mask it
+            logger.debug("destroy_process_group failed", exc_info=True)
+
+
+def agree_on_path(path: str) -> str:
+    """All leaders adopt rank 0's value (run dirs picked by wall clock may differ)."""
+    if not dist.is_initialized():
+        return path
+    box: list[Optional[str]] = [path]
+    dist.broadcast_object_list(box, src=0)
+    return str(box[0])

@@ -1,0 +1,81 @@
+"""Test-set evaluation, and the ``hogwild-eval checkpoint=PATH`` command."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+from torch import nn
+
+from hogwild.config import Config, ConfigError
+from hogwild.data import Split
+
+logger = logging.getLogger(__name__)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, split: Split, device: torch.device, batch_size: int = 2048) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) of ``model`` on ``split``; reads live shared weights."""
+    was_training = model.training
+    model.eval()
+    total_loss, correct, n = 0.0, 0, len(split)
+    for start in range(0, n, batch_size):
+        idx = torch.arange(start, min(start + batch_size, n))
+        inputs, y = split.batch(idx)
+        inputs = tuple(t.to(device) for t in inputs)
+        y = y.to(device)
+        logits = model(*inputs)
+        total_loss += float(F.cross_entropy(logits, y, reduction="sum"))
+        correct += int((logits.argmax(1) == y).sum())
+    model.train(was_training)
+    return total_loss / n, correct / n
+
+
+def config_from_checkpoint(ckpt: dict, overrides: list[str]) -> Config:
+    """The run's own config, with ``key=value`` overrides (e.g. data.root) on top."""
+    from hogwild.train import to_config
+
+    base = OmegaConf.merge(OmegaConf.structured(Config), ckpt["config"])
+    try:
+        merged = OmegaConf.merge(base, OmegaConf.from_dotlist(overrides))
+    except Exception as e:  # noqa: BLE001 - OmegaConf raises many types for bad dotlists
+        raise ConfigError(f"{getattr(e, 'full_key', '') or 'override'}: {str(e).splitlines()[0]}") from None
+    return to_config(merged)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    from hogwild import checkpoint
+    from hogwild.data import load_dataset
+    from hogwild.models import build_model
+    from hogwild.shared import bind
+    from hogwild.train import report_user_error
+
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        ck = [a for a in args if a.startswith("checkpoint=")]
+        if len(ck) != 1:
+            raise ConfigError("checkpoint: usage: hogwild-eval checkpoint=PATH [data.root=...]")
+        path = ck[0].split("=", 1)[1]
+        ckpt = checkpoint.load(path)
+        cfg = config_from_checkpoint(ckpt, [a for a in args if a not in ck])
+        ds = load_dataset(cfg.data)
+        model = build_model(cfg.model, ds, cfg.train.seed)
+        checkpoint.check_compatible(ckpt, path, cfg.model.name,
+                                    [tuple(p.shape) for p in model.parameters()])
+        bind(model, ckpt["flat"].float())
+        loss, acc = evaluate(model, ds.test, torch.device("cpu"))
+    except ConfigError as e:
+        report_user_error(e)
+        return
+    result = {"checkpoint": path, "test_loss": loss, "test_accuracy": acc, "test_samples": len(ds.test)}
+    sys.stdout.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()
