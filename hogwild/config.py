@@ -100,7 +100,7 @@ class DataConfig:
 class OptimConfig:
     name: str = "sgd"
     """Update rule applied in place by each worker: sgd | adam | adagrad."""
-    lr: float = 0.05
+    lr: float = 0.1
     """Learning rate."""
     momentum: float = 0.0
     """SGD momentum (sgd only)."""
@@ -126,7 +126,7 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = 30
+    epochs: int = 40
     """Passes of each worker over its own shard (ignored when max_steps is set)."""
     max_steps: Optional[int] = None
     """Total updates per replica, split evenly over its workers; overrides epochs."""
@@ -253,6 +253,7 @@ class Config:
         _require(w == "auto" or (isinstance(w, int) and not isinstance(w, bool) and w > 0),
                  "workers", f"must be a positive integer or 'auto', got {self.workers!r}")
         self.workers = w
+        _check_writable(self.run_dir)
         _choice(self.device, "device", DEVICES)
         r = self.resume
         _require(isinstance(r, (bool, str)), "resume", f"must be auto, true, false or a path, got {r!r}")
@@ -261,6 +262,15 @@ class Config:
                      "nccl needs device=cuda (NCCL runs on GPUs only); use gloo or auto")
         if self.sync.mode == "trimmed_mean":
             _require(self.sync.trim >= 0, "sync.trim", "must be >= 0")
+
+
+def _check_writable(run_dir: str) -> None:
+    """The nearest existing ancestor of ``run_dir`` must be a writable folder."""
+    p = os.path.abspath(run_dir)
+    while not os.path.exists(p):
+        p = os.path.dirname(p)
+    _require(os.path.isdir(p) and os.access(p, os.W_OK), "run_dir",
+             f"cannot create {run_dir!r}: {p!r} is not a writable directory")
 
 
 def available_cores() -> int:

@@ -13,6 +13,7 @@ collective that the others will never enter.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from pathlib import Path
@@ -38,6 +39,7 @@ from hogwild.worker import (APPLIED, LOSS, NEXT_SYNC_AT, NUM_CONTROL, NUM_STATS,
 
 logger = logging.getLogger(__name__)
 
+DUMP_ENV = "HOGWILD_DUMP_FINAL"
 EXIT_OK, EXIT_FAULT, EXIT_SIGINT, EXIT_SIGTERM = 0, 3, 130, 143
 
 
@@ -52,6 +54,7 @@ class Leader:
         self.fault: Optional[str] = None
         self.syncs = 0
         self.sync_times: list[float] = []
+        self.wait_times: list[float] = []
         self.drifts: list[float] = []
         self.interval = cfg.sync.interval
         self.next_sync_at = float(cfg.sync.interval)
@@ -193,6 +196,8 @@ class Leader:
         flags = torch.zeros(3 + env.world_size, device=self._collective_device())
         flags[0], flags[1], flags[2], flags[3 + env.rank] = float(done), float(stop), float(want_ckpt), float(healthy)
         dist.all_reduce(flags)
+        t_met = time.perf_counter()
+        self.wait_times.append(t_met - t0)
         f = flags.cpu()
         all_done, any_stop, ckpt = bool(f[0] == env.world_size), bool(f[1] > 0), bool(f[2] > 0)
         ctx = SyncContext(env.rank, env.world_size, [bool(x > 0.5) for x in f[3:]])
@@ -214,7 +219,7 @@ class Leader:
         dist.all_gather(drifts, torch.tensor([drift], device=self._collective_device()))
         finite = [float(d) for d in drifts if torch.isfinite(d).all()]
         self.syncs += 1
-        dt = time.perf_counter() - t0
+        dt = time.perf_counter() - t_met
         self.sync_times.append(dt)
         if finite:
             self.drifts.append(max(finite))
@@ -304,8 +309,6 @@ class Leader:
         cfg = self.cfg
         while True:
             self.pool.wait(0.25 if not self.env.distributed else 0.1)
-            if self.startup_s is None and self._replica_pos() > 0:
-                self.startup_s = time.monotonic() - self.t_start
             msg = self.pool.check(cfg.fault.max_worker_restarts)
             skipped = int(self.stats.numpy()[:, SKIPPED].sum())
             if msg is None and skipped > cfg.fault.max_nonfinite:
@@ -349,7 +352,12 @@ class Leader:
                         self.env.rank, self.env.world_size, self.k, self.specs[0].threads,
                         self.specs[0].quota, self.run_dir.resolve())
             self.pool.start()
+            self.pool.wait_ready(self.cfg.sync.timeout_s)
+            if self.env.distributed:
+                dist.barrier()
+            self.pool.go()
             self.t_train = time.monotonic()
+            self.startup_s = self.t_train - self.t_start
             try:
                 self._loop()
             finally:
@@ -363,16 +371,18 @@ class Leader:
     def _finish(self, train_s: float) -> dict[str, Any]:
         if self.env.distributed:
             self._round(True, True, final=True)
+        dump = os.environ.get(DUMP_ENV)
+        if dump:  # test hook: each replica's final parameters, to check consensus bit for bit
+            torch.save(self.flat.cpu().clone(), Path(dump) / f"rank{self.env.rank}.pt")
         self._checkpoint()  # totals are all-reduced inside when distributed
         t = self._local_totals()
         if self.env.distributed:
             dist.all_reduce(t)
-            agg = torch.tensor([self.sync_times and sum(self.sync_times) / len(self.sync_times) or 0.0],
-                               dtype=torch.float64)
+            agg = torch.tensor([_mean(self.sync_times), _mean(self.wait_times)], dtype=torch.float64)
             dist.all_reduce(agg)
-            mean_sync = float(agg[0]) / self.env.world_size
+            mean_sync, mean_wait = (float(x) / self.env.world_size for x in agg)
         else:
-            mean_sync = 0.0
+            mean_sync = mean_wait = 0.0
         status = "ok"
         if self.stop_signal is not None:
             status = signal.Signals(self.stop_signal).name
@@ -398,6 +408,7 @@ class Leader:
             "syncs": self.syncs,
             "max_drift": max(self.drifts) if self.drifts else 0.0,
             "mean_sync_s": mean_sync,
+            "mean_sync_wait_s": mean_wait,
             "worker_stall_s": self._stall_s(t),
             "worker_restarts": self.restarts_before + int(t[3]),
             "skipped_nonfinite": self.skipped_before + int(t[2]),
@@ -417,6 +428,10 @@ class Leader:
     @staticmethod
     def _exit_code(status: str) -> int:
         return {"ok": EXIT_OK, "SIGINT": EXIT_SIGINT, "SIGTERM": EXIT_SIGTERM}.get(status, EXIT_FAULT)
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
 
 
 def run(cfg: Config, run_dir: str, env: Optional[DistEnv] = None) -> dict[str, Any]:

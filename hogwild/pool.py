@@ -17,7 +17,7 @@ from torch import Tensor
 
 from hogwild.config import Config
 from hogwild.data import Dataset
-from hogwild.worker import DONE, STOP, WorkerSpec, worker_main
+from hogwild.worker import DONE, GO, READY, STOP, WorkerSpec, worker_main
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,21 @@ class WorkerPool:
             if obj is self._wake_r:
                 while self._wake_r.poll():
                     self._wake_r.recv_bytes()
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until every worker has built its model and shard, or fail naming the wait."""
+        deadline = time.monotonic() + timeout
+        while not (self.stats.numpy()[:, READY] > 0).all():
+            dead = [p for p in self.procs if p is not None and p.exitcode is not None]
+            if dead:
+                raise RuntimeError(f"worker {dead[0].name} exited with code {dead[0].exitcode} "
+                                   f"before training started")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"workers not ready after {timeout:.0f}s")
+            self.wait(0.1)
+
+    def go(self) -> None:
+        self.control.numpy()[GO] = 1.0
 
     def all_done(self) -> bool:
         return bool((self.stats.numpy()[:, DONE] > 0).all())

@@ -29,13 +29,14 @@ from hogwild.shared import bind, layout
 logger = logging.getLogger(__name__)
 
 # Columns of the per-worker stats row (float64, shared; each worker writes only its row).
-POS, APPLIED, SAMPLES, LOSS, SKIPPED, DONE, STEP_S, SYNC_S, SYNC_STEPS = range(9)
-NUM_STATS = 9
+POS, APPLIED, SAMPLES, LOSS, SKIPPED, DONE, STEP_S, SYNC_S, SYNC_STEPS, READY = range(10)
+NUM_STATS = 10
 # Cells of the control block (written by the leader, read by workers).
-STOP, NEXT_SYNC_AT, SYNCING, NOTIFIED = range(4)
-NUM_CONTROL = 4
+STOP, NEXT_SYNC_AT, SYNCING, NOTIFIED, GO = range(5)
+NUM_CONTROL = 5
 
 FAULT_ENV = "HOGWILD_FAULT"
+WORKER_NICENESS = 5
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
                 wake: Connection) -> None:
     # Oversubscribed intra-op threads make Hogwild slower than one process (DESIGN rule 4).
     torch.set_num_threads(spec.threads)
+    # Lower priority than the leader: its short sync bursts then preempt workers at once
+    # instead of queueing behind them for a scheduler tick on a fully loaded machine.
+    os.nice(WORKER_NICENESS)
     # The leader owns Ctrl-C/SIGTERM and stops workers through the control block.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -91,6 +95,14 @@ def run_loop(model: torch.nn.Module, opt: FlatOptimizer, sampler: ShardSampler, 
     row = stats_all[spec.local_index]
     step = int(row[POS])  # a respawned worker resumes where its predecessor stopped
     parent = os.getppid()
+    row[READY] = 1.0
+    if wake is not None:
+        wake.send_bytes(b"r")
+    # Replicas start together once every worker everywhere is up (spawn takes seconds).
+    while not ctrl[GO] and not ctrl[STOP]:
+        if os.getppid() != parent:
+            return
+        time.sleep(0.005)
     loss_ema = float(row[LOSS]) if row[LOSS] > 0 else 0.0
     params = list(model.parameters())
     while step < spec.quota and not ctrl[STOP]:

@@ -1,0 +1,64 @@
+"""Shared helpers: free loopback ports, CLI runs in subprocesses, small configs."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FAST = ["train.epochs=40", "eval.every_s=1", "train.log_every_s=1"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "TORCHELASTIC", "HOGWILD_"))}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def run_cli(args: list[str], cwd: Path, timeout: float = 180, module: str = "hogwild.train",
+            env: Optional[dict[str, str]] = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env=env or clean_env())
+
+
+def torchrun(nproc: int, args: list[str], cwd: Path, timeout: float = 240,
+             extra: Optional[list[str]] = None, env: Optional[dict[str, str]] = None
+             ) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+           *(extra or []), "-m", "hogwild.train", *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=env or clean_env(OMP_NUM_THREADS="1"))
+
+
+def metrics(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def compose_cfg(overrides: list[str]) -> Any:
+    """The validated Config for ``overrides``, composed the way hogwild-train does."""
+    from hogwild.train import preflight, register_resolvers
+
+    register_resolvers()
+    return preflight(overrides)
+
+
+@pytest.fixture
+def tmp_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

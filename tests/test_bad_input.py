@@ -1,0 +1,132 @@
+"""Every user mistake: one line naming the key or file, a non-zero exit, no traceback.
+
+Each case runs the real CLI in a subprocess, as a user would.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import clean_env, free_port, run_cli
+
+Setup = Callable[[Path], tuple[list[str], dict[str, str]]]
+
+
+def _args(*a: str) -> Setup:
+    return lambda d: (list(a), {})
+
+
+def _npz(**arrays: np.ndarray) -> Setup:
+    def setup(d: Path) -> tuple[list[str], dict[str, str]]:
+        np.savez(d / "d.npz", **arrays)
+        return ["data=npz", f"data.path={d / 'd.npz'}"], {}
+    return setup
+
+
+def _empty_npz(d: Path) -> tuple[list[str], dict[str, str]]:
+    (d / "empty.npz").write_bytes(b"")
+    return ["data=npz", f"data.path={d / 'empty.npz'}"], {}
+
+
+def _foreign_checkpoint(d: Path) -> tuple[list[str], dict[str, str]]:
+    torch.save({"format": 1, "model": "convnet", "shapes": [[3, 3]], "flat": torch.zeros(9)}, d / "c.pt")
+    return [f"resume={d / 'c.pt'}"], {}
+
+
+def _corrupt_checkpoint(d: Path) -> tuple[list[str], dict[str, str]]:
+    (d / "c.pt").write_bytes(b"not a checkpoint")
+    return [f"resume={d / 'c.pt'}"], {}
+
+
+def _unwritable_run_dir(d: Path) -> tuple[list[str], dict[str, str]]:
+    (d / "afile").write_text("x")
+    return [f"run_dir={d / 'afile' / 'run'}"], {}
+
+
+_HELD: list[socket.socket] = []
+
+
+def _port_in_use(d: Path) -> tuple[list[str], dict[str, str]]:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    _HELD.append(s)
+    port = s.getsockname()[1]
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
+    return ["sync.timeout_s=5"], env
+
+
+def _unreachable_rendezvous(d: Path) -> tuple[list[str], dict[str, str]]:
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    return ["sync.timeout_s=3"], env
+
+
+X = np.random.rand(20, 4).astype(np.float32)
+Y = np.arange(20) % 2
+
+CASES: list[tuple[str, Setup, str]] = [
+    ("workers zero", _args("workers=0"), "workers"),
+    ("workers not a number", _args("workers=many"), "workers"),
+    ("negative lr", _args("optim.lr=-0.1"), "optim.lr"),
+    ("lr wrong type", _args("optim.lr=fast"), "optim.lr"),
+    ("momentum out of range", _args("optim.momentum=1.5"), "optim.momentum"),
+    ("batch size zero", _args("train.batch_size=0"), "train.batch_size"),
+    ("epochs wrong type", _args("train.epochs=abc"), "train.epochs"),
+    ("bool wrong type", _args("data.download=maybe"), "data.download"),
+    ("test fraction out of range", _args("data.test_fraction=1.5"), "data.test_fraction"),
+    ("eval interval zero", _args("eval.every_s=0"), "eval.every_s"),
+    ("checkpoint keep zero", _args("checkpoint.keep=0"), "checkpoint.keep"),
+    ("unknown model", _args("model=resnet"), "model"),
+    ("unknown data", _args("data=imagenet"), "data"),
+    ("unknown optim", _args("optim=lbfgs"), "optim"),
+    ("misspelled key", _args("trian.epochs=3"), "trian"),
+    ("sync interval zero", _args("sync.interval=0"), "sync.interval"),
+    ("unknown sync mode", _args("sync.mode=gossip"), "sync.mode"),
+    ("nccl without cuda", _args("sync.backend=nccl"), "sync.backend"),
+    ("cuda without gpu", _args("device=cuda"), "device"),
+    ("model/data mismatch", _args("model=sparse_linear"), "model"),
+    ("npz path missing", _args("data=npz"), "data.path"),
+    ("npz file missing", _args("data=npz", "data.path=/nonexistent/x.npz"), "data.path"),
+    ("npz empty file", _empty_npz, "data.path"),
+    ("npz lacks y", _npz(X=X), "data.path"),
+    ("npz X/y length mismatch", _npz(X=X, y=Y[:10]), "data.path"),
+    ("npz NaN in X", _npz(X=np.where(X > 0.5, np.nan, X), y=Y), "data.path"),
+    ("npz float labels", _npz(X=X, y=Y + 0.5), "data.path"),
+    ("mnist files missing", _args("data=mnist", "data.root=/nonexistent/mnist"), "data.root"),
+    ("checkpoint of another model", _foreign_checkpoint, "checkpoint"),
+    ("corrupt checkpoint", _corrupt_checkpoint, "checkpoint"),
+    ("resume=true without checkpoint", _args("resume=true"), "resume"),
+    ("run dir not writable", _unwritable_run_dir, "run_dir"),
+    ("port already in use", _port_in_use, "sync"),
+    ("unreachable rendezvous", _unreachable_rendezvous, "sync"),
+]
+
+
+@pytest.mark.parametrize("name,setup,key", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_fails_in_one_line(tmp_path: Path, name: str, setup: Setup, key: str) -> None:
+    args, env = setup(tmp_path)
+    if "run_dir=" not in " ".join(args):
+        args.append(f"run_dir={tmp_path / 'run'}")
+    proc = run_cli(args, cwd=tmp_path, timeout=120, env=clean_env(**env))
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("hogwild: error:")]
+    assert proc.returncode != 0, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"hogwild: error: {key}"), lines[0]
+    assert not list(tmp_path.glob("run/checkpoints/*.pt")), "a failed start must not write checkpoints"
+
+
+def test_rendezvous_failure_names_endpoint_and_is_bounded(tmp_path: Path) -> None:
+    port = free_port()
+    env = clean_env(RANK="1", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    proc = run_cli(["sync.timeout_s=3", f"run_dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=60, env=env)
+    assert proc.returncode != 0
+    assert f"127.0.0.1:{port}" in proc.stderr
