@@ -392,6 +392,9 @@ class Leader:
         if not self.is_rank0:
             return result
         self.test_loss, self.test_acc = evaluate(self.model, self.ds.test, self.device)
+        final_step = self.base_steps + int(t[0])
+        self.metrics.scalar("test/accuracy", self.test_acc, final_step)
+        self.metrics.scalar("test/loss", self.test_loss, final_step)
         losses = [x for x in self.stats.numpy()[:, LOSS] if x > 0]
         result.update({
             "test_accuracy": self.test_acc,

@@ -1,0 +1,131 @@
+"""One replica end to end: real spawned workers on one shared model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hogwild import checkpoint
+from hogwild.data import ShardSampler, load_dataset, shard
+from hogwild.leader import run
+from hogwild.models import build_model
+from hogwild.shared import layout
+from tests.conftest import compose_cfg, metrics, run_cli
+
+pytestmark = pytest.mark.timeout(240)
+
+REQUIRED_KEYS = {"test_accuracy", "test_loss", "train_loss", "steps", "samples_per_s", "wall_s", "workers"}
+
+
+def _scalar_tags(tb_dir: Path) -> set[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tb_dir))
+    acc.Reload()
+    return set(acc.Tags()["scalars"])
+
+
+def test_default_run_meets_accuracy_bar_and_writes_outputs(tmp_path: Path) -> None:
+    proc = run_cli([f"run_dir={tmp_path / 'run'}", "train.log_every_s=0.5"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "run"
+    m = metrics(out)
+    assert REQUIRED_KEYS <= m.keys()
+    assert m["test_accuracy"] >= 0.95
+    assert m["workers"] >= 1 and m["steps"] > 0 and m["samples_per_s"] > 0
+    assert "outputs in" in proc.stdout + proc.stderr
+    assert "samples/s" in proc.stdout + proc.stderr  # progress line, rate-limited off a tty
+    ckpt = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
+    assert ckpt["counters"]["steps"] == m["steps"] and ckpt["config"]["model"]["name"] == "mlp"
+    tags = _scalar_tags(out / "tb")
+    assert {"train/loss", "test/accuracy", "perf/samples_per_s", "perf/samples_per_s_worker0"} <= tags
+    assert list((out / "tb" / "hparams").glob("events.*"))
+    ev = run_cli([f"checkpoint={out / 'checkpoints' / 'last.pt'}"], cwd=tmp_path, module="hogwild.evaluate")
+    assert ev.returncode == 0, ev.stderr
+    assert json.loads(ev.stdout.strip().splitlines()[-1])["test_accuracy"] == pytest.approx(m["test_accuracy"])
+
+
+def test_one_worker_equals_plain_sgd(tmp_cwd: Path) -> None:
+    """Same seed, same batches: the Hogwild update rule is exactly SGD."""
+    cfg = compose_cfg(["workers=1", "train.max_steps=60", "train.batch_size=16", "optim.lr=0.05",
+                       f"run_dir={tmp_cwd / 'run'}"])
+    m = run(cfg, str(tmp_cwd / "run"))
+    assert m["steps"] == 60
+    hog = checkpoint.load(tmp_cwd / "run" / "checkpoints" / "last.pt")["flat"]
+
+    ds = load_dataset(cfg.data)
+    model = build_model(cfg.model, ds, cfg.train.seed)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    sampler = ShardSampler(shard(len(ds.train), 1, 0, cfg.train.seed), 16, cfg.train.seed)
+    for step in range(60):
+        (x,), y = ds.train.batch(sampler.batch(step))
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    ref = torch.cat([p.detach().flatten() for p in model.parameters()])
+    torch.testing.assert_close(hog, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_every_worker_writes_the_same_shared_model(tmp_cwd: Path) -> None:
+    """Sparse rows used by exactly one worker's shard change in the one final model."""
+    k = 3
+    over = ["model=sparse_linear", "data=sparse_synthetic", "data.num_samples=600",
+            "data.num_features=4096", "data.active_features=4", f"workers={k}", "train.epochs=1",
+            "optim.lr=0.5", f"run_dir={tmp_cwd / 'run'}"]
+    cfg = compose_cfg(over)
+    m = run(cfg, str(tmp_cwd / "run"))
+    assert m["workers"] == k
+    flat = checkpoint.load(tmp_cwd / "run" / "checkpoints" / "last.pt")["flat"]
+    ds = load_dataset(cfg.data)
+    slot = next(s for s in layout(build_model(cfg.model, ds, 0)) if s.name == "weight.weight")
+    weight = slot.view(flat)
+    owners: dict[int, set[int]] = {}
+    for w in range(k):
+        rows = ds.train.inputs[0][shard(len(ds.train), k, w, cfg.train.seed)].unique().tolist()
+        for r in rows:
+            owners.setdefault(r, set()).add(w)
+    for w in range(k):
+        own = [r for r, ws in owners.items() if ws == {w}]
+        assert own and (weight[own] != 0).any(1).float().mean() > 0.9, f"worker {w}'s updates missing"
+    unused = sorted(set(range(4096)) - owners.keys())
+    assert unused and bool((weight[unused] == 0).all()), "rows no sample uses must stay untouched"
+
+
+def test_resume_continues_from_checkpoint(tmp_cwd: Path) -> None:
+    out = tmp_cwd / "run"
+    first = run(compose_cfg(["workers=2", "train.max_steps=40", f"run_dir={out}"]), str(out))
+    assert first["steps"] == 40
+    again = run(compose_cfg(["workers=2", "train.max_steps=100", f"run_dir={out}", "resume=true"]), str(out))
+    assert again["resumed_from"].endswith("step_000000040.pt")
+    assert again["steps"] == 100  # 40 restored + 60 more: the data position carried over
+
+
+def test_multirun_sweeps_learning_rates(tmp_path: Path) -> None:
+    proc = run_cli(["-m", "optim.lr=0.05,0.2", "train.max_steps=30", "workers=1",
+                    f"run_dir={tmp_path / 'sweep'}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = sorted(d for d in (tmp_path / "sweep").iterdir() if d.is_dir())
+    lrs = sorted(checkpoint.load(d / "checkpoints" / "last.pt")["config"]["optim"]["lr"] for d in jobs)
+    assert lrs == [0.05, 0.2]
+    for d in ("0", "1"):
+        assert metrics(tmp_path / "sweep" / d)["steps"] == 30
+
+
+def test_shared_adam_state_trains(tmp_cwd: Path) -> None:
+    out = tmp_cwd / "run"
+    m = run(compose_cfg(["optim=adam", "optim.state=shared", "workers=2", "train.epochs=10",
+                         f"run_dir={out}"]), str(out))
+    assert m["test_accuracy"] > 0.9
+    ck = checkpoint.load(out / "checkpoints" / "last.pt")
+    assert set(ck["opt_state"]) == {"exp_avg", "exp_avg_sq"} and ck["opt_state"]["exp_avg_sq"].abs().sum() > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_shared_model_trains(tmp_cwd: Path) -> None:
+    out = tmp_cwd / "run"
+    m = run(compose_cfg(["device=cuda", "workers=2", f"run_dir={out}"]), str(out))
+    assert m["test_accuracy"] >= 0.95
