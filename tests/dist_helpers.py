@@ -1,0 +1,93 @@
+"""Rank entry points for multi-process sync tests (importable by spawned children)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hogwild.config import SyncConfig
+from hogwild.sync import SyncContext, make_rule
+
+
+def _init(rank: int, world: int, port: int) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+
+
+def spawn(fn: Callable[..., None], world: int, port: int, *args: Any) -> list[Any]:
+    """Run ``fn(rank, world, port, out, *args)`` on ``world`` gloo ranks; collect ``out``."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Manager().dict()
+    procs = [ctx.Process(target=fn, args=(r, world, port, out, *args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        if p.is_alive():
+            p.kill()
+            raise TimeoutError("rank did not finish in 120 s")
+        assert p.exitcode == 0, f"rank exited with {p.exitcode}"
+    return [out[r] for r in range(world)]
+
+
+def writer_during_sync(rank: int, world: int, port: int, out: Any, naive: bool) -> None:
+    """A writer thread adds +1 to the whole buffer while the leader syncs it.
+
+    Average preserves total mass: the sum over replicas of all values after the sync
+    must equal every increment ever made. Returns (mass after, increments made).
+    """
+    _init(rank, world, port)
+    torch.set_num_threads(1)
+    flat = torch.zeros(4_000_000)
+    done, started = threading.Event(), threading.Event()
+    count = [0]
+
+    def writer() -> None:
+        while not done.is_set():
+            flat.add_(1.0)
+            count[0] += 1
+            started.set()
+
+    t = threading.Thread(target=writer)
+    t.start()
+    started.wait()
+    if naive:
+        dist.all_reduce(flat)  # in place on the live buffer: DESIGN rule 2's bug
+        done.set()
+        t.join()
+        flat.div_(world)
+    else:
+        snap = flat.clone()
+        avg = snap.clone()
+        dist.all_reduce(avg)
+        avg.div_(world)
+        done.set()
+        t.join()
+        flat.add_(avg - snap)
+    dist.barrier()
+    out[rank] = (float(flat.double().sum()), count[0] * flat.numel())
+    dist.destroy_process_group()
+
+
+def rule_target(rank: int, world: int, port: int, out: Any, cfg: SyncConfig,
+                values: list[list[float]], rounds: int) -> None:
+    """Each rank holds ``values[rank]``; returns the rule's target after ``rounds`` rounds."""
+    _init(rank, world, port)
+    rule = make_rule(cfg)
+    snap = torch.tensor(values[rank])
+    healthy = [bool(torch.isfinite(torch.tensor(v)).all()) for v in values]
+    ctx = SyncContext(rank, world, healthy)
+    result = snap
+    for _ in range(rounds):
+        result = rule.target(snap.clone(), ctx)
+    out[rank] = result.tolist()
+    dist.destroy_process_group()
+
+
+__all__ = ["spawn", "writer_during_sync", "rule_target", "os"]
