@@ -12,10 +12,12 @@ collective that the others will never enter.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional
 
@@ -40,6 +42,10 @@ from hogwild.worker import (APPLIED, LOSS, NEXT_SYNC_AT, NUM_CONTROL, NUM_STATS,
 logger = logging.getLogger(__name__)
 
 DUMP_ENV = "HOGWILD_DUMP_FINAL"
+class PeerLost(RuntimeError):
+    """Another leader is gone: no further collective can complete."""
+
+
 EXIT_OK, EXIT_FAULT, EXIT_SIGINT, EXIT_SIGTERM = 0, 3, 130, 143
 
 
@@ -61,6 +67,8 @@ class Leader:
         self.base_steps = 0  # applied updates restored from a checkpoint
         self.base_samples = 0.0
         self.restarts_before = 0
+        self.steps_lost = 0
+        self.degraded = False  # a peer is gone: no more collectives
         self.skipped_before = 0
 
     # ---------------------------------------------------------------- setup
@@ -140,6 +148,12 @@ class Leader:
                            "data positions restart from the beginning of each shard")
         c = ckpt.get("counters", {})
         self.base_steps = int(c.get("steps", 0))
+        beat = self.run_dir / "progress.json"
+        if beat.is_file():
+            try:
+                self.steps_lost = max(0, int(json.loads(beat.read_text())["steps"]) - self.base_steps)
+            except (ValueError, KeyError):
+                pass
         self.base_samples = float(c.get("samples", 0))
         self.syncs = int(c.get("syncs", 0))
         self.restarts_before = int(c.get("worker_restarts", 0))
@@ -195,7 +209,16 @@ class Leader:
         want_ckpt = self.is_rank0 and time.monotonic() >= self.next_ckpt
         flags = torch.zeros(3 + env.world_size, device=self._collective_device())
         flags[0], flags[1], flags[2], flags[3 + env.rank] = float(done), float(stop), float(want_ckpt), float(healthy)
-        dist.all_reduce(flags)
+        # A stopping leader may have a dead peer (torchrun SIGTERMs survivors): bound the wait.
+        wait_s = min(self.cfg.fault.shutdown_timeout_s, 10.0) if stop else self.cfg.sync.timeout_s
+        try:
+            work = dist.all_reduce(flags, async_op=True)
+            assert work is not None
+            work.wait(timeout=timedelta(seconds=wait_s))
+        except (RuntimeError, dist.DistError) as e:
+            ctl[SYNCING] = 0.0
+            raise PeerLost(f"sync: peers did not join sync round {self.syncs + 1} within {wait_s:.0f}s "
+                           f"({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})") from None
         t_met = time.perf_counter()
         self.wait_times.append(t_met - t0)
         f = flags.cpu()
@@ -291,6 +314,10 @@ class Leader:
         rate = float(s[:, SAMPLES].sum()) / elapsed
         if now >= self.next_tb:
             self.next_tb = now + 1.0
+            if self.is_rank0:
+                # Heartbeat: after a crash, the resumed run reports how many steps were lost.
+                write_json(self.run_dir / "progress.json",
+                           {"steps": self.base_steps + int(s[:, APPLIED].sum()) * self.env.world_size})
             self.metrics.scalar("train/loss", loss, step)
             self.metrics.scalar("perf/samples_per_s", rate, step)
             for i in range(self.k):
@@ -321,7 +348,13 @@ class Leader:
             stop = self.stop_signal is not None or self.fault is not None
             if self.env.distributed:
                 if done or stop or self._replica_pos() >= self.next_sync_at:
-                    all_done, any_stop = self._round(done, stop)
+                    try:
+                        all_done, any_stop = self._round(done, stop)
+                    except PeerLost as e:
+                        self.degraded = True
+                        self.fault = self.fault or str(e)
+                        logger.error("%s; keeping the last periodic checkpoint", e)
+                        return
                     if any_stop and self.stop_signal is None and self.fault is None:
                         self.fault = "another replica stopped the job"
                     if all_done or any_stop:
@@ -366,11 +399,21 @@ class Leader:
             train_s = time.monotonic() - self.t_train
             return self._finish(train_s)
         finally:
-            destroy_group()
+            if not self.degraded:
+                destroy_group()
 
     def _finish(self, train_s: float) -> dict[str, Any]:
-        if self.env.distributed:
-            self._round(True, True, final=True)
+        if self.env.distributed and not self.degraded:
+            try:
+                self._round(True, True, final=True)
+            except PeerLost as e:
+                self.degraded = True
+                self.fault = self.fault or str(e)
+        if self.degraded:
+            logger.error("a peer replica is gone: no final sync or checkpoint; the last periodic "
+                         "checkpoint in %s stands", checkpoint.ckpt_dir(self.run_dir))
+            status = signal.Signals(self.stop_signal).name if self.stop_signal else "failed"
+            return {"status": status, "exit_code": self._exit_code(status), "error": self.fault}
         dump = os.environ.get(DUMP_ENV)
         if dump:  # test hook: each replica's final parameters, to check consensus bit for bit
             torch.save(self.flat.cpu().clone(), Path(dump) / f"rank{self.env.rank}.pt")
@@ -410,6 +453,7 @@ class Leader:
             "replicas": self.env.world_size,
             "syncs": self.syncs,
             "max_drift": max(self.drifts) if self.drifts else 0.0,
+            "mean_drift": _mean(self.drifts),
             "mean_sync_s": mean_sync,
             "mean_sync_wait_s": mean_wait,
             "worker_stall_s": self._stall_s(t),
@@ -418,6 +462,7 @@ class Leader:
             "sync_mode": self.cfg.sync.mode if self.env.distributed else "none",
             "final_interval": self.interval,
             "resumed_from": self.resumed_from or "",
+            "steps_lost_on_resume": self.steps_lost,
             "run_dir": str(self.run_dir.resolve()),
         })
         if self.fault:

@@ -51,13 +51,13 @@ class WorkerSpec:
     """Batches this worker processes in the whole run."""
 
 
-def _injected_faults(global_index: int) -> dict[str, int]:
+def _injected_faults(global_index: int) -> dict[str, set[int]]:
     """Test hook, e.g. ``HOGWILD_FAULT=nan:0:20,crash:1:50`` (kind:global_worker:step)."""
-    faults: dict[str, int] = {}
+    faults: dict[str, set[int]] = {}
     for item in filter(None, os.environ.get(FAULT_ENV, "").split(",")):
         kind, who, step = item.split(":")
         if int(who) == global_index:
-            faults[kind] = int(step)
+            faults.setdefault(kind, set()).add(int(step))
     return faults
 
 
@@ -91,7 +91,7 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
 
 def run_loop(model: torch.nn.Module, opt: FlatOptimizer, sampler: ShardSampler, ds: Dataset,
              spec: WorkerSpec, stats_all: np.ndarray, ctrl: np.ndarray, wake: Optional[Connection],
-             faults: dict[str, int], device: torch.device) -> None:
+             faults: dict[str, set[int]], device: torch.device) -> None:
     row = stats_all[spec.local_index]
     step = int(row[POS])  # a respawned worker resumes where its predecessor stopped
     parent = os.getppid()
@@ -119,9 +119,9 @@ def run_loop(model: torch.nn.Module, opt: FlatOptimizer, sampler: ShardSampler, 
         loss = F.cross_entropy(model(*inputs), y)
         loss.backward()
         grads = [p.grad for p in params]
-        if faults.get("nan") == step:
+        if step in faults.get("nan", ()):
             grads[0] = torch.full_like(grads[0], float("nan")) if not grads[0].is_sparse else grads[0] * float("nan")
-        if faults.get("crash") == step:
+        if step in faults.get("crash", ()):
             raise RuntimeError(f"injected crash at step {step}")
         lval = float(loss.detach())
         if np.isfinite(lval) and grads_finite(grads):
