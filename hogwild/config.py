@@ -134,6 +134,8 @@ class TrainConfig:
     """Per-worker mini-batch size."""
     seed: int = 0
     """Model init seed; worker w of the job is seeded with seed + w."""
+    target_accuracy: Optional[float] = None
+    """Stop once the rank-0 evaluation reaches this test accuracy (time-to-accuracy runs)."""
     log_every_s: float = 10.0
     """Progress interval when the console is not a terminal (a terminal gets one live line)."""
 
@@ -144,6 +146,9 @@ class TrainConfig:
         _positive(self.batch_size, "train.batch_size")
         _positive(self.seed, "train.seed", allow_zero=True)
         _positive(self.log_every_s, "train.log_every_s")
+        if self.target_accuracy is not None:
+            _require(0.0 < self.target_accuracy <= 1.0, "train.target_accuracy",
+                     f"must be in (0, 1], got {self.target_accuracy}")
 
 
 @dataclass

@@ -69,6 +69,7 @@ class Leader:
         self.restarts_before = 0
         self.steps_lost = 0
         self.degraded = False  # a peer is gone: no more collectives
+        self.time_to_target: Optional[float] = None
         self.skipped_before = 0
 
     # ---------------------------------------------------------------- setup
@@ -327,6 +328,11 @@ class Leader:
             self.metrics.scalar("test/accuracy", self.test_acc, step)
             self.metrics.scalar("test/loss", self.test_loss, step)
             self.next_eval = time.monotonic() + self.cfg.eval.every_s
+            target = self.cfg.train.target_accuracy
+            if target is not None and self.test_acc >= target and self.time_to_target is None:
+                self.time_to_target = time.monotonic() - self.t_train
+                logger.info("test accuracy %.4f reached train.target_accuracy=%.4f after %.2fs",
+                            self.test_acc, target, self.time_to_target)
         total = sum(sp.quota for sp in self.specs)
         self.progress.update(
             f"step {int(s[:, POS].sum())}/{total} | loss {loss:.4f} | {rate:,.0f} samples/s"
@@ -344,7 +350,9 @@ class Leader:
             if msg and not self.fault:
                 self.fault = msg
                 logger.error("stopping: %s", msg)
-            done = self.pool.all_done()
+            # Reaching the target counts as this replica being done; the others finish their
+            # own work (or reach it themselves), so no replica is cut off mid-round.
+            done = self.pool.all_done() or self.time_to_target is not None
             stop = self.stop_signal is not None or self.fault is not None
             if self.env.distributed:
                 if done or stop or self._replica_pos() >= self.next_sync_at:
@@ -448,6 +456,7 @@ class Leader:
             "samples_per_s": float(t[1]) / max(train_s, 1e-9),
             "wall_s": time.monotonic() - self.t_start,
             "train_s": train_s,
+            "time_to_target_s": self.time_to_target if self.time_to_target is not None else float("nan"),
             "startup_s": self.startup_s if self.startup_s is not None else float("nan"),
             "workers": self.k,
             "replicas": self.env.world_size,
