@@ -17,7 +17,6 @@ import logging
 import os
 import signal
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional
 
@@ -35,17 +34,13 @@ from hogwild.models import build_model
 from hogwild.optim import FlatOptimizer
 from hogwild.pool import WorkerPool
 from hogwild.shared import alloc, layout, share_model
-from hogwild.sync import SyncContext, make_rule
+from hogwild.sync import PeerLost, make_rule, sync_round
 from hogwild.worker import (APPLIED, LOSS, NEXT_SYNC_AT, NUM_CONTROL, NUM_STATS, POS, SAMPLES,
                             SKIPPED, STEP_S, SYNC_S, SYNC_STEPS, SYNCING, WorkerSpec)
 
 logger = logging.getLogger(__name__)
 
 DUMP_ENV = "HOGWILD_DUMP_FINAL"
-class PeerLost(RuntimeError):
-    """Another leader is gone: no further collective can complete."""
-
-
 EXIT_OK, EXIT_FAULT, EXIT_SIGINT, EXIT_SIGTERM = 0, 3, 130, 143
 
 
@@ -60,7 +55,7 @@ class Leader:
         self.fault: Optional[str] = None
         self.syncs = 0
         self.sync_times: list[float] = []
-        self.wait_times: list[float] = []
+        self.last_drift = 0.0
         self.drifts: list[float] = []
         self.interval = cfg.sync.interval
         self.next_sync_at = float(cfg.sync.interval)
@@ -196,67 +191,49 @@ class Leader:
         return max(0.0, sync_s - sync_steps * (step_s - sync_s) / other)
 
     # ---------------------------------------------------------------- rounds
-    def _collective_device(self) -> torch.device:
-        return self.device if self.cfg.device == "cuda" else torch.device("cpu")
+    def _on_wire(self, t: torch.Tensor) -> torch.Tensor:
+        """NCCL only moves CUDA tensors; Gloo takes them where they are."""
+        return t.to(self.flat.device)
 
     def _round(self, done: bool, stop: bool, final: bool = False) -> tuple[bool, bool]:
-        env, flat = self.env, self.flat
+        env = self.env
         t0 = time.perf_counter()
         ctl = self.control.numpy()
         ctl[SYNCING] = 1.0
-        snap = flat.clone()
         pos_at_snap = self._replica_pos()
-        healthy = bool(torch.isfinite(snap).all())
-        want_ckpt = self.is_rank0 and time.monotonic() >= self.next_ckpt
-        flags = torch.zeros(3 + env.world_size, device=self._collective_device())
-        flags[0], flags[1], flags[2], flags[3 + env.rank] = float(done), float(stop), float(want_ckpt), float(healthy)
         # A stopping leader may have a dead peer (torchrun SIGTERMs survivors): bound the wait.
         wait_s = min(self.cfg.fault.shutdown_timeout_s, 10.0) if stop else self.cfg.sync.timeout_s
         try:
-            work = dist.all_reduce(flags, async_op=True)
-            assert work is not None
-            work.wait(timeout=timedelta(seconds=wait_s))
-        except (RuntimeError, dist.DistError) as e:
+            out = sync_round(self.flat, self.rule, env.rank, env.world_size, done=done, stop=stop,
+                             want_checkpoint=self.is_rank0 and time.monotonic() >= self.next_ckpt,
+                             reached=self.time_to_target is not None,
+                             last_drift=self.last_drift, final=final, timeout_s=wait_s)
+        finally:
             ctl[SYNCING] = 0.0
-            raise PeerLost(f"sync: peers did not join sync round {self.syncs + 1} within {wait_s:.0f}s "
-                           f"({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})") from None
-        t_met = time.perf_counter()
-        self.wait_times.append(t_met - t0)
-        f = flags.cpu()
-        all_done, any_stop, ckpt = bool(f[0] == env.world_size), bool(f[1] > 0), bool(f[2] > 0)
-        ctx = SyncContext(env.rank, env.world_size, [bool(x > 0.5) for x in f[3:]])
-        if ctx.n_healthy == 0:
-            raise RuntimeError("every replica holds non-finite parameters; nothing to sync from")
-        target = self.rule.target(snap, ctx)
-        drift = float((snap - target).norm() / target.norm().clamp_min(1e-12)) if healthy else float("inf")
-        with torch.no_grad():
-            if final:
-                flat.copy_(target)  # workers are stopped: land exactly on the consensus
-            elif healthy:
-                flat.add_(target.sub_(snap))  # DESIGN rule 2: concurrent updates survive
-            else:
-                flat.copy_(target)
-                logger.warning("replica %d held non-finite parameters; excluded from the sync "
-                               "and restored from the consensus of the others", env.rank)
-        ctl[SYNCING] = 0.0
-        drifts = [torch.zeros(1, device=self._collective_device()) for _ in range(env.world_size)]
-        dist.all_gather(drifts, torch.tensor([drift], device=self._collective_device()))
-        finite = [float(d) for d in drifts if torch.isfinite(d).all()]
+        if not out.healthy:
+            logger.warning("replica %d held non-finite parameters; excluded from the sync and "
+                           "restored from the consensus of the others", env.rank)
+        self.last_drift = out.drift
+        dt = time.perf_counter() - t0
         self.syncs += 1
-        dt = time.perf_counter() - t_met
         self.sync_times.append(dt)
-        if finite:
-            self.drifts.append(max(finite))
-            step = int(self._replica_pos())
-            self.metrics.scalar("sync/drift_mean", sum(finite) / len(finite), step)
-            self.metrics.scalar("sync/drift_max", max(finite), step)
-            self.metrics.scalar("sync/seconds", dt, step)
-            self._adapt_interval(max(finite), step)
+        step = int(self._replica_pos())
+        self.metrics.scalar("sync/seconds", dt, step)
+        if self.syncs > 1:
+            self._record_drift(out.last_drifts, step)
         self.next_sync_at = pos_at_snap + self.interval
         ctl[NEXT_SYNC_AT] = self.next_sync_at
-        if ckpt and not final:
+        if out.checkpoint and not final:
             self._checkpoint()
-        return all_done, any_stop
+        return out.all_done or out.reached, out.any_stop
+
+    def _record_drift(self, drifts: list[float], step: int) -> None:
+        finite = [d for d in drifts if d == d and d != float("inf")]
+        if finite:
+            self.drifts.append(max(finite))
+            self.metrics.scalar("sync/drift_mean", sum(finite) / len(finite), step)
+            self.metrics.scalar("sync/drift_max", max(finite), step)
+            self._adapt_interval(max(finite), step)
 
     def _adapt_interval(self, max_drift: float, step: int) -> None:
         """Every leader sees the same gathered drift, so all take the same decision."""
@@ -276,10 +253,12 @@ class Leader:
         pos = torch.from_numpy(self.stats.numpy()[:, POS].copy())
         t = self._local_totals()
         if self.env.distributed:
-            parts = [torch.zeros_like(pos) for _ in range(self.env.world_size)]
-            dist.all_gather(parts, pos)
-            pos_all = torch.stack(parts)
+            parts = [self._on_wire(torch.zeros_like(pos)) for _ in range(self.env.world_size)]
+            dist.all_gather(parts, self._on_wire(pos))
+            pos_all = torch.stack(parts).cpu()
+            t = self._on_wire(t)
             dist.all_reduce(t)
+            t = t.cpu()
         else:
             pos_all = pos.unsqueeze(0)
         self.next_ckpt = time.monotonic() + self.cfg.checkpoint.every_s
@@ -341,7 +320,11 @@ class Leader:
     def _loop(self) -> None:
         cfg = self.cfg
         while True:
-            self.pool.wait(0.25 if not self.env.distributed else 0.1)
+            # Sleep until the next thing due (eval, log, checkpoint), a worker's wake-up or death.
+            now = time.monotonic()
+            due = min(self.next_eval if self.is_rank0 else now + 1.0, self.next_tb, self.next_ckpt,
+                      now + self.progress.every_s)
+            self.pool.wait(min(max(due - now, 0.001), 0.5))
             msg = self.pool.check(cfg.fault.max_worker_restarts)
             skipped = int(self.stats.numpy()[:, SKIPPED].sum())
             if msg is None and skipped > cfg.fault.max_nonfinite:
@@ -350,12 +333,11 @@ class Leader:
             if msg and not self.fault:
                 self.fault = msg
                 logger.error("stopping: %s", msg)
-            # Reaching the target counts as this replica being done; the others finish their
-            # own work (or reach it themselves), so no replica is cut off mid-round.
-            done = self.pool.all_done() or self.time_to_target is not None
+            reached = self.time_to_target is not None
+            done = self.pool.all_done()
             stop = self.stop_signal is not None or self.fault is not None
             if self.env.distributed:
-                if done or stop or self._replica_pos() >= self.next_sync_at:
+                if done or stop or reached or self._replica_pos() >= self.next_sync_at:
                     try:
                         all_done, any_stop = self._round(done, stop)
                     except PeerLost as e:
@@ -368,7 +350,7 @@ class Leader:
                     if all_done or any_stop:
                         return
             else:
-                if done or stop:
+                if done or stop or reached:
                     return
                 if time.monotonic() >= self.next_ckpt:
                     self._checkpoint()
@@ -428,12 +410,18 @@ class Leader:
         self._checkpoint()  # totals are all-reduced inside when distributed
         t = self._local_totals()
         if self.env.distributed:
+            t = self._on_wire(t)
             dist.all_reduce(t)
-            agg = torch.tensor([_mean(self.sync_times), _mean(self.wait_times)], dtype=torch.float64)
+            t = t.cpu()
+            # The final round's drift has no later round to ride on: gather it once here.
+            last = [self._on_wire(torch.zeros(1, dtype=torch.float64)) for _ in range(self.env.world_size)]
+            dist.all_gather(last, self._on_wire(torch.tensor([self.last_drift], dtype=torch.float64)))
+            self._record_drift([float(x) for x in last], int(self._replica_pos()))
+            agg = self._on_wire(torch.tensor([_mean(self.sync_times)], dtype=torch.float64))
             dist.all_reduce(agg)
-            mean_sync, mean_wait = (float(x) / self.env.world_size for x in agg)
+            mean_sync = float(agg[0]) / self.env.world_size
         else:
-            mean_sync = mean_wait = 0.0
+            mean_sync = 0.0
         status = "ok"
         if self.stop_signal is not None:
             status = signal.Signals(self.stop_signal).name
@@ -464,7 +452,6 @@ class Leader:
             "max_drift": max(self.drifts) if self.drifts else 0.0,
             "mean_drift": _mean(self.drifts),
             "mean_sync_s": mean_sync,
-            "mean_sync_wait_s": mean_wait,
             "worker_stall_s": self._stall_s(t),
             "worker_restarts": self.restarts_before + int(t[3]),
             "skipped_nonfinite": self.skipped_before + int(t[2]),

@@ -81,12 +81,16 @@ class FlatOptimizer:
 
     def _adam(self, p: Tensor, g: Tensor, m: Tensor, v: Tensor) -> None:
         b1, b2 = self.cfg.betas
-        m.lerp_(g, 1 - b1)
+        # Shared state is written by other workers while we read it. If we saw another
+        # worker's large gradient in m but not yet in v, m/sqrt(v) would explode. So every
+        # worker writes v before m, and reads m before v: any m we see has its v in place.
         v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        m.lerp_(g, 1 - b1)
+        m_seen = m.clone() if self.cfg.state == "shared" else m
         bc1 = 1 - b1 ** self.t
         bc2 = 1 - b2 ** self.t
         denom = (v.sqrt() / math.sqrt(bc2)).add_(self.cfg.eps)
-        p.addcdiv_(m, denom, value=-self.cfg.lr / bc1)
+        p.addcdiv_(m_seen, denom, value=-self.cfg.lr / bc1)
 
     def _sparse_adagrad(self, p: Tensor, g: Tensor, s: Tensor) -> None:
         idx, vals = g._indices()[0], g._values()

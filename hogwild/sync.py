@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import ClassVar, Optional
 
 import torch
@@ -22,6 +23,31 @@ from hogwild.config import ConfigError, SyncConfig
 logger = logging.getLogger(__name__)
 
 _WIRE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# The control vector every round all-reduces (SUM): flags, then one slot per rank for
+# "my snapshot is finite", then one per rank for the drift each measured last round.
+DONE, STOP, CKPT, REACHED, NUM_FLAGS = 0, 1, 2, 3, 4
+
+
+def control_size(world: int) -> int:
+    return NUM_FLAGS + 2 * world
+
+
+class PeerLost(RuntimeError):
+    """Another leader did not join a collective in time: no further collective can complete."""
+
+
+def all_reduce_within(t: Tensor, timeout_s: float, what: str,
+                      group: Optional[dist.ProcessGroup] = None) -> Tensor:
+    """SUM all_reduce that raises :class:`PeerLost` instead of blocking past ``timeout_s``."""
+    try:
+        work = dist.all_reduce(t, async_op=True, group=group)
+        assert work is not None
+        work.wait(timeout=timedelta(seconds=timeout_s))
+    except (RuntimeError, dist.DistError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise PeerLost(f"sync: peers did not join {what} within {timeout_s:.0f}s ({first})") from None
+    return t
 
 
 @dataclass(frozen=True)
@@ -50,10 +76,27 @@ class SyncRule(ABC):
         self.group = group
         self.wire = _WIRE[cfg.dtype]
         self._residual: Optional[Tensor] = None  # error feedback of the compressed wire
+        self._scratch: dict[str, Tensor] = {}
+
+    def scratch(self, name: str, numel: int, like: Tensor) -> Tensor:
+        """A buffer kept across rounds: fresh multi-MB allocations page-fault on every sync."""
+        buf = self._scratch.get(name)
+        if buf is None or buf.numel() != numel or buf.dtype != like.dtype or buf.device != like.device:
+            buf = torch.empty(numel, dtype=like.dtype, device=like.device)
+            self._scratch[name] = buf
+        return buf
 
     @abstractmethod
     def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
         """The parameters this replica should hold; ``snap`` may be reused as scratch."""
+
+    def exchange(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float) -> tuple[Tensor, Tensor]:
+        """Reduce the control vector, then compute the target: (target, reduced control).
+
+        Rules whose data collective is itself a SUM all_reduce fuse both into one call.
+        """
+        ctl = all_reduce_within(ctl, timeout_s, "the sync round", self.group)
+        return self.target(snap, context(ctl, rank)), ctl
 
     def state_dict(self) -> dict[str, Tensor]:
         return {}
@@ -110,6 +153,23 @@ class Average(SyncRule):
         super().__init__(cfg, group)
         self._base: Optional[Tensor] = None
 
+    def exchange(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float) -> tuple[Tensor, Tensor]:
+        if self.wire != torch.float32:
+            return super().exchange(snap, ctl, rank, timeout_s)
+        # One collective per round: control flags travel in front of the parameters, and an
+        # unhealthy replica sends zeros, so the healthy count divides the sum.
+        c = ctl.numel()
+        buf = self.scratch("fused", c + snap.numel(), snap)
+        buf[:c].copy_(ctl)
+        if ctl[NUM_FLAGS + rank] > 0:
+            buf[c:].copy_(snap)
+        else:
+            buf[c:].zero_()
+        all_reduce_within(buf, timeout_s, "the sync round", self.group)
+        ctl = buf[:c].clone()
+        n = context(ctl, rank).n_healthy
+        return buf[c:].div_(max(n, 1)), ctl
+
     def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
         if self.wire == torch.float32:
             return self._mean(snap, ctx)
@@ -119,6 +179,62 @@ class Average(SyncRule):
         delta = snap - self._base if ctx.healthy[ctx.rank] else torch.zeros_like(snap)
         self._base = self._base + self._mean(delta, ctx)
         return self._base.clone()
+
+
+def context(ctl: Tensor, rank: int) -> SyncContext:
+    world = (ctl.numel() - NUM_FLAGS) // 2
+    healthy = [bool(x > 0.5) for x in ctl[NUM_FLAGS:NUM_FLAGS + world].tolist()]
+    return SyncContext(rank, world, healthy)
+
+
+@dataclass
+class RoundOutcome:
+    all_done: bool
+    any_stop: bool
+    checkpoint: bool
+    reached: bool
+    """Some replica reached train.target_accuracy: the whole job ends after this round."""
+    healthy: bool
+    """This replica's snapshot was finite (else it was restored from the consensus)."""
+    drift: float
+    """This replica's ``||snap - target|| / ||target||`` in this round."""
+    last_drifts: list[float]
+    """Every replica's drift of the previous round (piggybacked; inf where unhealthy)."""
+
+
+def sync_round(flat: Tensor, rule: SyncRule, rank: int, world: int, *, done: bool = False,
+               stop: bool = False, want_checkpoint: bool = False, reached: bool = False,
+               last_drift: float = 0.0,
+               final: bool = False, timeout_s: float = 300.0) -> RoundOutcome:
+    """One round on the live buffer ``flat`` while workers may keep writing to it.
+
+    ``snap = flat.clone(); target = rule(snap); flat += target - snap``: updates applied
+    during the collective survive (DESIGN rule 2). With ``final`` (workers stopped) the
+    replica lands exactly on ``target`` so every replica ends bit-for-bit identical.
+    """
+    snap = rule.scratch("snapshot", flat.numel(), flat).copy_(flat)
+    # One reduction instead of an isfinite mask: NaN/Inf anywhere make the sum non-finite.
+    healthy = bool(torch.isfinite(snap.sum()))
+    ctl = torch.zeros(control_size(world), dtype=flat.dtype, device=flat.device)
+    ctl[DONE], ctl[STOP], ctl[CKPT], ctl[REACHED] = float(done), float(stop), float(want_checkpoint), float(reached)
+    ctl[NUM_FLAGS + rank] = float(healthy)
+    ctl[NUM_FLAGS + world + rank] = last_drift if last_drift == last_drift else float("inf")
+    target, red = rule.exchange(snap, ctl, rank, timeout_s)
+    if context(red, rank).n_healthy == 0:
+        raise RuntimeError("every replica holds non-finite parameters; nothing to sync from")
+    tnorm = target.norm().clamp_min(1e-12)
+    with torch.no_grad():
+        if final or not healthy:
+            drift = float((snap - target).norm() / tnorm) if healthy else float("inf")
+            flat.copy_(target)
+        else:
+            delta = target.sub_(snap)  # reuse the target's memory: one pass fewer
+            drift = float(delta.norm() / tnorm)
+            flat.add_(delta)
+    f = red.cpu()
+    return RoundOutcome(all_done=bool(f[DONE] == world), any_stop=bool(f[STOP] > 0),
+                        checkpoint=bool(f[CKPT] > 0), reached=bool(f[REACHED] > 0), healthy=healthy, drift=drift,
+                        last_drifts=[float(x) for x in f[NUM_FLAGS + world:]])
 
 
 def _broadcast(x: Tensor, src: int, group: Optional[dist.ProcessGroup]) -> Tensor:

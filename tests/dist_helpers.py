@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hogwild.config import SyncConfig
-from hogwild.sync import SyncContext, make_rule
+from hogwild.sync import Average, SyncContext, make_rule, sync_round
 
 
 def _init(rank: int, world: int, port: int) -> None:
@@ -63,13 +63,16 @@ def writer_during_sync(rank: int, world: int, port: int, out: Any, naive: bool) 
         t.join()
         flat.div_(world)
     else:
-        snap = flat.clone()
-        avg = snap.clone()
-        dist.all_reduce(avg)
-        avg.div_(world)
-        done.set()
-        t.join()
-        flat.add_(avg - snap)
+        class Rule(Average):
+            # The writer stops once the collective is over, so the test isolates what the
+            # collective does to concurrent writes (the final add_ is one in-place op).
+            def exchange(self, *a: Any, **k: Any) -> Any:
+                result = super().exchange(*a, **k)
+                done.set()
+                t.join()
+                return result
+
+        sync_round(flat, Rule(SyncConfig()), rank, world)
     dist.barrier()
     out[rank] = (float(flat.double().sum()), count[0] * flat.numel())
     dist.destroy_process_group()

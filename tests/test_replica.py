@@ -117,7 +117,7 @@ def test_multirun_sweeps_learning_rates(tmp_path: Path) -> None:
 
 def test_shared_adam_state_trains(tmp_cwd: Path) -> None:
     out = tmp_cwd / "run"
-    m = run(compose_cfg(["optim=adam", "optim.state=shared", "workers=2", "train.epochs=10",
+    m = run(compose_cfg(["optim=adam", "optim.lr=0.005", "optim.state=shared", "workers=2", "train.epochs=10",
                          f"run_dir={out}"]), str(out))
     assert m["test_accuracy"] > 0.9
     ck = checkpoint.load(out / "checkpoints" / "last.pt")
