@@ -236,15 +236,16 @@ class Leader:
             self._adapt_interval(max(finite), step)
 
     def _adapt_interval(self, max_drift: float, step: int) -> None:
-        """Every leader sees the same gathered drift, so all take the same decision."""
+        """Proportional control of the interval towards ``sync.target_drift``.
+
+        Every leader sees the same gathered drift, so all take the same decision.
+        """
         target = self.cfg.sync.target_drift
         if target is None:
             return
+        factor = min(1.5, max(0.5, target / max(max_drift, 1e-12)))
         lo, hi = self.cfg.sync.min_interval, self.cfg.sync.max_interval
-        if max_drift > target:
-            self.interval = max(lo, int(self.interval * 0.7))
-        elif max_drift < 0.5 * target:
-            self.interval = min(hi, int(self.interval * 1.25) + 1)
+        self.interval = min(hi, max(lo, round(self.interval * factor)))
         self.metrics.scalar("sync/interval", self.interval, step)
 
     # ----------------------------------------------------------- checkpoints

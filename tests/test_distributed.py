@@ -12,11 +12,11 @@ from tests.conftest import clean_env, metrics, torchrun
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def _job(tmp_path: Path, name: str, *args: str) -> tuple[dict, list[torch.Tensor]]:
+def _job(tmp_path: Path, name: str, *args: str, workers: int = 2) -> tuple[dict, list[torch.Tensor]]:
     out, dump = tmp_path / name, tmp_path / f"{name}_final"
     dump.mkdir()
     env = clean_env(OMP_NUM_THREADS="1", HOGWILD_DUMP_FINAL=str(dump))
-    proc = torchrun(2, ["workers=2", f"run_dir={out}", *args], cwd=tmp_path, env=env)
+    proc = torchrun(2, [f"workers={workers}", f"run_dir={out}", *args], cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     finals = [torch.load(dump / f"rank{r}.pt", weights_only=True) for r in range(2)]
     return metrics(out), finals
@@ -48,3 +48,37 @@ def test_interval_bounds_drift(tmp_path: Path) -> None:
     large, _ = _job(tmp_path, "large", "sync.interval=100000", "train.epochs=30")
     assert large["syncs"] < small["syncs"]
     assert large["mean_drift"] > 2 * small["mean_drift"], (small, large)
+
+
+def _scalars(run_dir: Path, tag: str) -> list[float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tb"))
+    acc.Reload()
+    return [e.value for e in acc.Scalars(tag)]
+
+
+def test_target_drift_adapts_interval_to_hold_drift_near_epsilon(tmp_path: Path) -> None:
+    eps = 0.02
+    common = ("sync.interval=300", "train.epochs=60")
+    fixed, _ = _job(tmp_path, "fixed", *common, workers=1)
+    adaptive, _ = _job(tmp_path, "adaptive", *common, f"sync.target_drift={eps}", workers=1)
+    # Drop the final round (measured after training ends) and look at the settled second half.
+    tail_fixed = _scalars(tmp_path / "fixed", "sync/drift_max")[:-1]
+    drifts = _scalars(tmp_path / "adaptive", "sync/drift_max")[:-1]
+    settled = sorted(drifts[len(drifts) // 2:])
+    median = settled[len(settled) // 2]
+    assert min(tail_fixed) > 1.5 * eps, tail_fixed  # the fixed interval overshoots epsilon
+    assert eps / 2 <= median <= 1.5 * eps, drifts
+    assert adaptive["final_interval"] != 300 and _scalars(tmp_path / "adaptive", "sync/interval")
+    assert adaptive["syncs"] > fixed["syncs"]
+
+
+def test_diloco_job_checkpoints_outer_state(tmp_path: Path) -> None:
+    from hogwild import checkpoint
+
+    m, finals = _job(tmp_path, "diloco", "sync.mode=diloco", "sync.interval=20")
+    assert m["sync_mode"] == "diloco" and m["test_accuracy"] >= 0.9
+    assert torch.equal(finals[0], finals[1])
+    state = checkpoint.load(tmp_path / "diloco" / "checkpoints" / "last.pt")["sync_state"]
+    assert set(state) == {"global_params", "momentum"} and state["momentum"].abs().sum() > 0
