@@ -27,14 +27,11 @@ def state_names(cfg: OptimConfig) -> tuple[str, ...]:
 
 
 def grads_finite(grads: list[Optional[Tensor]]) -> bool:
-    """One reduction per tensor: a NaN or Inf anywhere makes the sum non-finite."""
-    for g in grads:
-        if g is None:
-            continue
-        vals = g._values() if g.is_sparse else g
-        if not bool(torch.isfinite(vals.sum())):
-            return False
-    return True
+    """A NaN or Inf anywhere makes the norms non-finite; one fused op for all tensors."""
+    vals = [g._values() if g.is_sparse else g for g in grads if g is not None]
+    if not vals:
+        return True
+    return bool(torch.isfinite(torch.stack(torch._foreach_norm(vals)).sum()))
 
 
 class FlatOptimizer:

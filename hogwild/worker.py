@@ -89,12 +89,24 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
              _injected_faults(spec.global_index), flat.device)
 
 
+def _warm_up(model: torch.nn.Module, ds: Dataset, sampler: ShardSampler, step: int,
+             device: torch.device) -> None:
+    """One forward/backward whose gradient is thrown away: the allocator and autograd's
+    first-call costs land in startup (reported as such), not in the first training steps."""
+    inputs, y = ds.train.batch(sampler.batch(step))
+    inputs = tuple(t.to(device) for t in inputs)
+    F.cross_entropy(model(*inputs), y.to(device)).backward()
+    for p in model.parameters():
+        p.grad = None
+
+
 def run_loop(model: torch.nn.Module, opt: FlatOptimizer, sampler: ShardSampler, ds: Dataset,
              spec: WorkerSpec, stats_all: np.ndarray, ctrl: np.ndarray, wake: Optional[Connection],
              faults: dict[str, set[int]], device: torch.device) -> None:
     row = stats_all[spec.local_index]
     step = int(row[POS])  # a respawned worker resumes where its predecessor stopped
     parent = os.getppid()
+    _warm_up(model, ds, sampler, step, device)
     row[READY] = 1.0
     if wake is not None:
         wake.send_bytes(b"r")

@@ -1,11 +1,11 @@
 """Side-by-side benchmarks: hogwild vs single process, DDP and an mnist_hogwild-style baseline.
 
-    python scripts/bench.py --repeats 3 --out bench_results      # full run, writes BENCHMARKS.md data
+    python scripts/bench.py --repeats 3 --out bench_results      # the full run behind BENCHMARKS.md
     python scripts/bench.py --tiny --out /tmp/b                  # smoke size (used by the tests)
 
 Every comparison runs in the same invocation, repeated, and is reported as a ratio of
-medians because the machine is shared and noisy. Results: ``<out>/results.json``, a
-markdown table ``<out>/table.md`` and, with matplotlib, ``<out>/scaling.png``.
+medians because the machine is shared and noisy. Results: ``<out>/results.json``, the
+markdown tables ``<out>/table.md`` and, with matplotlib, ``<out>/scaling.png``.
 """
 
 from __future__ import annotations
@@ -18,224 +18,128 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-import torch.nn.functional as F
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from hogwild.config import DataConfig, ModelConfig, available_cores  # noqa: E402
-from hogwild.data import Dataset, ShardSampler, load_dataset, shard  # noqa: E402
-from hogwild.evaluate import evaluate  # noqa: E402
-from hogwild.models import build_model  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch  # noqa: E402
+
+from baselines import PeakPss, Workload, ddp, free_port, mnist_hogwild, single, sync_cost  # noqa: E402
+from hogwild.config import available_cores  # noqa: E402
 
 logger = logging.getLogger("bench")
-CPU = torch.device("cpu")
+HERE = Path(__file__).resolve()
+
+MLP = Workload("mlp_digits", "mlp", target=0.97, lr=0.1, max_epochs=60, eval_every=5, eval_every_s=0.02)
+CONVNET = Workload("convnet_digits28", "convnet", target=0.97, lr=0.05, max_epochs=30, eval_every=25,
+                   eval_every_s=1.0, image_size=28)
+TINY = Workload("mlp_digits_tiny", "mlp", target=0.90, lr=0.1, max_epochs=3, eval_every=5, eval_every_s=0.02)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _data() -> Dataset:
-    return load_dataset(DataConfig(name="digits"))
-
-
-# ------------------------------------------------------------------ baselines
-def _sgd_until(model: torch.nn.Module, ds: Dataset, sampler: ShardSampler, lr: float, max_epochs: int,
-               eval_every: int, reached: Callable[[], tuple[bool, float]]) -> tuple[float, int, float]:
-    """SGD steps until ``reached()`` says so; returns (training clock, steps, last accuracy)."""
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    clock, steps, acc = 0.0, 0, 0.0
-    for step in range(max_epochs * sampler.batches_per_epoch):
-        t0 = time.perf_counter()
-        (x,), y = ds.train.batch(sampler.batch(step))
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-        clock += time.perf_counter() - t0  # evaluation stays off the clock
-        steps += 1
-        if step % eval_every == 0:
-            done, acc = reached()
-            if done:
-                break
-    return clock, steps, acc
-
-
-def single(target: float, lr: float, bs: int, max_epochs: int, eval_every: int) -> dict[str, float]:
-    """Plain SGD in one process on one core."""
-    torch.set_num_threads(1)
-    ds = _data()
-    model = build_model(ModelConfig(), ds, 0)
-
-    def reached() -> tuple[bool, float]:
-        acc = evaluate(model, ds.test, CPU)[1]
-        return acc >= target, acc
-
-    sampler = ShardSampler(torch.arange(len(ds.train)), bs, 0)
-    clock, steps, acc = _sgd_until(model, ds, sampler, lr, max_epochs, eval_every, reached)
-    return {"time_to_target_s": clock if acc >= target else float("nan"), "test_accuracy": acc,
-            "samples_per_s": steps * bs / clock}
-
-
-def _ddp_rank(rank: int, world: int, port: int, out: Any, target: float, lr: float, bs: int,
-              max_epochs: int, eval_every: int) -> None:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
-    ds = _data()
-    model = DDP(build_model(ModelConfig(), ds, 0))
-
-    def reached() -> tuple[bool, float]:
-        flag, acc = torch.zeros(1), 0.0
-        if rank == 0:  # rank 0 evaluates, everyone learns the verdict
-            acc = evaluate(model.module, ds.test, CPU)[1]
-            flag[0] = float(acc >= target)
-        dist.broadcast(flag, 0)
-        return bool(flag[0] > 0), acc
-
-    sampler = ShardSampler(shard(len(ds.train), world, rank, 0), bs, rank)
-    dist.barrier()
-    clock, steps, acc = _sgd_until(model, ds, sampler, lr, max_epochs, eval_every, reached)
-    if rank == 0:
-        out["r"] = {"time_to_target_s": clock if acc >= target else float("nan"), "test_accuracy": acc,
-                    "samples_per_s": steps * bs * world / clock}
-    dist.destroy_process_group()
-
-
-def ddp(procs: int, **kw: Any) -> dict[str, float]:
-    ctx = mp.get_context("spawn")
-    out = ctx.Manager().dict()
-    port = _free_port()
-    ps = [ctx.Process(target=_ddp_rank, args=(r, procs, port, out), kwargs=kw) for r in range(procs)]
-    for p in ps:
-        p.start()
-    for p in ps:
-        p.join(600)
-    return dict(out["r"])
-
-
-def _mh_worker(rank: int, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float, bs: int,
-               epochs: int, stop: Any, started: torch.Tensor) -> None:
-    # mnist_hogwild: full dataset per process, torch.optim.SGD per process, no thread pinning.
-    torch.manual_seed(rank)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    started[rank] = 1.0
-    for _ in range(epochs):
-        perm = torch.randperm(len(y))
-        for i in range(0, len(y), bs):
-            if stop.is_set():
-                return
-            idx = perm[i:i + bs]
-            opt.zero_grad()
-            F.cross_entropy(model(x[idx]), y[idx]).backward()
-            opt.step()
-
-
-def mnist_hogwild(procs: int, target: float, lr: float, bs: int, max_epochs: int, **_: Any) -> dict[str, float]:
-    ctx = mp.get_context("spawn")
-    ds = _data()
-    model = build_model(ModelConfig(), ds, 0)
-    model.share_memory()  # per-tensor sharing, as the example does
-    stop = ctx.Event()
-    x, y = ds.train.inputs[0].clone(), ds.train.targets.clone()
-    started = torch.zeros(procs).share_memory_()
-    ps = [ctx.Process(target=_mh_worker, args=(r, model, x, y, lr, bs, max_epochs, stop, started))
-          for r in range(procs)]
-    for p in ps:
-        p.start()
-    while started.sum() < procs and any(p.is_alive() for p in ps):
-        time.sleep(0.001)
-    t_start = time.perf_counter()  # the clock starts at the first step, like the others'
-    acc = 0.0
-    while any(p.is_alive() for p in ps):
-        time.sleep(0.02)
-        acc = evaluate(model, ds.test, CPU)[1]
-        if acc >= target:
-            break
-    elapsed = time.perf_counter() - t_start
-    stop.set()
-    for p in ps:
-        p.join(30)
-    return {"time_to_target_s": elapsed if acc >= target else float("nan"), "test_accuracy": acc}
-
-
-def hogwild(workers: int, target: float | None, extra: list[str], run_root: Path) -> dict[str, Any]:
+def _run(cmd: list[str], run_root: Path, env: dict[str, str] | None = None,
+         measure_memory: bool = False) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(dir=run_root))
-    args = [f"workers={workers}", f"run_dir={run_dir}", "eval.every_s=0.02", "checkpoint.every_s=3600", *extra]
+    cmd = [*cmd, f"run_dir={run_dir}", "checkpoint.every_s=3600"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})})
+    peak = PeakPss(proc.pid)
+    with peak if measure_memory else _Null():
+        log, _ = proc.communicate(timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{log[-3000:]}")
+    m = json.loads((run_dir / "metrics.json").read_text())
+    m["peak_pss_mib"] = peak.peak_kib / 1024
+    return m
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def hogwild(workers: int, w: Workload, target: float | None, run_root: Path, extra: tuple[str, ...] = (),
+            measure_memory: bool = False) -> dict[str, Any]:
+    args = [f"workers={workers}", *w.hydra(), *extra]
     if target is not None:
         args.append(f"train.target_accuracy={target}")
-    proc = subprocess.run([sys.executable, "-m", "hogwild.train", *args], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-2000:])
-    return json.loads((run_dir / "metrics.json").read_text())
+    return _run([sys.executable, "-m", "hogwild.train", *args], run_root, measure_memory=measure_memory)
 
 
-def _sync_cost_rank(rank: int, world: int, port: int, out: Any, n: int, reps: int) -> None:
-    """Bare all_reduce of an n-float buffer vs hogwild's sync round on one, same processes."""
-    from hogwild.config import SyncConfig
-    from hogwild.sync import make_rule, sync_round
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    flat, rule = torch.randn(n), make_rule(SyncConfig())
-    bare, ours = [], []
-    for _ in range(reps):
-        buf = flat.clone()  # the floor gets its own copy too, so both move the same bytes
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_reduce(buf)
-        bare.append(time.perf_counter() - t0)
-        dist.barrier()
-        t0 = time.perf_counter()
-        sync_round(flat, rule, rank, world)
-        ours.append(time.perf_counter() - t0)
-    if rank == 0:
-        out["r"] = {"bare_allreduce_s": statistics.median(bare), "sync_round_s": statistics.median(ours)}
-    dist.destroy_process_group()
+def hogwild_torchrun(replicas: int, workers: int, w: Workload, run_root: Path, extra: tuple[str, ...] = (),
+                     target: float | None = None) -> dict[str, Any]:
+    args = [f"workers={workers}", *w.hydra(), *extra]
+    if target is not None:
+        args.append(f"train.target_accuracy={target}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={replicas}",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "hogwild.train", *args]
+    return _run(cmd, run_root)
 
 
-def sync_cost(n: int, world: int = 2, reps: int = 100) -> dict[str, float]:
-    ctx = mp.get_context("spawn")
-    out = ctx.Manager().dict()
-    port = _free_port()
-    ps = [ctx.Process(target=_sync_cost_rank, args=(r, world, port, out, n, reps)) for r in range(world)]
-    for p in ps:
-        p.start()
-    for p in ps:
-        p.join(300)
-    return dict(out["r"])
-
-
-def hogwild_torchrun(nproc: int, extra: list[str], run_root: Path) -> dict[str, Any]:
-    run_dir = Path(tempfile.mkdtemp(dir=run_root))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
-           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}", "-m", "hogwild.train",
-           f"run_dir={run_dir}", "checkpoint.every_s=3600", *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-2000:])
-    return json.loads((run_dir / "metrics.json").read_text())
-
-
-# ------------------------------------------------------------------ driver
-def median_of(fn: Callable[[], dict[str, Any]], repeats: int, key: str) -> tuple[float, list[dict[str, Any]]]:
+def median_of(fn: Callable[[], dict[str, Any]], repeats: int, key: str) -> dict[str, Any]:
     runs = [fn() for _ in range(repeats)]
-    vals = [float(r[key]) for r in runs if r.get(key) == r.get(key)]  # drop NaN (target missed)
-    return (statistics.median(vals) if vals else float("nan")), runs
+    vals = [float(r[key]) for r in runs if r.get(key) == r.get(key)]  # NaN: target missed
+    accs = [float(r["test_accuracy"]) for r in runs]
+    return {"median": statistics.median(vals) if vals else float("nan"), "missed": len(runs) - len(vals),
+            "accuracy": statistics.median(accs), "runs": runs}
+
+
+def time_to_accuracy(w: Workload, procs: int, reps: int, runs: Path, rules: str) -> dict[str, Any]:
+    """``rules``: "all" compares every sync rule, "one" only plain averaging, "none" skips them."""
+    logger.info("time to %.2f on %s, %d processes, %d repeats", w.target, w.name, procs, reps)
+    key = "time_to_target_s"
+    out = {
+        "single": median_of(lambda: single(w), reps, key),
+        "ddp": median_of(lambda: ddp(procs, w), reps, key),
+        "mnist_hogwild": median_of(lambda: mnist_hogwild(procs, w), reps, key),
+        f"hogwild 1x{procs}": median_of(lambda: hogwild(procs, w, w.target, runs), reps, key),
+    }
+    if rules != "none" and procs >= 2:
+        variants: dict[str, tuple[str, ...]] = {"average": ()}
+        if rules == "all":
+            variants.update({"broadcast": ("sync.mode=broadcast",), "diloco": ("sync.mode=diloco",),
+                             "average bf16": ("sync.dtype=bf16",),
+                             "diloco bf16": ("sync.mode=diloco", "sync.dtype=bf16")})
+        for label, extra in variants.items():
+            out[f"hogwild {procs}x1 {label}"] = median_of(
+                lambda extra=extra: hogwild_torchrun(procs, 1, w, runs, ("sync.interval=50", *extra), w.target),
+                reps, key)
+        # Robust rules need three replicas to differ from the mean.
+        robust = {"average": (), "median": ("sync.mode=median",), "trimmed_mean": ("sync.mode=trimmed_mean",)}
+        for label, extra in (robust if rules == "all" else {}).items():
+            out[f"hogwild 3x1 {label}"] = median_of(
+                lambda extra=extra: hogwild_torchrun(3, 1, w, runs, ("sync.interval=50", *extra), w.target),
+                reps, key)
+    return out
+
+
+def scaling(cores: int, reps: int, steps: int, runs: Path) -> dict[str, Any]:
+    logger.info("intra-machine scaling, 1..%d workers", cores)
+    res: dict[str, Any] = {}
+    for name, extra in (("mlp_digits", ()), ("sparse_synthetic", ("+experiment=sparse",))):
+        rates = {k: median_of(lambda k=k: _run([sys.executable, "-m", "hogwild.train", f"workers={k}", *extra,
+                                                "eval.every_s=60", f"train.max_steps={steps * k}"], runs),
+                              reps, "samples_per_s")["median"] for k in range(1, cores + 1)}
+        res[name] = {str(k): {"samples_per_s": r, "efficiency": r / (k * rates[1])} for k, r in rates.items()}
+    return res
+
+
+def memory(procs: int, runs: Path, tiny: bool) -> dict[str, Any]:
+    """Peak PSS of the whole process tree: hogwild (leader + K workers) vs DDP (launcher + K ranks)."""
+    hidden = 4096 if tiny else 65536
+    w = Workload("mlp_wide", "mlp", target=1.01, lr=0.01, max_epochs=1 if tiny else 2, eval_every=10**9,
+                 eval_every_s=60, hidden=hidden)
+    h = hogwild(procs, w, None, runs, measure_memory=True)
+    proc = subprocess.Popen([sys.executable, str(HERE), "--ddp-child", str(procs), "--hidden", str(hidden),
+                             "--epochs", str(w.max_epochs)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with PeakPss(proc.pid) as peak:
+        proc.wait(900)
+    params = 64 * hidden + hidden + hidden * 10 + 10
+    return {"params": params, "model_mib": params * 4 / 2**20, "processes": procs,
+            "hogwild_peak_pss_mib": h["peak_pss_mib"], "ddp_peak_pss_mib": peak.peak_kib / 1024}
 
 
 def main() -> None:
@@ -243,85 +147,75 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     ap.add_argument("--tiny", action="store_true", help="smoke-test size: seconds, not minutes")
+    ap.add_argument("--ddp-child", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--hidden", type=int, default=128, help=argparse.SUPPRESS)
+    ap.add_argument("--epochs", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="[bench] %(message)s")
+    if args.ddp_child:  # memory run of the DDP baseline, measured from the parent
+        ddp(args.ddp_child, Workload("mlp_wide", "mlp", 1.01, 0.01, args.epochs, 10**9, 60, hidden=args.hidden))
+        return
     args.out.mkdir(parents=True, exist_ok=True)
-    runs_dir = args.out / "runs"
-    runs_dir.mkdir(exist_ok=True)
+    runs = args.out / "runs"
+    runs.mkdir(exist_ok=True)
     cores = available_cores()
-    procs = min(2, cores)
-    target = 0.90 if args.tiny else 0.97
-    reps = 1 if args.tiny else args.repeats
-    kw = dict(target=target, lr=0.1, bs=32, max_epochs=3 if args.tiny else 60, eval_every=5)
-    res: dict[str, Any] = {"cores": cores, "processes": procs, "target_accuracy": target,
-                           "repeats": reps, "torch": torch.__version__}
-
-    logger.info("time-to-accuracy, mlp on digits to %.2f, %d processes, %d repeats", target, procs, reps)
-    tta: dict[str, Any] = {}
-    tta["single"] = median_of(lambda: single(**kw), reps, "time_to_target_s")
-    tta["ddp"] = median_of(lambda: ddp(procs, **kw), reps, "time_to_target_s")
-    tta["mnist_hogwild"] = median_of(lambda: mnist_hogwild(procs, **kw), reps, "time_to_target_s")
-    extra = ["train.epochs=3"] if args.tiny else ["train.epochs=60"]
-    tta["hogwild"] = median_of(lambda: hogwild(procs, target, extra, runs_dir), reps, "time_to_target_s")
-    res["time_to_accuracy"] = {k: {"median_s": v[0], "runs": v[1]} for k, v in tta.items()}
-    h = tta["hogwild"][0]
-    res["ratios"] = {f"{k}_over_hogwild": tta[k][0] / h for k in ("single", "ddp", "mnist_hogwild")}
-    res["hogwild_startup_s"] = statistics.median(r["startup_s"] for r in tta["hogwild"][1])
-
-    logger.info("intra-machine scaling, 1..%d workers", cores)
-    steps = 200 if args.tiny else 3000
-    scaling: dict[str, Any] = {}
-    for name, extra_s in (("mlp_digits", []), ("sparse_synthetic", ["+experiment=sparse"])):
-        rates = {}
-        for k in range(1, cores + 1):
-            rates[k] = median_of(lambda: hogwild(k, None, [*extra_s, f"train.max_steps={steps * k}"], runs_dir),
-                                 reps, "samples_per_s")[0]
-        scaling[name] = {str(k): {"samples_per_s": r, "efficiency": r / (k * rates[1])} for k, r in rates.items()}
-    res["scaling"] = scaling
-
+    procs, reps = min(2, cores), (1 if args.tiny else args.repeats)
+    res: dict[str, Any] = {"cores": cores, "processes": procs, "repeats": reps, "torch": torch.__version__,
+                           "device": "cpu"}
+    workloads = [TINY] if args.tiny else [MLP, CONVNET]
+    plan = {TINY.name: "one", MLP.name: "all", CONVNET.name: "none"}
+    res["time_to_accuracy"] = {w.name: {"target": w.target, **time_to_accuracy(w, procs, reps, runs, plan[w.name])}
+                               for w in workloads}
+    res["scaling"] = scaling(cores, reps, 200 if args.tiny else 3000, runs)
     if procs >= 2:
-        logger.info("sync cost: leader's round vs bare gloo allreduce of the same buffer")
-        m = hogwild_torchrun(2, ["workers=1", "sync.interval=10",
-                                 "train.epochs=3" if args.tiny else "train.epochs=20"], runs_dir)
-        res["sync"] = {"in_run_mean_sync_s": m["mean_sync_s"], "worker_stall_s": m["worker_stall_s"],
-                       "syncs": m["syncs"], "test_accuracy": m["test_accuracy"], "sizes": {}}
-        n_mlp = sum(p.numel() for p in build_model(ModelConfig(), _data(), 0).parameters())
-        for label, n in (("mlp_digits", n_mlp), ("1M", 1_000_000), ("10M", 10_000_000)):
-            if args.tiny and n > n_mlp:
+        logger.info("sync cost vs bare all_reduce")
+        res["sync"] = {}
+        for label, n in (("mlp_digits", 9610), ("1M", 1_000_000), ("10M", 10_000_000)):
+            if args.tiny and n > 9610:
                 continue
             c = sync_cost(n, reps=20 if args.tiny or n >= 10_000_000 else 100)
-            c["ratio"] = c["sync_round_s"] / c["bare_allreduce_s"]
-            res["sync"]["sizes"][label] = {"floats": n, **c}
-
+            res["sync"][label] = {"floats": n, **c, "ratio": c["sync_round_s"] / c["bare_allreduce_s"]}
+    logger.info("memory")
+    res["memory"] = memory(procs, runs, args.tiny)
     (args.out / "results.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
-    (args.out / "table.md").write_text(table(res))
+    text = table(res)
+    (args.out / "table.md").write_text(text)
     plot(res, args.out)
-    sys.stdout.write(table(res))
+    sys.stdout.write(text)
 
 
 def table(res: dict[str, Any]) -> str:
-    t = res["time_to_accuracy"]
-    lines = [f"Time to {res['target_accuracy']:.2f} test accuracy, mlp on digits, {res['processes']} processes "
-             f"(median of {res['repeats']}; training clock)", "",
-             "| method | median s | final acc | hogwild speed-up |", "|---|---|---|---|"]
-    for k in ("single", "ddp", "mnist_hogwild", "hogwild"):
-        accs = [r.get("test_accuracy", float("nan")) for r in t[k]["runs"]]
-        ratio = res["ratios"].get(f"{k}_over_hogwild", 1.0)
-        lines.append(f"| {k} | {t[k]['median_s']:.3f} | {statistics.median(accs):.4f} | {ratio:.2f}x |")
-    lines += ["", f"hogwild startup (launch to first step): {res['hogwild_startup_s']:.2f} s", ""]
+    lines: list[str] = []
+    for wname, t in res["time_to_accuracy"].items():
+        ddp_s = t["ddp"]["median"]
+        ref = next(v["median"] for k, v in t.items() if k.startswith("hogwild 1x"))
+        lines += [f"### Time to {t['target']:.2f} test accuracy, {wname}, {res['processes']} processes "
+                  f"(median of {res['repeats']}, training clock)", "",
+                  "| method | median s | missed | median final acc | DDP time / this | this / hogwild 1xK |",
+                  "|---|---|---|---|---|---|"]
+        for k, v in t.items():
+            if k == "target":
+                continue
+            lines.append(f"| {k} | {v['median']:.3f} | {v['missed']} | {v['accuracy']:.4f} | "
+                         f"{ddp_s / v['median']:.2f}x | {v['median'] / ref:.2f}x |")
+        starts = [r["startup_s"] for k, v in t.items() if k.startswith("hogwild 1x") for r in v["runs"]]
+        lines += ["", f"hogwild startup (launch to first step, median): {statistics.median(starts):.2f} s", ""]
     for name, rows in res["scaling"].items():
-        lines += [f"Scaling, {name}", "", "| workers | samples/s | efficiency |", "|---|---|---|"]
+        lines += [f"### Scaling, {name}", "", "| workers | samples/s | efficiency |", "|---|---|---|"]
         lines += [f"| {k} | {v['samples_per_s']:,.0f} | {v['efficiency']:.2f} |" for k, v in rows.items()]
         lines.append("")
     if "sync" in res:
-        s = res["sync"]
-        lines += ["Sync cost, 2 ranks, gloo on loopback (median; same processes, idle machine)", "",
+        lines += ["### Sync cost, 2 ranks, Gloo on loopback (median; same processes)", "",
                   "| buffer | floats | bare all_reduce ms | sync round ms | ratio |", "|---|---|---|---|---|"]
         lines += [f"| {k} | {v['floats']:,} | {v['bare_allreduce_s'] * 1e3:.3f} | {v['sync_round_s'] * 1e3:.3f} "
-                  f"| {v['ratio']:.2f}x |" for k, v in s["sizes"].items()]
-        lines += ["", f"In a 2x1 torchrun run: mean round {s['in_run_mean_sync_s'] * 1e3:.2f} ms (includes "
-                  f"waiting for the other replica), worker stall {s['worker_stall_s']:.3f} s over "
-                  f"{s['syncs']} syncs", ""]
+                  f"| {v['ratio']:.2f}x |" for k, v in res["sync"].items()]
+        lines.append("")
+    m = res["memory"]
+    lines += [f"### Memory, {m['processes']} processes, mlp with {m['params']:,} parameters "
+              f"({m['model_mib']:.1f} MiB)", "",
+              "| | peak PSS of the process tree, MiB |", "|---|---|",
+              f"| hogwild (leader + workers) | {m['hogwild_peak_pss_mib']:.0f} |",
+              f"| DDP (launcher + ranks) | {m['ddp_peak_pss_mib']:.0f} |", ""]
     return "\n".join(lines)
 
 
@@ -334,16 +228,18 @@ def plot(res: dict[str, Any], out: Path) -> None:
     except ImportError:
         logger.warning("matplotlib not installed (pip install -e '.[bench]'): no PNG")
         return
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     for name, rows in res["scaling"].items():
         ks = [int(k) for k in rows]
-        ax.plot(ks, [rows[str(k)]["efficiency"] for k in ks], marker="o", label=name)
-    ax.set_xlabel("workers")
-    ax.set_ylabel("efficiency")
-    ax.set_ylim(0, 1.2)
-    ax.legend()
+        axes[0].plot(ks, [rows[str(k)]["efficiency"] for k in ks], marker="o", label=name)
+    axes[0].set(xlabel="workers", ylabel="efficiency", ylim=(0, 1.2), title="intra-machine scaling")
+    axes[0].legend()
+    t = next(iter(res["time_to_accuracy"].values()))
+    names = [k for k in t if k != "target"]
+    axes[1].barh(names, [t[k]["median"] for k in names])
+    axes[1].set(xlabel="seconds to target", title="time to accuracy")
     fig.tight_layout()
-    fig.savefig(out / "scaling.png", dpi=100)
+    fig.savefig(out / "bench.png", dpi=100)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,267 @@
+"""What hogwild is compared with, implemented on the same model, data and process count.
+
+- ``single``: plain SGD, one process, one core.
+- ``ddp``: DistributedDataParallel over Gloo, one process per core, all-reduce every step.
+- ``mnist_hogwild``: pytorch/examples' recipe: ``model.share_memory()`` (one shared tensor per
+  parameter), no thread pinning, the full dataset in every process, SGD per process.
+
+Baselines evaluate every ``eval_every`` steps *off* the clock; hogwild evaluates in its leader
+on the clock, as it does in real use. Also here: the bare-all_reduce floor of the sync cost,
+and a proportional-set-size sampler for memory.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from hogwild.config import DataConfig, ModelConfig
+from hogwild.data import Dataset, ShardSampler, load_dataset, shard
+from hogwild.evaluate import evaluate
+from hogwild.models import build_model
+
+CPU = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    model: str
+    target: float
+    lr: float
+    max_epochs: int
+    eval_every: int
+    """Baselines: evaluate every this many steps (off the clock)."""
+    eval_every_s: float
+    """hogwild: leader evaluates this often (on the clock)."""
+    image_size: int = 0
+    hidden: int = 128
+    bs: int = 32
+
+    def hydra(self) -> list[str]:
+        return [f"model={self.model}", f"data.image_size={self.image_size}", f"model.hidden={self.hidden}",
+                f"optim.lr={self.lr}", f"train.batch_size={self.bs}", f"train.epochs={self.max_epochs}",
+                f"eval.every_s={self.eval_every_s}"]
+
+    def data(self) -> Dataset:
+        return load_dataset(DataConfig(name="digits", image_size=self.image_size))
+
+    def build(self, ds: Dataset) -> torch.nn.Module:
+        return build_model(ModelConfig(name=self.model, hidden=self.hidden), ds, 0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spawn_ranks(fn: Callable[..., None], world: int, *args: Any) -> dict[Any, Any]:
+    """Run ``fn(rank, world, port, out, *args)`` in ``world`` spawned processes."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Manager().dict()
+    port = free_port()
+    ps = [ctx.Process(target=fn, args=(r, world, port, out, *args)) for r in range(world)]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join(900)
+    return dict(out)
+
+
+def _sgd_until(model: torch.nn.Module, ds: Dataset, sampler: ShardSampler, w: Workload,
+               reached: Callable[[], tuple[bool, float]]) -> tuple[float, int, float]:
+    """SGD steps until ``reached()`` says so; returns (training clock, steps, last accuracy)."""
+    opt = torch.optim.SGD(model.parameters(), lr=w.lr)
+    clock, steps, acc = 0.0, 0, 0.0
+    for step in range(w.max_epochs * sampler.batches_per_epoch):
+        t0 = time.perf_counter()
+        (x,), y = ds.train.batch(sampler.batch(step))
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        clock += time.perf_counter() - t0
+        steps += 1
+        if step % w.eval_every == 0:
+            done, acc = reached()
+            if done:
+                break
+    return clock, steps, acc
+
+
+def _result(clock: float, steps: int, acc: float, w: Workload, procs: int) -> dict[str, float]:
+    return {"time_to_target_s": clock if acc >= w.target else float("nan"), "test_accuracy": acc,
+            "samples_per_s": steps * w.bs * procs / clock, "steps": steps * procs}
+
+
+def single(w: Workload) -> dict[str, float]:
+    torch.set_num_threads(1)
+    ds = w.data()
+    model = w.build(ds)
+
+    def reached() -> tuple[bool, float]:
+        acc = evaluate(model, ds.test, CPU)[1]
+        return acc >= w.target, acc
+
+    sampler = ShardSampler(torch.arange(len(ds.train)), w.bs, 0)
+    return _result(*_sgd_until(model, ds, sampler, w, reached), w, 1)
+
+
+def _ddp_rank(rank: int, world: int, port: int, out: Any, w: Workload) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=300))
+    ds = w.data()
+    model = DDP(w.build(ds))
+
+    def reached() -> tuple[bool, float]:
+        flag, acc = torch.zeros(1), 0.0
+        if rank == 0:  # rank 0 evaluates, everyone learns the verdict
+            acc = evaluate(model.module, ds.test, CPU)[1]
+            flag[0] = float(acc >= w.target)
+        dist.broadcast(flag, 0)
+        return bool(flag[0] > 0), acc
+
+    sampler = ShardSampler(shard(len(ds.train), world, rank, 0), w.bs, rank)
+    dist.barrier()
+    res = _sgd_until(model, ds, sampler, w, reached)
+    if rank == 0:
+        out["r"] = _result(*res, w, world)
+    dist.destroy_process_group()
+
+
+def ddp(procs: int, w: Workload) -> dict[str, float]:
+    return dict(spawn_ranks(_ddp_rank, procs, w)["r"])
+
+
+def _mh_worker(rank: int, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, w: Workload,
+               stop: Any, started: torch.Tensor) -> None:
+    torch.manual_seed(rank)
+    opt = torch.optim.SGD(model.parameters(), lr=w.lr)
+    started[rank] = 1.0
+    for _ in range(w.max_epochs):
+        perm = torch.randperm(len(y))
+        for i in range(0, len(y), w.bs):
+            if stop.is_set():
+                return
+            idx = perm[i:i + w.bs]
+            opt.zero_grad()
+            F.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+
+
+def mnist_hogwild(procs: int, w: Workload) -> dict[str, float]:
+    """Clock from the first step; the parent evaluates the shared model every 20 ms."""
+    ctx = mp.get_context("spawn")
+    ds = w.data()
+    model = w.build(ds)
+    model.share_memory()
+    stop = ctx.Event()
+    started = torch.zeros(procs).share_memory_()
+    # Plain (non-shared) tensors are pickled: every process gets its own full copy.
+    x, y = ds.train.inputs[0].clone(), ds.train.targets.clone()
+    ps = [ctx.Process(target=_mh_worker, args=(r, model, x, y, w, stop, started)) for r in range(procs)]
+    for p in ps:
+        p.start()
+    while started.sum() < procs and any(p.is_alive() for p in ps):
+        time.sleep(0.001)
+    t_start, acc = time.perf_counter(), 0.0
+    while any(p.is_alive() for p in ps):
+        time.sleep(0.02)
+        acc = evaluate(model, ds.test, CPU)[1]
+        if acc >= w.target:
+            break
+    elapsed = time.perf_counter() - t_start
+    stop.set()
+    for p in ps:
+        p.join(30)
+    return {"time_to_target_s": elapsed if acc >= w.target else float("nan"), "test_accuracy": acc}
+
+
+def _sync_cost_rank(rank: int, world: int, port: int, out: Any, n: int, reps: int) -> None:
+    """Bare all_reduce of an n-float buffer vs hogwild's sync round on one, same processes."""
+    from hogwild.config import SyncConfig
+    from hogwild.sync import make_rule, sync_round
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    flat, rule = torch.randn(n), make_rule(SyncConfig())
+    buf = flat.clone()
+    bare, ours = [], []
+    for _ in range(reps):
+        buf.copy_(flat)
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(buf)
+        bare.append(time.perf_counter() - t0)
+        dist.barrier()
+        t0 = time.perf_counter()
+        sync_round(flat, rule, rank, world)
+        ours.append(time.perf_counter() - t0)
+    if rank == 0:
+        out["r"] = {"bare_allreduce_s": statistics.median(bare), "sync_round_s": statistics.median(ours)}
+    dist.destroy_process_group()
+
+
+def sync_cost(n: int, world: int = 2, reps: int = 100) -> dict[str, float]:
+    return dict(spawn_ranks(_sync_cost_rank, world, n, reps)["r"])
+
+
+def _tree(root: int) -> list[int]:
+    pids, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        pids.append(pid)
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
+    return pids
+
+
+def _pss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class PeakPss:
+    """Peak over time of the summed PSS of a process tree: shared pages count once in total."""
+
+    def __init__(self, root: int, every_s: float = 0.05) -> None:
+        self.root, self.every_s, self.peak_kib = root, every_s, 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak_kib = max(self.peak_kib, sum(_pss_kib(p) for p in _tree(self.root) if p != os.getpid()
+                                                   or self.root == os.getpid()))
+            time.sleep(self.every_s)
+
+    def __enter__(self) -> "PeakPss":
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._t.join()
