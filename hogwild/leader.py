@@ -448,6 +448,7 @@ class Leader:
             "time_to_target_s": self.time_to_target if self.time_to_target is not None else float("nan"),
             "startup_s": self.startup_s if self.startup_s is not None else float("nan"),
             "workers": self.k,
+            "threads_per_worker": self.specs[0].threads,
             "replicas": self.env.world_size,
             "syncs": self.syncs,
             "max_drift": max(self.drifts) if self.drifts else 0.0,

@@ -11,6 +11,7 @@ markdown tables ``<out>/table.md`` and, with matplotlib, ``<out>/scaling.png``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -25,17 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
-from baselines import PeakPss, Workload, ddp, free_port, mnist_hogwild, single, sync_cost  # noqa: E402
+from baselines import (CONVNET, MLP, TINY, PeakPss, Workload, ddp, free_port, mnist_hogwild,  # noqa: E402
+                       single, sync_cost)
 from hogwild.config import available_cores  # noqa: E402
 
 logger = logging.getLogger("bench")
 HERE = Path(__file__).resolve()
-
-MLP = Workload("mlp_digits", "mlp", target=0.97, lr=0.1, max_epochs=60, eval_every=5, eval_every_s=0.02)
-CONVNET = Workload("convnet_digits28", "convnet", target=0.97, lr=0.05, max_epochs=30, eval_every=25,
-                   eval_every_s=1.0, image_size=28)
-TINY = Workload("mlp_digits_tiny", "mlp", target=0.90, lr=0.1, max_epochs=3, eval_every=5, eval_every_s=0.02)
-
 
 def _run(cmd: list[str], run_root: Path, env: dict[str, str] | None = None,
          measure_memory: bool = False) -> dict[str, Any]:
@@ -116,6 +112,22 @@ def time_to_accuracy(w: Workload, procs: int, reps: int, runs: Path, rules: str)
     return out
 
 
+def final_accuracy(w: Workload, procs: int, reps: int, runs: Path, epochs: int) -> dict[str, Any]:
+    """Same samples for everyone (``epochs`` passes over the data), no target: final accuracy."""
+    logger.info("final accuracy after %d epochs on %s", epochs, w.name)
+    budget = dataclasses.replace(w, target=1.01, max_epochs=epochs)
+    # mnist_hogwild gives every process the full dataset: fewer epochs each for the same samples.
+    per_proc = dataclasses.replace(budget, max_epochs=max(1, epochs // procs))
+    key = "test_accuracy"
+    return {"epochs": epochs,
+            "single": median_of(lambda: single(budget), reps, key),
+            "ddp": median_of(lambda: ddp(procs, budget), reps, key),
+            "mnist_hogwild": median_of(lambda: mnist_hogwild(procs, per_proc), reps, key),
+            f"hogwild 1x{procs}": median_of(lambda: hogwild(procs, budget, None, runs), reps, key),
+            f"hogwild {procs}x1 average": median_of(
+                lambda: hogwild_torchrun(procs, 1, budget, runs, ("sync.interval=50",)), reps, key)}
+
+
 def scaling(cores: int, reps: int, steps: int, runs: Path) -> dict[str, Any]:
     logger.info("intra-machine scaling, 1..%d workers", cores)
     res: dict[str, Any] = {}
@@ -166,6 +178,7 @@ def main() -> None:
     plan = {TINY.name: "one", MLP.name: "all", CONVNET.name: "none"}
     res["time_to_accuracy"] = {w.name: {"target": w.target, **time_to_accuracy(w, procs, reps, runs, plan[w.name])}
                                for w in workloads}
+    res["final_accuracy"] = final_accuracy(TINY if args.tiny else MLP, procs, reps, runs, 3 if args.tiny else 30)
     res["scaling"] = scaling(cores, reps, 200 if args.tiny else 3000, runs)
     if procs >= 2:
         logger.info("sync cost vs bare all_reduce")
@@ -200,6 +213,12 @@ def table(res: dict[str, Any]) -> str:
                          f"{ddp_s / v['median']:.2f}x | {v['median'] / ref:.2f}x |")
         starts = [r["startup_s"] for k, v in t.items() if k.startswith("hogwild 1x") for r in v["runs"]]
         lines += ["", f"hogwild startup (launch to first step, median): {statistics.median(starts):.2f} s", ""]
+    fa = res["final_accuracy"]
+    lines += [f"### Final test accuracy after {fa['epochs']} epochs' worth of samples, same for every method "
+              f"(median of {res['repeats']})", "", "| method | accuracy | minus DDP, points |", "|---|---|---|"]
+    lines += [f"| {k} | {v['median']:.4f} | {100 * (v['median'] - fa['ddp']['median']):+.2f} |"
+              for k, v in fa.items() if k != "epochs"]
+    lines.append("")
     for name, rows in res["scaling"].items():
         lines += [f"### Scaling, {name}", "", "| workers | samples/s | efficiency |", "|---|---|---|"]
         lines += [f"| {k} | {v['samples_per_s']:,.0f} | {v['efficiency']:.2f} |" for k, v in rows.items()]

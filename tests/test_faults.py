@@ -168,3 +168,20 @@ def test_torchrun_restart_after_leader_kill_resumes_and_finishes(tmp_path: Path)
     assert m["test_accuracy"] >= 0.95
     # Lost work is bounded by checkpoint.every_s (1 s here) of training plus the kill latency.
     assert m["steps_lost_on_resume"] < 0.5 * m["steps"], m
+
+
+def test_second_ctrl_c_forces_exit_without_traceback(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = _start(tmp_path, "workers=2", "train.epochs=100000", f"run_dir={out}")
+    workers = _wait_training(proc, 2)
+    while not (out / "progress.json").exists():
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    log, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and time.monotonic() - t0 < 10, log[-3000:]
+    assert "Traceback" not in log
+    time.sleep(0.5)
+    assert not [w for w in workers if _alive(w)]

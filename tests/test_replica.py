@@ -129,3 +129,33 @@ def test_cuda_shared_model_trains(tmp_cwd: Path) -> None:
     out = tmp_cwd / "run"
     m = run(compose_cfg(["device=cuda", "workers=2", f"run_dir={out}"]), str(out))
     assert m["test_accuracy"] >= 0.95
+
+
+def test_seed_makes_runs_reproducible_and_distinct(tmp_cwd: Path) -> None:
+    def final(seed: int, name: str) -> torch.Tensor:
+        out = tmp_cwd / name
+        run(compose_cfg(["workers=1", "train.max_steps=30", f"train.seed={seed}", f"run_dir={out}"]), str(out))
+        return checkpoint.load(out / "checkpoints" / "last.pt")["flat"]
+
+    a, b, c = final(0, "a"), final(0, "b"), final(1, "c")
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
+def test_workers_do_not_oversubscribe_cores_and_leader_sleeps(tmp_cwd: Path) -> None:
+    import os
+    import time
+
+    out = tmp_cwd / "run"
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    m = run(compose_cfg(["workers=2", "train.epochs=60", f"run_dir={out}"]), str(out))
+    leader_cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+    assert m["workers"] * m["threads_per_worker"] <= max(len(os.sched_getaffinity(0)), m["workers"])
+    # Setup (data, model, final eval) costs ~1 s of CPU; training itself must cost the leader ~nothing.
+    assert leader_cpu - 1.5 < 0.1 * m["train_s"], (leader_cpu, m["train_s"], wall)
+
+
+def test_sparse_logistic_regression_learns(tmp_cwd: Path) -> None:
+    out = tmp_cwd / "run"
+    m = run(compose_cfg(["+experiment=sparse", "workers=2", f"run_dir={out}"]), str(out))
+    assert m["test_accuracy"] > 0.9  # balanced classes: chance is 0.5
