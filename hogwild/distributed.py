@@ -103,12 +103,17 @@ def init_group(env: DistEnv, backend: str, timeout_s: float, device: str) -> Non
     timeout = timedelta(seconds=timeout_s)
     logger.info("rank %d/%d joining %s group at %s (timeout %.0fs)",
                 env.rank, env.world_size, backend, env.endpoint, timeout_s)
-    # env:// reads MASTER_ADDR/PORT and, under torchrun, reuses the agent's store.
-    os.environ.setdefault("MASTER_ADDR", env.master_addr)
-    os.environ.setdefault("MASTER_PORT", str(env.master_port))
+    # Under torchrun the agent already serves a store on MASTER_PORT; otherwise rank 0 hosts it.
+    # Keys are prefixed by the restart count: after `--max-restarts` a new attempt must never
+    # read the dead attempt's gloo addresses (seen: "Connection refused" right after a restart).
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     try:
-        dist.init_process_group(backend, init_method="env://", rank=env.rank,
-                                world_size=env.world_size, timeout=timeout)
+        store = dist.TCPStore(env.master_addr, env.master_port, env.world_size,
+                              is_master=env.rank == 0 and not agent_store, timeout=timeout,
+                              wait_for_workers=False)
+        prefixed = dist.PrefixStore(f"hogwild/attempt_{env.restart_count}", store)
+        dist.init_process_group(backend, store=prefixed, rank=env.rank, world_size=env.world_size,
+                                timeout=timeout)
     except (RuntimeError, TimeoutError, dist.DistError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(
