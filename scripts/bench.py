@@ -251,12 +251,14 @@ def plot(res: dict[str, Any], out: Path) -> None:
     for name, rows in res["scaling"].items():
         ks = [int(k) for k in rows]
         axes[0].plot(ks, [rows[str(k)]["efficiency"] for k in ks], marker="o", label=name)
-    axes[0].set(xlabel="workers", ylabel="efficiency", ylim=(0, 1.2), title="intra-machine scaling")
+    top = max(v["efficiency"] for rows in res["scaling"].values() for v in rows.values())
+    axes[0].set(xlabel="workers", ylabel="efficiency", ylim=(0, max(1.2, top + 0.1)), title="intra-machine scaling")
     axes[0].legend()
     t = next(iter(res["time_to_accuracy"].values()))
     names = [k for k in t if k != "target"]
     axes[1].barh(names, [t[k]["median"] for k in names])
-    axes[1].set(xlabel="seconds to target", title="time to accuracy")
+    axes[1].set(xlabel="seconds to target (log; missing bar = target missed)", xscale="log",
+                title="time to accuracy")
     fig.tight_layout()
     fig.savefig(out / "bench.png", dpi=100)
 
