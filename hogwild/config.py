@@ -27,6 +27,12 @@ class ConfigError(ValueError):
     """A user mistake in the configuration or an input file: reported in one line."""
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (or its type name): one-line errors."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def _require(cond: bool, key: str, msg: str) -> None:
     if not cond:
         raise ConfigError(f"{key}: {msg}")

@@ -16,7 +16,7 @@ from typing import Mapping, Optional
 import torch
 import torch.distributed as dist
 
-from hogwild.config import ConfigError
+from hogwild.config import ConfigError, first_line
 
 logger = logging.getLogger(__name__)
 
@@ -115,10 +115,9 @@ def init_group(env: DistEnv, backend: str, timeout_s: float, device: str) -> Non
         dist.init_process_group(backend, store=prefixed, rank=env.rank, world_size=env.world_size,
                                 timeout=timeout)
     except (RuntimeError, TimeoutError, dist.DistError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(
             f"sync: could not join the process group at {env.endpoint} within {timeout_s:.0f}s "
-            f"(sync.timeout_s): {first}") from None
+            f"(sync.timeout_s): {first_line(e)}") from None
 
 
 def destroy_group() -> None:

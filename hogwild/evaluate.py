@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
-from hogwild.config import Config, ConfigError
+from hogwild.config import Config, ConfigError, first_line
 from hogwild.data import Split
 
 logger = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def config_from_checkpoint(ckpt: dict, overrides: list[str]) -> Config:
     try:
         merged = OmegaConf.merge(base, OmegaConf.from_dotlist(overrides))
     except Exception as e:  # noqa: BLE001 - OmegaConf raises many types for bad dotlists
-        raise ConfigError(f"{getattr(e, 'full_key', '') or 'override'}: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"{getattr(e, 'full_key', '') or 'override'}: {first_line(e)}") from None
     return to_config(merged)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import time
@@ -228,7 +229,7 @@ class Leader:
         return out.all_done or out.reached, out.any_stop
 
     def _record_drift(self, drifts: list[float], step: int) -> None:
-        finite = [d for d in drifts if d == d and d != float("inf")]
+        finite = [d for d in drifts if math.isfinite(d)]
         if finite:
             self.drifts.append(max(finite))
             self.metrics.scalar("sync/drift_mean", sum(finite) / len(finite), step)
@@ -249,8 +250,11 @@ class Leader:
         self.metrics.scalar("sync/interval", self.interval, step)
 
     # ----------------------------------------------------------- checkpoints
-    def _checkpoint(self) -> None:
-        """Collective when distributed (positions of all replicas), written by rank 0 only."""
+    def _checkpoint(self) -> torch.Tensor:
+        """Collective when distributed (positions of all replicas), written by rank 0 only.
+
+        Returns the job-wide totals (see ``_local_totals``) it reduced on the way.
+        """
         pos = torch.from_numpy(self.stats.numpy()[:, POS].copy())
         t = self._local_totals()
         if self.env.distributed:
@@ -264,7 +268,7 @@ class Leader:
             pos_all = pos.unsqueeze(0)
         self.next_ckpt = time.monotonic() + self.cfg.checkpoint.every_s
         if not self.is_rank0:
-            return
+            return t
         steps = self.base_steps + int(t[0])
         payload = {
             "format": checkpoint.FORMAT,
@@ -283,6 +287,7 @@ class Leader:
             checkpoint.save(self.run_dir, payload, steps, self.cfg.checkpoint.keep)
         except OSError as e:
             logger.error("checkpoint: could not write to %s: %s", checkpoint.ckpt_dir(self.run_dir), e)
+        return t
 
     # ------------------------------------------------------------------ loop
     def _periodic(self) -> None:
@@ -408,12 +413,8 @@ class Leader:
         dump = os.environ.get(DUMP_ENV)
         if dump:  # test hook: each replica's final parameters, to check consensus bit for bit
             torch.save(self.flat.cpu().clone(), Path(dump) / f"rank{self.env.rank}.pt")
-        self._checkpoint()  # totals are all-reduced inside when distributed
-        t = self._local_totals()
+        t = self._checkpoint()  # workers are stopped: these job totals are final
         if self.env.distributed:
-            t = self._on_wire(t)
-            dist.all_reduce(t)
-            t = t.cpu()
             # The final round's drift has no later round to ride on: gather it once here.
             last = [self._on_wire(torch.zeros(1, dtype=torch.float64)) for _ in range(self.env.world_size)]
             dist.all_gather(last, self._on_wire(torch.tensor([self.last_drift], dtype=torch.float64)))

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from hogwild.config import ConfigError, SyncConfig
+from hogwild.config import ConfigError, SyncConfig, first_line
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +45,7 @@ def all_reduce_within(t: Tensor, timeout_s: float, what: str,
         assert work is not None
         work.wait(timeout=timedelta(seconds=timeout_s))
     except (RuntimeError, dist.DistError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise PeerLost(f"sync: peers did not join {what} within {timeout_s:.0f}s ({first})") from None
+        raise PeerLost(f"sync: peers did not join {what} within {timeout_s:.0f}s ({first_line(e)})") from None
     return t
 
 
@@ -218,7 +217,7 @@ def sync_round(flat: Tensor, rule: SyncRule, rank: int, world: int, *, done: boo
     ctl = torch.zeros(control_size(world), dtype=flat.dtype, device=flat.device)
     ctl[DONE], ctl[STOP], ctl[CKPT], ctl[REACHED] = float(done), float(stop), float(want_checkpoint), float(reached)
     ctl[NUM_FLAGS + rank] = float(healthy)
-    ctl[NUM_FLAGS + world + rank] = last_drift if last_drift == last_drift else float("inf")
+    ctl[NUM_FLAGS + world + rank] = last_drift  # non-finite values are dropped by the reader
     target, red = rule.exchange(snap, ctl, rank, timeout_s)
     if context(red, rank).n_healthy == 0:
         raise RuntimeError("every replica holds non-finite parameters; nothing to sync from")

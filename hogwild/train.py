@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hogwild import config as config_mod
-from hogwild.config import Config, ConfigError
+from hogwild.config import Config, ConfigError, first_line
 from hogwild.distributed import default_run_id, hydra_output_subdir
 
 logger = logging.getLogger(__name__)
@@ -61,11 +61,11 @@ def _omegaconf_message(e: BaseException) -> str:
     for err in chain:
         if isinstance(err, OmegaConfBaseException):
             key = getattr(err, "full_key", None) or getattr(err, "key", None) or "config"
-            text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            text = first_line(err)
             if "not in struct" in text:
                 text = "unknown config key (misspelled?)"
             return f"{key}: {text}"
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return first_line(e)
 
 
 def to_config(dcfg: Any) -> Config:
@@ -114,7 +114,7 @@ def preflight(argv: list[str]) -> Optional[Config]:
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except Exception as e:  # noqa: BLE001 - Hydra's grammar errors
-        raise ConfigError(f"override: {str(e).strip().splitlines()[0]}") from None
+        raise ConfigError(f"override: {first_line(e)}") from None
     first: list[str] = []
     for o in parsed:
         key = o.get_key_element()

@@ -89,15 +89,18 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
              _injected_faults(spec.global_index), flat.device)
 
 
-def _warm_up(model: torch.nn.Module, ds: Dataset, sampler: ShardSampler, step: int,
-             device: torch.device) -> None:
-    """One forward/backward whose gradient is thrown away: the allocator and autograd's
-    first-call costs land in startup (reported as such), not in the first training steps."""
+def _backward(model: torch.nn.Module, params: list[Tensor], ds: Dataset, sampler: ShardSampler,
+              step: int, device: torch.device) -> tuple[Tensor, int]:
+    """Fresh private gradients of batch ``step`` in ``p.grad``; returns (loss, batch size)."""
     inputs, y = ds.train.batch(sampler.batch(step))
-    inputs = tuple(t.to(device) for t in inputs)
-    F.cross_entropy(model(*inputs), y.to(device)).backward()
-    for p in model.parameters():
+    if device.type != "cpu":
+        inputs = tuple(t.to(device, non_blocking=True) for t in inputs)
+        y = y.to(device, non_blocking=True)
+    for p in params:
         p.grad = None
+    loss = F.cross_entropy(model(*inputs), y)
+    loss.backward()
+    return loss, len(y)
 
 
 def run_loop(model: torch.nn.Module, opt: FlatOptimizer, sampler: ShardSampler, ds: Dataset,
@@ -106,7 +109,10 @@ def run_loop(model: torch.nn.Module, opt: FlatOptimizer, sampler: ShardSampler, 
     row = stats_all[spec.local_index]
     step = int(row[POS])  # a respawned worker resumes where its predecessor stopped
     parent = os.getppid()
-    _warm_up(model, ds, sampler, step, device)
+    params = list(model.parameters())
+    # One throw-away forward/backward: the allocator's and autograd's first-call costs land
+    # in startup (reported as such), not in the first training steps.
+    _backward(model, params, ds, sampler, step, device)
     row[READY] = 1.0
     if wake is not None:
         wake.send_bytes(b"r")
@@ -116,20 +122,12 @@ def run_loop(model: torch.nn.Module, opt: FlatOptimizer, sampler: ShardSampler, 
             return
         time.sleep(0.005)
     loss_ema = float(row[LOSS]) if row[LOSS] > 0 else 0.0
-    params = list(model.parameters())
     while step < spec.quota and not ctrl[STOP]:
         if os.getppid() != parent:  # leader gone (kill -9): never outlive it
             return
         t0 = time.perf_counter()
         syncing = bool(ctrl[SYNCING])
-        inputs, y = ds.train.batch(sampler.batch(step))
-        if device.type != "cpu":
-            inputs = tuple(t.to(device, non_blocking=True) for t in inputs)
-            y = y.to(device, non_blocking=True)
-        for p in params:
-            p.grad = None
-        loss = F.cross_entropy(model(*inputs), y)
-        loss.backward()
+        loss, batch = _backward(model, params, ds, sampler, step, device)
         grads = [p.grad for p in params]
         if step in faults.get("nan", ()):
             grads[0] = torch.full_like(grads[0], float("nan")) if not grads[0].is_sparse else grads[0] * float("nan")
@@ -145,7 +143,7 @@ def run_loop(model: torch.nn.Module, opt: FlatOptimizer, sampler: ShardSampler, 
             row[SKIPPED] += 1  # a poisoned update never reaches the shared model
         step += 1
         row[POS] = step
-        row[SAMPLES] += len(y)
+        row[SAMPLES] += batch
         dt = time.perf_counter() - t0
         row[STEP_S] += dt
         if syncing:

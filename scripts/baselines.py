@@ -12,7 +12,6 @@ and a proportional-set-size sampler for memory.
 
 from __future__ import annotations
 
-import os
 import socket
 import statistics
 import threading
@@ -262,8 +261,7 @@ class PeakPss:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak_kib = max(self.peak_kib, sum(_pss_kib(p) for p in _tree(self.root) if p != os.getpid()
-                                                   or self.root == os.getpid()))
+            self.peak_kib = max(self.peak_kib, sum(_pss_kib(p) for p in _tree(self.root)))
             time.sleep(self.every_s)
 
     def __enter__(self) -> "PeakPss":

@@ -11,6 +11,7 @@ markdown tables ``<out>/table.md`` and, with matplotlib, ``<out>/scaling.png``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -40,21 +41,13 @@ def _run(cmd: list[str], run_root: Path, env: dict[str, str] | None = None,
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})})
     peak = PeakPss(proc.pid)
-    with peak if measure_memory else _Null():
+    with peak if measure_memory else contextlib.nullcontext():
         log, _ = proc.communicate(timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{log[-3000:]}")
     m = json.loads((run_dir / "metrics.json").read_text())
     m["peak_pss_mib"] = peak.peak_kib / 1024
     return m
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 def hogwild(workers: int, w: Workload, target: float | None, run_root: Path, extra: tuple[str, ...] = (),
