@@ -2,7 +2,7 @@
 
 Writes go to a temporary file that is then renamed, so a crash mid-write never leaves a
 half checkpoint under a real name; loads use ``weights_only=True`` so a checkpoint file
-cannot run code (DESIGN rule 11).
+cannot run code (design rule 11 in docs/design.md).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-from hogwild.config import ConfigError
+from hogwild.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

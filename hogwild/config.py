@@ -2,7 +2,7 @@
 
 Every field carries its meaning in the docstring below it; every check lives in a
 ``__post_init__`` and raises :class:`ConfigError` naming the offending key, so a bad
-value fails in one line before any process is spawned (DESIGN rule 9).
+value fails in one line before any process is spawned (design rule 9 in docs/design.md).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from hogwild.errors import ConfigError
+
 MODELS = ("mlp", "convnet", "sparse_linear")
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "npz", "sparse_synthetic")
 OPTIMIZERS = ("sgd", "adam", "adagrad")
@@ -21,16 +23,6 @@ SYNC_MODES = ("average", "broadcast", "diloco", "median", "trimmed_mean")
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("cpu", "cuda")
 SYNC_DTYPES = ("fp32", "bf16", "fp16")
-
-
-class ConfigError(ValueError):
-    """A user mistake in the configuration or an input file: reported in one line."""
-
-
-def first_line(e: BaseException) -> str:
-    """The first line of an exception's message (or its type name): one-line errors."""
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _require(cond: bool, key: str, msg: str) -> None:

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hogwild.config import ConfigError, DataConfig
+from hogwild.config import DataConfig
+from hogwild.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

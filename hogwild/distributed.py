@@ -16,7 +16,7 @@ from typing import Mapping, Optional
 import torch
 import torch.distributed as dist
 
-from hogwild.config import ConfigError, first_line
+from hogwild.errors import ConfigError, UserError, first_line
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ def _int_env(env: Mapping[str, str], key: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise ConfigError(f"environment variable {key}: expected an integer, got {raw!r}") from None
+        raise UserError(f"environment variable {key}: expected an integer, got {raw!r}") from None
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class DistEnv:
         world = _int_env(env, "WORLD_SIZE", 1)
         rank = _int_env(env, "RANK", 0)
         if not 0 <= rank < max(world, 1):
-            raise ConfigError(f"environment variable RANK={rank} is outside WORLD_SIZE={world}")
+            raise UserError(f"environment variable RANK={rank} is outside WORLD_SIZE={world}")
         run_id = env.get("TORCHELASTIC_RUN_ID")
         return cls(
             rank=rank,
@@ -73,7 +73,7 @@ class DistEnv:
 
 
 def default_run_id(env: Optional[Mapping[str, str]] = None) -> str:
-    """One output folder per job (DESIGN rule 8): torchrun's run id, else a timestamp.
+    """One output folder per job (design rule 8 in docs/design.md): torchrun's run id, else a timestamp.
 
     Under torchrun without ``--rdzv-id`` ranks could pick different seconds; the leaders
     then adopt rank 0's folder after rendezvous (see :func:`agree_on_path`).
@@ -115,7 +115,7 @@ def init_group(env: DistEnv, backend: str, timeout_s: float, device: str) -> Non
         dist.init_process_group(backend, store=prefixed, rank=env.rank, world_size=env.world_size,
                                 timeout=timeout)
     except (RuntimeError, TimeoutError, dist.DistError) as e:
-        raise ConfigError(
+        raise UserError(
             f"sync: could not join the process group at {env.endpoint} within {timeout_s:.0f}s "
             f"(sync.timeout_s): {first_line(e)}") from None
 
@@ -135,3 +135,13 @@ def agree_on_path(path: str) -> str:
     box: list[Optional[str]] = [path]
     dist.broadcast_object_list(box, src=0)
     return str(box[0])
+
+
+def agree_on_workers(k: int) -> None:
+    """Every leader must run the same number of workers: shards are numbered replica-major."""
+    if not dist.is_initialized():
+        return
+    ks: list[int] = [0] * dist.get_world_size()
+    dist.all_gather_object(ks, k)
+    if len(set(ks)) != 1:
+        raise ConfigError(f"workers: replicas resolved different worker counts {ks}; set workers=K explicitly")

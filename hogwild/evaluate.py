@@ -12,8 +12,10 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
-from hogwild.config import Config, ConfigError, first_line
+from hogwild.compose import to_config
+from hogwild.config import Config
 from hogwild.data import Split
+from hogwild.errors import ConfigError, UserError, first_line, report
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +40,6 @@ def evaluate(model: nn.Module, split: Split, device: torch.device, batch_size: i
 
 def config_from_checkpoint(ckpt: dict, overrides: list[str]) -> Config:
     """The run's own config, with ``key=value`` overrides (e.g. data.root) on top."""
-    from hogwild.train import to_config
-
     base = OmegaConf.merge(OmegaConf.structured(Config), ckpt["config"])
     try:
         merged = OmegaConf.merge(base, OmegaConf.from_dotlist(overrides))
@@ -53,7 +53,6 @@ def main(argv: Optional[list[str]] = None) -> None:
     from hogwild.data import load_dataset
     from hogwild.models import build_model
     from hogwild.shared import bind
-    from hogwild.train import report_user_error
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
     args = sys.argv[1:] if argv is None else argv
@@ -70,9 +69,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                                     [tuple(p.shape) for p in model.parameters()])
         bind(model, ckpt["flat"].float())
         loss, acc = evaluate(model, ds.test, torch.device("cpu"))
-    except ConfigError as e:
-        report_user_error(e)
-        return
+    except UserError as e:
+        report(e)
     result = {"checkpoint": path, "test_loss": loss, "test_accuracy": acc, "test_samples": len(ds.test)}
     sys.stdout.write(json.dumps(result) + "\n")
 

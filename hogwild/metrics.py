@@ -1,5 +1,5 @@
 """Metrics sinks: TensorBoard and metrics.json from the rank-0 leader, no-ops elsewhere,
-and a progress line that stays one live line on a terminal and is rate-limited otherwise."""
+and progress: a tqdm bar on a terminal, rate-limited plain log lines otherwise."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
+
+from tqdm import tqdm
 
 logger = logging.getLogger(__name__)
 
@@ -59,27 +61,40 @@ def flatten(prefix: str, obj: Any, out: Optional[dict[str, Any]] = None) -> dict
     return out
 
 
+_PLAIN = "{percentage:3.0f}% {n_fmt}/{total_fmt} steps [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+
+
 class Progress:
-    """One live line on a terminal; a log line every ``every_s`` when output is a file."""
+    """A tqdm bar with rate and time left on a terminal; a plain log line every ``every_s``
+    seconds when output goes to a file or a pipe."""
 
-    def __init__(self, every_s: float, enabled: bool = True) -> None:
-        self.tty = sys.stderr.isatty()
-        self.every_s = 0.5 if self.tty else every_s
+    def __init__(self, total: int, every_s: float, enabled: bool = True, initial: int = 0) -> None:
         self.enabled = enabled
-        self._last = 0.0
+        self.total = total
+        self.every_s = every_s
+        self._t0 = time.monotonic()
+        self._initial = initial
+        self._last = self._t0  # the first plain line after every_s, not at 0%
+        self._bar: Optional[tqdm] = None
+        if enabled and sys.stderr.isatty():
+            self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
+                             file=sys.stderr, mininterval=0.5, smoothing=0.1)
 
-    def update(self, text: str, force: bool = False) -> None:
+    def update(self, n: int, postfix: str) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.update(n - self._bar.n)
+            self._bar.set_postfix_str(postfix, refresh=False)
+            return
         now = time.monotonic()
-        if not self.enabled or (not force and now - self._last < self.every_s):
+        if now - self._last < self.every_s:
             return
         self._last = now
-        if self.tty:
-            sys.stderr.write("\r\033[K" + text)
-            sys.stderr.flush()
-        else:
-            logger.info(text)
+        elapsed = now - self._t0
+        logger.info(tqdm.format_meter(n, self.total, elapsed, unit="step", bar_format=_PLAIN,
+                                      postfix=postfix, rate=(n - self._initial) / max(elapsed, 1e-9)))
 
     def close(self) -> None:
-        if self.enabled and self.tty:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+        if self._bar is not None:
+            self._bar.close()

@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hogwild.config import ConfigError, ModelConfig
+from hogwild.config import ModelConfig
 from hogwild.data import Dataset
+from hogwild.errors import ConfigError
 
 
 class MLP(nn.Module):
@@ -52,7 +53,7 @@ class SparseLinear(nn.Module):
     """Softmax (logistic for 2 classes) regression over sparse features.
 
     ``EmbeddingBag(sparse=True)`` yields a sparse gradient whose rows are the features in
-    the batch; ``weight.add_(grad, alpha=-lr)`` then touches only those rows (DESIGN rule 7).
+    the batch; ``weight.add_(grad, alpha=-lr)`` then touches only those rows (design rule 7 in docs/design.md).
     """
 
     def __init__(self, num_features: int, num_classes: int) -> None:
@@ -99,7 +100,3 @@ def build_model(cfg: ModelConfig, ds: Dataset, seed: int) -> nn.Module:
     if any(True for _ in model.buffers()):
         raise ConfigError(f"model: {cfg.name} has buffers, which the flat shared buffer cannot hold")
     return model
-
-
-def is_sparse_grad_model(model: nn.Module) -> bool:
-    return isinstance(model, SparseLinear)

@@ -3,7 +3,7 @@
 The rules reproduce ``torch.optim`` (SGD with momentum, Adam, Adagrad) step for step, but
 write only through views of the flat buffer with in-place ops under ``no_grad``, and keep
 their state in flat buffers too, so the same code serves private and shared state
-(DESIGN rule 6). Sparse gradients (``EmbeddingBag(sparse=True)``) touch only their rows.
+(design rule 6 in docs/design.md). Sparse gradients (``EmbeddingBag(sparse=True)``) touch only their rows.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The leader's worker pool: spawn, watch, respawn and stop Hogwild workers.
 
-Nothing here blocks forever (DESIGN rule 10): the leader sleeps in
+Nothing here blocks forever (design rule 10 in docs/design.md): the leader sleeps in
 ``multiprocessing.connection.wait`` on the workers' sentinels and the wake pipe with a
 timeout, so a dead worker wakes it at once and an idle leader costs no core.
 """
@@ -15,20 +15,39 @@ from typing import Any, Optional
 
 from torch import Tensor
 
-from hogwild.config import Config
-from hogwild.data import Dataset
-from hogwild.worker import DONE, GO, READY, STOP, WorkerSpec, worker_main
+from hogwild.board import Board
+from hogwild.config import Config, available_cores
+from hogwild.data import Dataset, shard
+from hogwild.distributed import DistEnv
+from hogwild.errors import Fault
+from hogwild.worker import WorkerSpec, worker_main
 
 logger = logging.getLogger(__name__)
 
 
+def worker_specs(cfg: Config, env: DistEnv, k: int, n_train: int) -> list[WorkerSpec]:
+    """This replica's K workers: global shard index, thread budget and batch quota of each."""
+    num_global = k * env.world_size
+    threads = max(1, available_cores() // (k * env.local_world_size))
+    specs = []
+    for i in range(k):
+        g = env.rank * k + i
+        n_shard = len(shard(n_train, num_global, g, cfg.train.seed))
+        if cfg.train.max_steps is not None:
+            quota = cfg.train.max_steps // k + (1 if i < cfg.train.max_steps % k else 0)
+        else:
+            quota = cfg.train.epochs * -(-n_shard // min(cfg.train.batch_size, n_shard))
+        specs.append(WorkerSpec(i, g, num_global, threads, quota))
+    return specs
+
+
 class WorkerPool:
     def __init__(self, cfg: Config, specs: list[WorkerSpec], ds: Dataset, flat: Tensor,
-                 opt_state: Optional[dict[str, Tensor]], stats: Tensor, control: Tensor) -> None:
-        # fork would copy autograd's and CUDA's threads into a broken child (DESIGN rule 5).
+                 opt_state: Optional[dict[str, Tensor]], board: Board) -> None:
+        # fork would copy autograd's and CUDA's threads into a broken child (design rule 5).
         self._ctx = mp.get_context("spawn")
         self.cfg, self.specs, self.ds, self.flat = cfg, specs, ds, flat
-        self.opt_state, self.stats, self.control = opt_state, stats, control
+        self.opt_state, self.board = opt_state, board
         self._wake_r, self._wake_w = self._ctx.Pipe(duplex=False)
         self.procs: list[Any] = [None] * len(specs)
         self.restarts = 0
@@ -36,8 +55,7 @@ class WorkerPool:
     def _spawn(self, i: int) -> None:
         p = self._ctx.Process(
             target=worker_main, name=f"hogwild-worker-{self.specs[i].global_index}", daemon=True,
-            args=(self.cfg, self.specs[i], self.ds, self.flat, self.opt_state, self.stats,
-                  self.control, self._wake_w))
+            args=(self.cfg, self.specs[i], self.ds, self.flat, self.opt_state, self.board, self._wake_w))
         p.start()
         self.procs[i] = p
 
@@ -56,26 +74,23 @@ class WorkerPool:
     def wait_ready(self, timeout: float) -> None:
         """Block until every worker has built its model and shard, or fail naming the wait."""
         deadline = time.monotonic() + timeout
-        while not (self.stats.numpy()[:, READY] > 0).all():
+        while not self.board.all_ready():
             dead = [p for p in self.procs if p is not None and p.exitcode is not None]
             if dead:
-                raise RuntimeError(f"worker {dead[0].name} exited with code {dead[0].exitcode} "
-                                   f"before training started")
+                raise Fault(f"worker {dead[0].name} exited with code {dead[0].exitcode} "
+                            f"before training started")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"workers not ready after {timeout:.0f}s")
+                raise Fault(f"workers not ready after {timeout:.0f}s (sync.timeout_s)")
             self.wait(0.1)
 
     def go(self) -> None:
-        self.control.numpy()[GO] = 1.0
-
-    def all_done(self) -> bool:
-        return bool((self.stats.numpy()[:, DONE] > 0).all())
+        self.board.control["go"] = 1.0
 
     def check(self, max_restarts: int) -> Optional[str]:
         """Respawn dead workers on their own shard; a message once the bound is passed."""
-        stats = self.stats.numpy()
+        stats, stopping = self.board.stats, bool(self.board.control["stop"])
         for i, p in enumerate(self.procs):
-            if p is None or p.exitcode is None or stats[i, DONE] > 0 or self.control.numpy()[STOP]:
+            if p is None or p.exitcode is None or stats[i]["done"] > 0 or stopping:
                 continue
             if self.restarts >= max_restarts:
                 return (f"worker {self.specs[i].global_index} died (exit code {p.exitcode}) and "
@@ -87,9 +102,14 @@ class WorkerPool:
             self._spawn(i)
         return None
 
+    def kill(self) -> None:
+        for p in self.procs:
+            if p is not None and p.is_alive():
+                p.kill()
+
     def stop(self, timeout: float) -> None:
         """Ask workers to stop, then terminate, then kill: never more than ~timeout + 2 s."""
-        self.control.numpy()[STOP] = 1.0
+        self.board.control["stop"] = 1.0
         deadline = time.monotonic() + timeout
         for p in self.procs:
             if p is not None:
@@ -105,6 +125,3 @@ class WorkerPool:
                 p.join(1.0)
         self._wake_r.close()
         self._wake_w.close()
-
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.procs if p is not None and p.pid is not None]

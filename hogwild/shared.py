@@ -1,8 +1,8 @@
 """One flat shared-memory buffer for all parameters; module parameters are views into it.
 
 One buffer means one file descriptor (not one per tensor), one collective per sync and
-one ``clone()`` per snapshot (DESIGN rule 3). The buffer is allocated and the leader's
-parameters are re-pointed *before* any worker starts (DESIGN rule 1).
+one ``clone()`` per snapshot (design rule 3 in docs/design.md). The buffer is allocated and the leader's
+parameters are re-pointed *before* any worker starts (design rule 1).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from hogwild.config import ConfigError
+from hogwild.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def check_shm(nbytes: int, path: str = SHM_PATH) -> None:
     free = shutil.disk_usage(path).free
     # 10% headroom: torch and the data tensors share the same tmpfs.
     if free < nbytes * 1.1:
-        raise ConfigError(
+        raise UserError(
             f"shared memory: the model needs {nbytes / 2**20:.1f} MiB in {path} but only "
             f"{free / 2**20:.1f} MiB is free; raise it (docker run --shm-size=1g, or "
             f"mount -o remount,size=1G {path}) or use a smaller model")
@@ -76,7 +76,7 @@ def bind(model: nn.Module, flat: Tensor, copy_values: bool = False) -> None:
     """Point every parameter of ``model`` at its slice of ``flat``.
 
     Only ever called on a model before it trains (leader: before spawning; worker: right
-    after it starts). Rebinding later would silently break sharing (DESIGN rule 1).
+    after it starts). Rebinding later would silently break sharing (design rule 1).
     """
     slots = layout(model)
     if slots and slots[-1].offset + slots[-1].numel != flat.numel():

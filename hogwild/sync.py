@@ -3,7 +3,7 @@
 A rule only computes the *target* parameters of this replica from a snapshot, using
 collectives among the leaders. The leader then moves the live buffer by
 ``target - snapshot`` in place, so updates that workers applied while the collective ran
-survive (DESIGN rule 2). A rule never touches the live buffer itself.
+survive (design rule 2 in docs/design.md). A rule never touches the live buffer itself.
 """
 
 from __future__ import annotations
@@ -11,42 +11,43 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import ClassVar, Optional
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
-from hogwild.config import ConfigError, SyncConfig, first_line
+from hogwild.comm import Comm
+from hogwild.config import SyncConfig
+from hogwild.errors import ConfigError, Fault
 
 logger = logging.getLogger(__name__)
 
 _WIRE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
-# The control vector every round all-reduces (SUM): flags, then one slot per rank for
-# "my snapshot is finite", then one per rank for the drift each measured last round.
-DONE, STOP, CKPT, REACHED, NUM_FLAGS = 0, 1, 2, 3, 4
 
+class RoundVector:
+    """Layout of the control vector every round all-reduces (SUM): four job-wide flags, then
+    one "my snapshot is finite" slot per rank, then one slot per rank for the drift it
+    measured in the previous round."""
 
-def control_size(world: int) -> int:
-    return NUM_FLAGS + 2 * world
+    ALL_DONE, ANY_STOP, WANT_CKPT, REACHED = range(4)
+    NUM_FLAGS = 4
 
+    @staticmethod
+    def size(world: int) -> int:
+        return RoundVector.NUM_FLAGS + 2 * world
 
-class PeerLost(RuntimeError):
-    """Another leader did not join a collective in time: no further collective can complete."""
+    @staticmethod
+    def healthy_slot(rank: int) -> int:
+        return RoundVector.NUM_FLAGS + rank
 
+    @staticmethod
+    def drift_slot(world: int, rank: int) -> int:
+        return RoundVector.NUM_FLAGS + world + rank
 
-def all_reduce_within(t: Tensor, timeout_s: float, what: str,
-                      group: Optional[dist.ProcessGroup] = None) -> Tensor:
-    """SUM all_reduce that raises :class:`PeerLost` instead of blocking past ``timeout_s``."""
-    try:
-        work = dist.all_reduce(t, async_op=True, group=group)
-        assert work is not None
-        work.wait(timeout=timedelta(seconds=timeout_s))
-    except (RuntimeError, dist.DistError) as e:
-        raise PeerLost(f"sync: peers did not join {what} within {timeout_s:.0f}s ({first_line(e)})") from None
-    return t
+    @staticmethod
+    def world(ctl: Tensor) -> int:
+        return (ctl.numel() - RoundVector.NUM_FLAGS) // 2
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,9 @@ class SyncContext:
 class SyncRule(ABC):
     name: ClassVar[str]
 
-    def __init__(self, cfg: SyncConfig, group: Optional[dist.ProcessGroup] = None) -> None:
+    def __init__(self, cfg: SyncConfig, comm: Comm) -> None:
         self.cfg = cfg
-        self.group = group
+        self.comm = comm
         self.wire = _WIRE[cfg.dtype]
         self._residual: Optional[Tensor] = None  # error feedback of the compressed wire
         self._scratch: dict[str, Tensor] = {}
@@ -94,7 +95,7 @@ class SyncRule(ABC):
 
         Rules whose data collective is itself a SUM all_reduce fuse both into one call.
         """
-        ctl = all_reduce_within(ctl, timeout_s, "the sync round", self.group)
+        ctl = self.comm.all_reduce(ctl, timeout_s, "the sync round")
         return self.target(snap, context(ctl, rank)), ctl
 
     def state_dict(self) -> dict[str, Tensor]:
@@ -104,8 +105,7 @@ class SyncRule(ABC):
         del state
 
     def _all_reduce_sum(self, x: Tensor) -> Tensor:
-        dist.all_reduce(x, op=dist.ReduceOp.SUM, group=self.group)
-        return x
+        return self.comm.all_reduce(x)
 
     def _masked(self, snap: Tensor, ctx: SyncContext) -> Tensor:
         return snap if ctx.healthy[ctx.rank] else torch.zeros_like(snap)
@@ -132,14 +132,10 @@ def register(cls: type[SyncRule]) -> type[SyncRule]:
     return cls
 
 
-def make_rule(cfg: SyncConfig, group: Optional[dist.ProcessGroup] = None) -> SyncRule:
+def make_rule(cfg: SyncConfig, comm: Comm) -> SyncRule:
     if cfg.mode not in _RULES:
         raise ConfigError(f"sync.mode: unknown rule {cfg.mode!r}; choose one of {', '.join(_RULES)}")
-    return _RULES[cfg.mode](cfg, group)
-
-
-def rule_names() -> list[str]:
-    return list(_RULES)
+    return _RULES[cfg.mode](cfg, comm)
 
 
 @register
@@ -148,8 +144,8 @@ class Average(SyncRule):
 
     name = "average"
 
-    def __init__(self, cfg: SyncConfig, group: Optional[dist.ProcessGroup] = None) -> None:
-        super().__init__(cfg, group)
+    def __init__(self, cfg: SyncConfig, comm: Comm) -> None:
+        super().__init__(cfg, comm)
         self._base: Optional[Tensor] = None
 
     def exchange(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float) -> tuple[Tensor, Tensor]:
@@ -160,11 +156,11 @@ class Average(SyncRule):
         c = ctl.numel()
         buf = self.scratch("fused", c + snap.numel(), snap)
         buf[:c].copy_(ctl)
-        if ctl[NUM_FLAGS + rank] > 0:
+        if ctl[RoundVector.healthy_slot(rank)] > 0:
             buf[c:].copy_(snap)
         else:
             buf[c:].zero_()
-        all_reduce_within(buf, timeout_s, "the sync round", self.group)
+        self.comm.all_reduce(buf, timeout_s, "the sync round")
         ctl = buf[:c].clone()
         n = context(ctl, rank).n_healthy
         return buf[c:].div_(max(n, 1)), ctl
@@ -174,15 +170,16 @@ class Average(SyncRule):
             return self._mean(snap, ctx)
         # Send only the change since the last agreed mean, which is small and rounds well.
         if self._base is None:
-            self._base = _broadcast(snap.clone(), ctx.first_healthy, self.group)
+            self._base = self.comm.broadcast(snap.clone(), ctx.first_healthy)
         delta = snap - self._base if ctx.healthy[ctx.rank] else torch.zeros_like(snap)
         self._base = self._base + self._mean(delta, ctx)
         return self._base.clone()
 
 
 def context(ctl: Tensor, rank: int) -> SyncContext:
-    world = (ctl.numel() - NUM_FLAGS) // 2
-    healthy = [bool(x > 0.5) for x in ctl[NUM_FLAGS:NUM_FLAGS + world].tolist()]
+    world = RoundVector.world(ctl)
+    first = RoundVector.healthy_slot(0)
+    healthy = [bool(x > 0.5) for x in ctl[first:first + world].tolist()]
     return SyncContext(rank, world, healthy)
 
 
@@ -201,26 +198,29 @@ class RoundOutcome:
     """Every replica's drift of the previous round (piggybacked; inf where unhealthy)."""
 
 
-def sync_round(flat: Tensor, rule: SyncRule, rank: int, world: int, *, done: bool = False,
-               stop: bool = False, want_checkpoint: bool = False, reached: bool = False,
-               last_drift: float = 0.0,
+def sync_round(flat: Tensor, rule: SyncRule, *, done: bool = False, stop: bool = False,
+               want_checkpoint: bool = False, reached: bool = False, last_drift: float = 0.0,
                final: bool = False, timeout_s: float = 300.0) -> RoundOutcome:
     """One round on the live buffer ``flat`` while workers may keep writing to it.
 
     ``snap = flat.clone(); target = rule(snap); flat += target - snap``: updates applied
-    during the collective survive (DESIGN rule 2). With ``final`` (workers stopped) the
-    replica lands exactly on ``target`` so every replica ends bit-for-bit identical.
+    during the collective survive (design rule 2 in docs/design.md). With ``final`` (workers
+    stopped) the replica lands exactly on ``target`` so every replica ends bit-for-bit identical.
     """
+    rank, world = rule.comm.rank, rule.comm.world_size
     snap = rule.scratch("snapshot", flat.numel(), flat).copy_(flat)
     # One reduction instead of an isfinite mask: NaN/Inf anywhere make the sum non-finite.
     healthy = bool(torch.isfinite(snap.sum()))
-    ctl = torch.zeros(control_size(world), dtype=flat.dtype, device=flat.device)
-    ctl[DONE], ctl[STOP], ctl[CKPT], ctl[REACHED] = float(done), float(stop), float(want_checkpoint), float(reached)
-    ctl[NUM_FLAGS + rank] = float(healthy)
-    ctl[NUM_FLAGS + world + rank] = last_drift  # non-finite values are dropped by the reader
+    R = RoundVector
+    ctl = torch.zeros(R.size(world), dtype=flat.dtype, device=flat.device)
+    ctl[R.ALL_DONE], ctl[R.ANY_STOP] = float(done), float(stop)
+    ctl[R.WANT_CKPT], ctl[R.REACHED] = float(want_checkpoint), float(reached)
+    ctl[R.healthy_slot(rank)] = float(healthy)
+    ctl[R.drift_slot(world, rank)] = last_drift  # non-finite values are dropped by the reader
     target, red = rule.exchange(snap, ctl, rank, timeout_s)
     if context(red, rank).n_healthy == 0:
-        raise RuntimeError("every replica holds non-finite parameters; nothing to sync from")
+        raise Fault("sync: every replica holds non-finite parameters; nothing to sync from "
+                    "(lower optim.lr, or resume from the last good checkpoint)")
     tnorm = target.norm().clamp_min(1e-12)
     with torch.no_grad():
         if final or not healthy:
@@ -231,14 +231,10 @@ def sync_round(flat: Tensor, rule: SyncRule, rank: int, world: int, *, done: boo
             drift = float(delta.norm() / tnorm)
             flat.add_(delta)
     f = red.cpu()
-    return RoundOutcome(all_done=bool(f[DONE] == world), any_stop=bool(f[STOP] > 0),
-                        checkpoint=bool(f[CKPT] > 0), reached=bool(f[REACHED] > 0), healthy=healthy, drift=drift,
-                        last_drifts=[float(x) for x in f[NUM_FLAGS + world:]])
-
-
-def _broadcast(x: Tensor, src: int, group: Optional[dist.ProcessGroup]) -> Tensor:
-    dist.broadcast(x, src=src, group=group)
-    return x
+    return RoundOutcome(all_done=bool(f[R.ALL_DONE] == world), any_stop=bool(f[R.ANY_STOP] > 0),
+                        checkpoint=bool(f[R.WANT_CKPT] > 0), reached=bool(f[R.REACHED] > 0),
+                        healthy=healthy, drift=drift,
+                        last_drifts=[float(x) for x in f[R.drift_slot(world, 0):]])
 
 
 @register
@@ -248,7 +244,7 @@ class Broadcast(SyncRule):
     name = "broadcast"
 
     def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
-        return _broadcast(snap.clone(), ctx.first_healthy, self.group)
+        return self.comm.broadcast(snap.clone(), ctx.first_healthy)
 
 
 @register
@@ -260,14 +256,14 @@ class DiLoCo(SyncRule):
 
     name = "diloco"
 
-    def __init__(self, cfg: SyncConfig, group: Optional[dist.ProcessGroup] = None) -> None:
-        super().__init__(cfg, group)
+    def __init__(self, cfg: SyncConfig, comm: Comm) -> None:
+        super().__init__(cfg, comm)
         self.global_params: Optional[Tensor] = None
         self.momentum: Optional[Tensor] = None
 
     def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
         if self.global_params is None:
-            self.global_params = _broadcast(snap.clone(), ctx.first_healthy, self.group)
+            self.global_params = self.comm.broadcast(snap.clone(), ctx.first_healthy)
             self.momentum = torch.zeros_like(snap)
         assert self.momentum is not None
         pseudo = self._mean(self.global_params - snap, ctx) if ctx.healthy[ctx.rank] else \
@@ -288,10 +284,9 @@ class DiLoCo(SyncRule):
             self.momentum = state["momentum"].clone()
 
 
-def _gather(snap: Tensor, ctx: SyncContext, group: Optional[dist.ProcessGroup]) -> Tensor:
+def _gather(snap: Tensor, ctx: SyncContext, comm: Comm) -> Tensor:
     """Stack of the healthy replicas' snapshots (world x n) via all_gather."""
-    parts = [torch.empty_like(snap) for _ in range(ctx.world_size)]
-    dist.all_gather(parts, snap, group=group)
+    parts = comm.all_gather(snap)
     return torch.stack([p for p, ok in zip(parts, ctx.healthy) if ok])
 
 
@@ -302,7 +297,7 @@ class Median(SyncRule):
     name = "median"
 
     def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
-        ordered = _gather(snap, ctx, self.group).sort(dim=0).values
+        ordered = _gather(snap, ctx, self.comm).sort(dim=0).values
         n = ordered.shape[0]
         # Mean of the two middle values for an even count, so the rule stays symmetric.
         return (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
@@ -315,7 +310,7 @@ class TrimmedMean(SyncRule):
     name = "trimmed_mean"
 
     def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
-        stacked = _gather(snap, ctx, self.group)
+        stacked = _gather(snap, ctx, self.comm)
         k = self.cfg.trim
         n = stacked.shape[0]
         if n - 2 * k < 1:

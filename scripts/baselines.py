@@ -201,12 +201,14 @@ def mnist_hogwild(procs: int, w: Workload) -> dict[str, float]:
 
 def _sync_cost_rank(rank: int, world: int, port: int, out: Any, n: int, reps: int) -> None:
     """Bare all_reduce of an n-float buffer vs hogwild's sync round on one, same processes."""
+    from hogwild.comm import DistComm
     from hogwild.config import SyncConfig
     from hogwild.sync import make_rule, sync_round
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    flat, rule = torch.randn(n), make_rule(SyncConfig())
+    flat = torch.randn(n)
+    rule = make_rule(SyncConfig(), DistComm(flat.device))
     buf = flat.clone()
     bare, ours = [], []
     for _ in range(reps):
@@ -217,7 +219,7 @@ def _sync_cost_rank(rank: int, world: int, port: int, out: Any, n: int, reps: in
         bare.append(time.perf_counter() - t0)
         dist.barrier()
         t0 = time.perf_counter()
-        sync_round(flat, rule, rank, world)
+        sync_round(flat, rule)
         ours.append(time.perf_counter() - t0)
     if rank == 0:
         out["r"] = {"bare_allreduce_s": statistics.median(bare), "sync_round_s": statistics.median(ours)}

@@ -26,9 +26,8 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
+from baselines import CONVNET, MLP, TINY, PeakPss, Workload, ddp, free_port, mnist_hogwild, single, sync_cost  # noqa: E402
 
-from baselines import (CONVNET, MLP, TINY, PeakPss, Workload, ddp, free_port, mnist_hogwild,  # noqa: E402
-                       single, sync_cost)
 from hogwild.config import available_cores  # noqa: E402
 
 logger = logging.getLogger("bench")

@@ -82,7 +82,7 @@ def _env(i: int) -> dict[str, str]:
 
 def _both(cmds: list[list[str]], timeout: float) -> list[str]:
     # One core per simulated machine: otherwise each machine sizes its threads for the whole
-    # host and the two oversubscribe it (DESIGN rule 4), which measures the simulation, not us.
+    # host and the two oversubscribe it (design rule 4 in docs/design.md), which measures the simulation, not us.
     cores = os.cpu_count() or 1
     procs = [subprocess.Popen(["ip", "netns", "exec", NS[i], "taskset", "-c", str(i % cores), *cmds[i]],
                               env=_env(i), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -107,7 +107,8 @@ def hogwild(target: float, interval: int, extra: list[str], root: Path) -> dict[
 
 
 def _ddp_rank(rank: int, port: int, target: float) -> None:
-    from baselines import MLP, _ddp_rank as run_rank
+    from baselines import MLP
+    from baselines import _ddp_rank as run_rank
 
     out: dict[str, Any] = {}
     run_rank(rank, 2, port, out, dataclasses.replace(MLP, target=target), addr=ADDR[0])

@@ -52,7 +52,7 @@ def metrics(run_dir: Path) -> dict[str, Any]:
 
 def compose_cfg(overrides: list[str]) -> Any:
     """The validated Config for ``overrides``, composed the way hogwild-train does."""
-    from hogwild.train import preflight, register_resolvers
+    from hogwild.compose import preflight, register_resolvers
 
     register_resolvers()
     return preflight(overrides)

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from hogwild.comm import DistComm
 from hogwild.config import SyncConfig
 from hogwild.sync import Average, SyncContext, make_rule, sync_round
 
@@ -58,7 +59,7 @@ def writer_during_sync(rank: int, world: int, port: int, out: Any, naive: bool) 
     t.start()
     started.wait()
     if naive:
-        dist.all_reduce(flat)  # in place on the live buffer: DESIGN rule 2's bug
+        dist.all_reduce(flat)  # in place on the live buffer: design rule 2's bug
         done.set()
         t.join()
         flat.div_(world)
@@ -72,7 +73,7 @@ def writer_during_sync(rank: int, world: int, port: int, out: Any, naive: bool) 
                 t.join()
                 return result
 
-        sync_round(flat, Rule(SyncConfig()), rank, world)
+        sync_round(flat, Rule(SyncConfig(), DistComm(flat.device)))
     dist.barrier()
     out[rank] = (float(flat.double().sum()), count[0] * flat.numel())
     dist.destroy_process_group()
@@ -82,7 +83,7 @@ def rule_target(rank: int, world: int, port: int, out: Any, cfg: SyncConfig,
                 values: list[list[float]], rounds: int) -> None:
     """Each rank holds ``values[rank]``; returns the rule's target after ``rounds`` rounds."""
     _init(rank, world, port)
-    rule = make_rule(cfg)
+    rule = make_rule(cfg, DistComm(torch.device("cpu")))
     snap = torch.tensor(values[rank])
     healthy = [bool(torch.isfinite(torch.tensor(v)).all()) for v in values]
     ctx = SyncContext(rank, world, healthy)

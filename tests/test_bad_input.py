@@ -1,7 +1,5 @@
-"""Every user mistake: one line naming the key or file, a non-zero exit, no traceback.
-
-Each case runs the real CLI in a subprocess, as a user would.
-"""
+"""Every user mistake: one line naming the key or file, exit code 2, no traceback, nothing
+written. Most cases are checked in this process; a few run the real CLI as a user would."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import clean_env, free_port, run_cli
+from tests.conftest import clean_env, compose_cfg, free_port, run_cli
 
 Setup = Callable[[Path], tuple[list[str], dict[str, str]]]
 
@@ -52,27 +50,12 @@ def _unwritable_run_dir(d: Path) -> tuple[list[str], dict[str, str]]:
 _HELD: list[socket.socket] = []
 
 
-def _port_in_use(d: Path) -> tuple[list[str], dict[str, str]]:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen()
-    _HELD.append(s)
-    port = s.getsockname()[1]
-    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port)}
-    return ["sync.timeout_s=5"], env
-
-
-def _unreachable_rendezvous(d: Path) -> tuple[list[str], dict[str, str]]:
-    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port())}
-    return ["sync.timeout_s=3"], env
-
-
 X = np.random.rand(20, 4).astype(np.float32)
 Y = np.arange(20) % 2
 
-CASES: list[tuple[str, Setup, str]] = [
+# Mistakes caught before any process starts: composing the config, loading the data,
+# building the model or reading the checkpoint. Checked in this process (fast tier).
+IN_PROCESS: list[tuple[str, Setup, str]] = [
     ("workers zero", _args("workers=0"), "workers"),
     ("workers not a number", _args("workers=many"), "workers"),
     ("negative lr", _args("optim.lr=-0.1"), "optim.lr"),
@@ -105,25 +88,83 @@ CASES: list[tuple[str, Setup, str]] = [
     ("corrupt checkpoint", _corrupt_checkpoint, "checkpoint"),
     ("resume=true without checkpoint", _args("resume=true"), "resume"),
     ("run dir not writable", _unwritable_run_dir, "run_dir"),
+    ("bad value in the second job of a sweep", _args("-m", "optim.lr=0.1,-1"), "optim.lr"),
+    ("unknown option in the second job of a sweep", _args("-m", "model=mlp,resnet"), "model"),
+]
+
+
+def _with_run_dir(args: list[str], d: Path) -> list[str]:
+    return args if "run_dir=" in " ".join(args) else [*args, f"run_dir={d / 'run'}"]
+
+
+@pytest.mark.parametrize("name,setup,key", IN_PROCESS, ids=[c[0] for c in IN_PROCESS])
+def test_bad_input_is_refused_before_anything_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     name: str, setup: Setup, key: str) -> None:
+    from hogwild.errors import UserError
+    from hogwild.leader import Leader
+
+    monkeypatch.chdir(tmp_path)
+    args, env = setup(tmp_path)
+    args = _with_run_dir(args, tmp_path)
+    with pytest.raises(UserError) as info:
+        cfg = compose_cfg(args)
+        Leader(cfg, str(tmp_path / "run")).run()
+    msg = str(info.value)
+    assert msg.startswith(key), msg
+    assert "\n" not in msg.strip(), "the message must fit on one line"
+    assert not list(tmp_path.glob("run/checkpoints/*.pt")), "a failed start must not write checkpoints"
+
+
+# The same contract seen from a shell: one line, exit code 2, no traceback (slow tier: each
+# case is a real CLI process). One case per kind of check, plus what only a process can show.
+def _port_in_use(d: Path) -> tuple[list[str], dict[str, str]]:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    _HELD.append(s)
+    port = s.getsockname()[1]
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
+    return ["sync.timeout_s=5"], env
+
+
+def _unreachable_rendezvous(d: Path) -> tuple[list[str], dict[str, str]]:
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    return ["sync.timeout_s=3"], env
+
+
+def _bad_env(d: Path) -> tuple[list[str], dict[str, str]]:
+    return [], {"WORLD_SIZE": "two"}
+
+
+CLI: list[tuple[str, Setup, str]] = [
+    ("workers zero", _args("workers=0"), "workers"),
+    ("misspelled key", _args("trian.epochs=3"), "trian"),
+    ("bad value in a sweep", _args("-m", "optim.lr=0.1,-1"), "optim.lr"),
+    ("npz NaN in X", _npz(X=np.where(X > 0.5, np.nan, X), y=Y), "data.path"),
+    ("corrupt checkpoint", _corrupt_checkpoint, "checkpoint"),
+    ("bad torchrun variable", _bad_env, "environment variable WORLD_SIZE"),
     ("port already in use", _port_in_use, "sync"),
     ("unreachable rendezvous", _unreachable_rendezvous, "sync"),
 ]
 
 
-@pytest.mark.parametrize("name,setup,key", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.slow
+@pytest.mark.parametrize("name,setup,key", CLI, ids=[c[0] for c in CLI])
 def test_bad_input_fails_in_one_line(tmp_path: Path, name: str, setup: Setup, key: str) -> None:
     args, env = setup(tmp_path)
-    if "run_dir=" not in " ".join(args):
-        args.append(f"run_dir={tmp_path / 'run'}")
-    proc = run_cli(args, cwd=tmp_path, timeout=120, env=clean_env(**env))
+    proc = run_cli(_with_run_dir(args, tmp_path), cwd=tmp_path, timeout=120, env=clean_env(**env))
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("hogwild: error:")]
-    assert proc.returncode != 0, proc.stderr
+    assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"hogwild: error: {key}"), lines[0]
     assert not list(tmp_path.glob("run/checkpoints/*.pt")), "a failed start must not write checkpoints"
+    assert not list(tmp_path.glob("run/*/checkpoints/*.pt")), "no job of a bad sweep may run"
 
 
+@pytest.mark.slow
 def test_rendezvous_failure_names_endpoint_and_is_bounded(tmp_path: Path) -> None:
     port = free_port()
     env = clean_env(RANK="1", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hogwild.config import ConfigError, resolve_workers
+from hogwild.config import resolve_workers
+from hogwild.errors import ConfigError
 from tests.conftest import compose_cfg
 
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from hogwild.config import ConfigError, DataConfig
+from hogwild.config import DataConfig
 from hogwild.data import ShardSampler, load_dataset, shard
+from hogwild.errors import ConfigError
 
 
 def test_digits_split_is_stratified_and_seeded() -> None:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from hogwild import shared
-from hogwild.config import ConfigError
+from hogwild.errors import UserError
 
 
 def test_parameters_are_views_of_one_buffer() -> None:
@@ -24,5 +24,5 @@ def test_parameters_are_views_of_one_buffer() -> None:
 
 def test_too_little_shm_says_how_much_is_needed(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.setattr(shared.shutil, "disk_usage", lambda p: type("U", (), {"free": 1024})())
-    with pytest.raises(ConfigError, match=r"needs 40\.0 MiB .* only 0\.0 MiB is free.*shm-size"):
+    with pytest.raises(UserError, match=r"needs 40\.0 MiB .* only 0\.0 MiB is free.*shm-size"):
         shared.check_shm(40 * 2**20, str(tmp_path))

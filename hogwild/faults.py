@@ -1,0 +1,49 @@
+"""Fault injection for tests, e.g. ``HOGWILD_FAULT=nan:0:20,crash:1:50`` (kind:worker:step).
+
+The worker asks for its hook once, at start; with the variable unset it gets its step
+function back untouched, so the training loop carries no test code.
+
+Kinds: ``nan`` poisons the first gradient of that step, ``crash`` raises in that step.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+FAULT_ENV = "HOGWILD_FAULT"
+
+# Computes batch ``step``'s gradients into the parameters' ``.grad``: (loss, batch size).
+StepFn = Callable[[int], tuple[Tensor, int]]
+
+
+def planned_faults(global_index: int, spec: str | None = None) -> dict[str, set[int]]:
+    """The steps at which worker ``global_index`` should fail, by kind."""
+    spec = os.environ.get(FAULT_ENV, "") if spec is None else spec
+    faults: dict[str, set[int]] = {}
+    for item in filter(None, spec.split(",")):
+        kind, who, step = item.split(":")
+        if int(who) == global_index:
+            faults.setdefault(kind, set()).add(int(step))
+    return faults
+
+
+def inject_faults(step_fn: StepFn, params: list[Tensor], global_index: int) -> StepFn:
+    faults = planned_faults(global_index)
+    if not faults:
+        return step_fn
+    nan_at, crash_at = faults.get("nan", set()), faults.get("crash", set())
+
+    def faulty(step: int) -> tuple[Tensor, int]:
+        if step in crash_at:
+            raise RuntimeError(f"injected crash at step {step}")
+        loss, batch = step_fn(step)
+        if step in nan_at:
+            g = params[0].grad
+            assert g is not None
+            params[0].grad = g * float("nan") if g.is_sparse else torch.full_like(g, float("nan"))
+        return loss, batch
+    return faulty

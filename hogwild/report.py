@@ -1,0 +1,74 @@
+"""The run's final report (``metrics.json``) and the status and exit code it ends with."""
+
+from __future__ import annotations
+
+import math
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from hogwild.board import Totals
+from hogwild.errors import EXIT_FAULT, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
+from hogwild.resume import Counters, Restored
+from hogwild.schedule import SyncSchedule
+
+
+def status_of(stop_signal: Optional[int], fault: Optional[str]) -> str:
+    if stop_signal is not None:
+        return signal.Signals(stop_signal).name
+    return "failed" if fault is not None else "ok"
+
+
+def exit_code(status: str) -> int:
+    return {"ok": EXIT_OK, "SIGINT": EXIT_SIGINT, "SIGTERM": EXIT_SIGTERM}.get(status, EXIT_FAULT)
+
+
+@dataclass
+class Timing:
+    wall_s: float
+    train_s: float
+    startup_s: Optional[float]
+    time_to_target_s: Optional[float]
+    mean_sync_s: float
+
+
+def final_report(*, status: str, error: Optional[str], counters: Counters, job: Totals,
+                 test_loss: float, test_acc: float, train_loss: float, timing: Timing,
+                 workers: int, threads: int, replicas: int, sync_mode: str,
+                 schedule: SyncSchedule, resumed: Optional[Restored], run_dir: Path) -> dict[str, Any]:
+    def nan_if_none(x: Optional[float]) -> float:
+        return math.nan if x is None else x
+
+    result: dict[str, Any] = {
+        "status": status,
+        "exit_code": exit_code(status),
+        "test_accuracy": test_acc,
+        "test_loss": test_loss,
+        "train_loss": train_loss,
+        "steps": counters.steps,
+        "samples": int(counters.samples),
+        "samples_per_s": job.samples / max(timing.train_s, 1e-9),
+        "wall_s": timing.wall_s,
+        "train_s": timing.train_s,
+        "time_to_target_s": nan_if_none(timing.time_to_target_s),
+        "startup_s": nan_if_none(timing.startup_s),
+        "workers": workers,
+        "threads_per_worker": threads,
+        "replicas": replicas,
+        "syncs": counters.syncs,
+        "max_drift": schedule.max_drift,
+        "mean_drift": schedule.mean_drift,
+        "mean_sync_s": timing.mean_sync_s,
+        "worker_stall_s": job.stall_s(),
+        "worker_restarts": counters.worker_restarts,
+        "skipped_nonfinite": counters.skipped_nonfinite,
+        "sync_mode": sync_mode if replicas > 1 else "none",
+        "final_interval": schedule.interval,
+        "resumed_from": resumed.path if resumed else "",
+        "steps_lost_on_resume": resumed.steps_lost if resumed else 0,
+        "run_dir": str(run_dir.resolve()),
+    }
+    if error:
+        result["error"] = error
+    return result

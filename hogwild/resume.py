@@ -1,0 +1,119 @@
+"""What a checkpoint holds, which checkpoint a run resumes from, and how it is restored.
+
+:class:`Counters` are the job-wide totals a checkpoint carries across restarts. A resumed
+run starts from them and adds what its own workers do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor
+
+from hogwild import checkpoint
+from hogwild.board import Board, Totals
+from hogwild.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Counters:
+    steps: int = 0
+    """Updates applied, all replicas."""
+    samples: float = 0.0
+    syncs: int = 0
+    worker_restarts: int = 0
+    skipped_nonfinite: int = 0
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Counters":
+        return cls(steps=int(d.get("steps", 0)), samples=float(d.get("samples", 0)),
+                   syncs=int(d.get("syncs", 0)), worker_restarts=int(d.get("worker_restarts", 0)),
+                   skipped_nonfinite=int(d.get("skipped_nonfinite", 0)))
+
+    def plus(self, job: Totals, syncs: int) -> "Counters":
+        """These restored counters plus this run's job-wide totals, ``syncs`` rounds in all."""
+        return Counters(steps=self.steps + int(job.applied), samples=self.samples + job.samples,
+                        syncs=syncs, worker_restarts=self.worker_restarts + int(job.restarts),
+                        skipped_nonfinite=self.skipped_nonfinite + int(job.skipped))
+
+
+@dataclass
+class Restored:
+    path: str
+    counters: Counters
+    steps_lost: int
+    """Steps the previous attempt reported (progress.json) beyond the checkpoint's count."""
+
+
+def resume_path(resume: Any, run_dir: Path, is_rank0: bool, agree: Callable[[str], str]) -> Optional[str]:
+    """The checkpoint to start from, the same on every leader; None to start fresh."""
+    if isinstance(resume, str) and resume not in ("auto", "true", "false"):
+        return resume
+    if not (resume is True or resume in ("auto", "true")):
+        return None
+    found = checkpoint.load_latest(run_dir) if is_rank0 else None
+    path = agree(str(found[1]) if found else "")
+    if not path and (resume is True or resume == "true"):
+        raise ConfigError(f"resume: no checkpoint in {checkpoint.ckpt_dir(run_dir)}")
+    return path or None
+
+
+def restore(path: str, model_name: str, shapes: list[tuple[int, ...]], flat: Tensor,
+            opt_state: Optional[dict[str, Tensor]], board: Board, rank: int, world: int,
+            run_dir: Path) -> tuple[Restored, dict[str, Tensor]]:
+    """Load ``path`` into the shared model, optimizer state and worker positions.
+
+    Returns what was restored and the sync rule's saved state.
+    """
+    ckpt = checkpoint.load(path)
+    checkpoint.check_compatible(ckpt, path, model_name, shapes)
+    with torch.no_grad():
+        flat.copy_(ckpt["flat"].to(flat.device))
+        for name, buf in (opt_state or {}).items():
+            if name in ckpt.get("opt_state", {}):
+                buf.copy_(ckpt["opt_state"][name].to(buf.device))
+    pos = ckpt.get("positions")
+    k = len(board.stats)
+    if isinstance(pos, torch.Tensor) and tuple(pos.shape) == (world, k):
+        board.stats["pos"] = pos[rank].numpy()
+    else:
+        logger.warning("checkpoint was made with another replicas x workers layout; "
+                       "data positions restart from the beginning of each shard")
+    counters = Counters.from_dict(ckpt.get("counters", {}))
+    restored = Restored(path, counters, _steps_lost(run_dir, counters.steps))
+    logger.info("resumed from %s (step %d, %d syncs)", path, counters.steps, counters.syncs)
+    return restored, ckpt.get("sync_state", {})
+
+
+def _steps_lost(run_dir: Path, steps: int) -> int:
+    beat = run_dir / "progress.json"
+    if not beat.is_file():
+        return 0
+    try:
+        return max(0, int(json.loads(beat.read_text())["steps"]) - steps)
+    except (ValueError, KeyError, TypeError):
+        return 0
+
+
+def payload(*, model_name: str, shapes: list[tuple[int, ...]], flat: Tensor,
+            opt_state: Optional[dict[str, Tensor]], positions: Tensor, counters: Counters,
+            sync_state: dict[str, Tensor], config: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint: tensors and plain values only, so it loads with ``weights_only=True``."""
+    return {
+        "format": checkpoint.FORMAT,
+        "model": model_name,
+        "shapes": [list(s) for s in shapes],
+        "flat": flat.detach().to("cpu", copy=True),
+        "opt_state": {k: v.detach().to("cpu", copy=True) for k, v in (opt_state or {}).items()},
+        "positions": positions,
+        "counters": asdict(counters),
+        "sync_state": sync_state,
+        "config": config,
+    }

@@ -1,0 +1,114 @@
+"""What a leader reports while it trains: TensorBoard curves, test evaluations, the
+heartbeat file and the progress display. Only rank 0 writes; the others call no-ops."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+
+from hogwild.board import Board
+from hogwild.config import Config
+from hogwild.data import Split
+from hogwild.evaluate import evaluate
+from hogwild.metrics import Metrics, Progress, write_json
+from hogwild.schedule import DriftRecord
+
+logger = logging.getLogger(__name__)
+
+# Points per curve: spread over the run's steps (workers wake the leader at each one), so a
+# run of one second draws a curve too; at least one loss point a second on long runs.
+LOSS_POINTS, EVAL_POINTS = 100, 25
+# Evaluation runs on the leader's core beside the workers: keep it under ~10% of the time.
+EVAL_COST_FACTOR = 10
+
+
+class Telemetry:
+    def __init__(self, cfg: Config, run_dir: Path, is_rank0: bool, model: nn.Module, test: Split,
+                 device: torch.device, world_size: int) -> None:
+        self.cfg, self.run_dir, self.is_rank0 = cfg, run_dir, is_rank0
+        self.model, self.test, self.device, self.world_size = model, test, device, world_size
+        self.metrics = Metrics(run_dir, is_rank0)
+        self.test_loss, self.test_acc = math.nan, math.nan
+        self.time_to_target: Optional[float] = None
+        self._t0 = time.monotonic()
+        self._next_tb = self._next_eval = self._next_beat = self._eval_ok_at = self._t0
+        self._tb_pos = self._eval_pos = 0.0
+        self._loss_every = self._eval_every = 1.0
+        self._eval_pending = False  # its step came, but its cost budget has not
+        self.progress: Optional[Progress] = None
+
+    def start(self, board: Board, total_steps: int) -> None:
+        """Training starts now: clocks, curves and the progress display count from here."""
+        self._t0 = self._next_tb = self._next_eval = self._next_beat = self._eval_ok_at = time.monotonic()
+        initial = board.replica_pos()
+        self._tb_pos = self._eval_pos = initial
+        self._loss_every = max(1.0, (total_steps - initial) / LOSS_POINTS)
+        self._eval_every = max(1.0, (total_steps - initial) / EVAL_POINTS)
+        self.progress = Progress(total_steps, self.cfg.train.log_every_s, self.is_rank0, int(initial))
+        board.control["next_report_at"] = initial
+
+    def next_due(self) -> float:
+        """The time of the next sample that no worker will wake the leader for."""
+        if not self.is_rank0:
+            return self._next_tb
+        return min(self._next_tb, self._next_eval, self._eval_ok_at if self._eval_pending else math.inf)
+
+    def evaluate(self, step: int) -> None:
+        self.test_loss, self.test_acc = evaluate(self.model, self.test, self.device)
+        self.metrics.scalar("test/accuracy", self.test_acc, step)
+        self.metrics.scalar("test/loss", self.test_loss, step)
+
+    def drift(self, rec: DriftRecord, step: int) -> None:
+        self.metrics.scalar("sync/drift_mean", rec.mean, step)
+        self.metrics.scalar("sync/drift_max", rec.max, step)
+        if self.cfg.sync.target_drift is not None:
+            self.metrics.scalar("sync/interval", rec.interval, step)
+
+    def tick(self, board: Board, base_steps: int, syncs: int) -> None:
+        now = time.monotonic()
+        elapsed = max(now - self._t0, 1e-9)
+        pos = board.replica_pos()
+        step, loss, rate = base_steps + board.applied(), board.loss(), board.samples() / elapsed
+        if pos >= self._tb_pos or now >= self._next_tb:
+            self._tb_pos, self._next_tb = pos + self._loss_every, now + 1.0
+            if math.isfinite(loss):
+                self.metrics.scalar("train/loss", loss, step)
+            self.metrics.scalar("perf/samples_per_s", rate, step)
+            for i, row in enumerate(board.stats):
+                self.metrics.scalar(f"perf/samples_per_s_worker{i}", float(row["samples"]) / elapsed, step)
+        if self.is_rank0 and now >= self._next_beat:
+            # Heartbeat: after a crash, the resumed run reports how many steps were lost.
+            self._next_beat = now + 1.0
+            write_json(self.run_dir / "progress.json", {"steps": base_steps + board.applied() * self.world_size})
+        self._eval_pending = self.is_rank0 and pos >= self._eval_pos
+        if self.is_rank0 and ((self._eval_pending and now >= self._eval_ok_at) or now >= self._next_eval):
+            t0 = time.monotonic()
+            self.evaluate(step)
+            self._eval_pos, self._next_eval = pos + self._eval_every, t0 + self.cfg.eval.every_s
+            self._eval_ok_at = t0 + EVAL_COST_FACTOR * (time.monotonic() - t0)
+            self._eval_pending = False
+            self._check_target()
+        # Workers wake the leader when the replica crosses this position; a point already
+        # passed would wake nobody, so a pending evaluation waits on next_due() instead.
+        eval_at = self._eval_pos if self.is_rank0 and not self._eval_pending else math.inf
+        board.control["next_report_at"] = min(self._tb_pos, eval_at)
+        if self.progress is not None:
+            self.progress.update(int(pos), f"loss {loss:.4f} | {rate:,.0f} samples/s"
+                                 f" | test acc {self.test_acc:.4f} | syncs {syncs}")
+
+    def _check_target(self) -> None:
+        target = self.cfg.train.target_accuracy
+        if target is not None and self.test_acc >= target and self.time_to_target is None:
+            self.time_to_target = time.monotonic() - self._t0
+            logger.info("test accuracy %.4f reached train.target_accuracy=%.4f after %.2fs",
+                        self.test_acc, target, self.time_to_target)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.close()

@@ -1,0 +1,114 @@
+"""The worker loop in this process, on a tiny synthetic problem (fast tier)."""
+
+from __future__ import annotations
+
+import math
+from multiprocessing import Pipe
+
+import pytest
+import torch
+from torch import nn
+
+from hogwild.board import Board
+from hogwild.config import OptimConfig
+from hogwild.data import Dataset, ShardSampler, Split
+from hogwild.faults import FAULT_ENV, inject_faults, planned_faults
+from hogwild.optim import FlatOptimizer
+from hogwild.shared import layout, share_model
+from hogwild.worker import WorkerSpec, make_step_fn, run_loop
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _setup(quota: int, fault: str = "") -> tuple:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 4, generator=g)
+    y = (x[:, 0] + x[:, 1] > 0).long()
+    ds = Dataset(Split((x,), y), Split((x[:64],), y[:64]), 2, (4,))
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    flat = share_model(model, "cpu")
+    params = list(model.parameters())
+    opt = FlatOptimizer(OptimConfig(lr=0.5), flat, layout(model), {})
+    step_fn = make_step_fn(model, params, ds, ShardSampler(torch.arange(256), 16, 0), torch.device("cpu"))
+    if fault:
+        import os
+        os.environ[FAULT_ENV] = fault
+        try:
+            step_fn = inject_faults(step_fn, params, 0)
+        finally:
+            del os.environ[FAULT_ENV]
+    board = Board(1)
+    board.control["go"] = 1.0
+    board.control["next_sync_at"] = math.inf
+    board.control["next_report_at"] = math.inf
+    return step_fn, opt, params, WorkerSpec(0, 0, 1, 1, quota), board, flat, ds, model
+
+
+def _accuracy(model: nn.Module, ds: Dataset) -> float:
+    with torch.no_grad():
+        return float((model(ds.test.inputs[0]).argmax(1) == ds.test.targets).float().mean())
+
+
+def test_run_loop_trains_the_shared_model_and_counts_its_work() -> None:
+    step_fn, opt, params, spec, board, flat, ds, model = _setup(quota=60)
+    before = flat.clone()
+    run_loop(step_fn, opt, params, spec, board, wake=None)
+    row = board.row(0)
+    assert (row["pos"], row["applied"], row["samples"], row["skipped"]) == (60, 60, 60 * 16, 0)
+    assert row["done"] == 1 and row["ready"] == 1 and 0 < row["loss"] < 0.5
+    assert not torch.equal(flat, before)  # the updates went into the shared buffer
+    assert _accuracy(model, ds) > 0.9
+
+
+def test_poisoned_update_is_skipped_and_never_reaches_the_model() -> None:
+    step_fn, opt, params, spec, board, flat, _, _ = _setup(quota=20, fault="nan:0:3,nan:0:7,nan:1:5")
+    run_loop(step_fn, opt, params, spec, board, wake=None)
+    row = board.row(0)
+    assert (row["applied"], row["skipped"], row["pos"]) == (18, 2, 20)
+    assert torch.isfinite(flat).all()
+
+
+def test_injected_crash_raises_at_its_step_and_the_position_says_where() -> None:
+    step_fn, opt, params, spec, board, _, _, _ = _setup(quota=20, fault="crash:0:4")
+    with pytest.raises(RuntimeError, match="injected crash at step 4"):
+        run_loop(step_fn, opt, params, spec, board, wake=None)
+    assert board.row(0)["pos"] == 4  # a respawned worker resumes at step 4
+
+
+def test_stop_flag_ends_the_loop_and_a_respawn_resumes_at_its_position() -> None:
+    step_fn, opt, params, spec, board, _, _, _ = _setup(quota=50)
+    board.control["stop"] = 1.0
+    run_loop(step_fn, opt, params, spec, board, wake=None)
+    assert board.row(0)["pos"] == 0 and board.row(0)["done"] == 1
+    board.control["stop"] = 0.0
+    board.row(0)["pos"] = 30
+    board.row(0)["done"] = 0
+    run_loop(step_fn, opt, params, spec, board, wake=None)
+    assert board.row(0)["pos"] == 50 and board.row(0)["applied"] == 20
+
+
+@pytest.mark.parametrize("sync_at,report_at,wakes", [
+    (math.inf, math.inf, 0),  # nothing to wake for: ready and done only
+    (10, math.inf, 1),        # the sync point
+    (math.inf, 25, 1),        # the metrics point
+    (10, 25, 1),              # the nearer one, until the leader moves it
+    (40, 50, 0),              # beyond the quota
+])
+def test_workers_wake_the_leader_once_per_point_crossed(sync_at: float, report_at: float, wakes: int) -> None:
+    step_fn, opt, params, spec, board, _, _, _ = _setup(quota=30)
+    board.control["next_sync_at"] = sync_at
+    board.control["next_report_at"] = report_at
+    r, w = Pipe(duplex=False)
+    run_loop(step_fn, opt, params, spec, board, wake=w)
+    msgs = []
+    while r.poll():
+        msgs.append(r.recv_bytes())
+    assert msgs == [b"r", *[b"s"] * wakes, b"d"]
+
+
+def test_fault_plan_parses_only_this_workers_faults() -> None:
+    assert planned_faults(1, "nan:0:3,crash:1:5,nan:1:9") == {"crash": {5}, "nan": {9}}
+    assert planned_faults(2, "nan:0:3") == {}
+    fn = lambda step: (torch.tensor(0.0), 1)  # noqa: E731
+    assert inject_faults(fn, [], 0) is fn  # unset: the loop runs the plain step function
