@@ -26,7 +26,6 @@ from hogwild import checkpoint
 from hogwild.board import Board, Totals
 from hogwild.comm import Comm, DistComm, LocalComm, PeerLost
 from hogwild.config import Config, resolve_workers
-from hogwild.data import load_dataset
 from hogwild.distributed import (
     DistEnv,
     agree_on_path,
@@ -35,16 +34,15 @@ from hogwild.distributed import (
     init_group,
     pick_backend,
 )
-from hogwild.errors import EXIT_SIGINT, ConfigError
+from hogwild.errors import EXIT_SIGINT
 from hogwild.metrics import flatten, write_json
-from hogwild.models import build_model
-from hogwild.optim import FlatOptimizer
 from hogwild.pool import WorkerPool, worker_specs
+from hogwild.replica import build_replica
 from hogwild.report import Timing, exit_code, final_report, status_of
 from hogwild.resume import Counters, Restored, payload, restore, resume_path
+from hogwild.rounds import Rounds
 from hogwild.schedule import SyncSchedule
-from hogwild.shared import alloc, share_model
-from hogwild.sync import make_rule, sync_round
+from hogwild.sync import make_rule
 from hogwild.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
@@ -62,9 +60,6 @@ class Leader:
         self.stop_signal: Optional[int] = None
         self.fault: Optional[str] = None
         self.degraded = False  # a peer is gone: no more collectives
-        self.syncs = 0  # rounds of the whole lineage, restored ones included
-        self.sync_times: list[float] = []  # this process's rounds
-        self.last_drift = 0.0
         self.base = Counters()  # what the checkpoint we resumed from had counted
         self.restored: Optional[Restored] = None
         self.t_start = time.monotonic()
@@ -74,37 +69,28 @@ class Leader:
     # ---------------------------------------------------------------- setup
     def _setup(self) -> None:
         cfg, env = self.cfg, self.env
-        if cfg.device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("device: cuda requested but torch.cuda.is_available() is False")
         torch.set_num_threads(1)  # the leader sleeps; the cores belong to the workers
-        self.ds = load_dataset(cfg.data).share_memory_()
-        self.model = build_model(cfg.model, self.ds, cfg.train.seed)
-        self.shapes = [tuple(p.shape) for p in self.model.parameters()]
-        self.flat = share_model(self.model, cfg.device)
-        self.opt_state = None
-        if cfg.optim.state == "shared":
-            self.opt_state = FlatOptimizer.new_state(cfg.optim, self.flat.numel(),
-                                                     lambda n: alloc(n, cfg.device))
+        self.rep = rep = build_replica(cfg)
         self.k = resolve_workers(cfg.workers, env.local_world_size)
         self.comm: Comm = LocalComm()
         if env.distributed:
             init_group(env, pick_backend(cfg.sync.backend, cfg.device), cfg.sync.timeout_s, cfg.device)
             self.run_dir = Path(agree_on_path(str(self.run_dir)))
             agree_on_workers(self.k)
-            self.comm = DistComm(self.flat.device)
+            self.comm = DistComm(rep.flat.device)
         self.rule = make_rule(cfg.sync, self.comm)
         self.board = Board(self.k)
         self.schedule = SyncSchedule.from_config(cfg.sync, env.distributed)
-        self.board.control["next_sync_at"] = self.schedule.next_sync_at
         path = resume_path(cfg.resume, self.run_dir, self.is_rank0, agree_on_path)
         if path is not None:
-            self.restored, sync_state = restore(path, cfg.model.name, self.shapes, self.flat, self.opt_state,
+            self.restored, sync_state = restore(path, cfg.model.name, rep.shapes, rep.flat, rep.opt_state,
                                                 self.board, env.rank, env.world_size, self.run_dir)
-            self.base, self.syncs = self.restored.counters, self.restored.counters.syncs
+            self.base = self.restored.counters
             self.rule.load_state_dict(sync_state)
-        self.specs = worker_specs(cfg, env, self.k, len(self.ds.train))
-        self.tel = Telemetry(cfg, self.run_dir, self.is_rank0, self.model, self.ds.test, self.device,
+        self.specs = worker_specs(cfg, env, self.k, len(rep.ds.train))
+        self.tel = Telemetry(cfg, self.run_dir, self.is_rank0, rep.model, rep.ds.test, self.device,
                              env.world_size)
+        self.rounds = Rounds(rep.flat, self.rule, self.comm, self.board, self.schedule, self.tel, self.base.syncs)
 
     def _install_signals(self) -> None:
         def handler(signum: int, _frame: Any) -> None:
@@ -121,39 +107,14 @@ class Leader:
 
     # ---------------------------------------------------------------- rounds
     def _round(self, done: bool, stop: bool, final: bool = False) -> tuple[bool, bool]:
-        t0 = time.perf_counter()
-        ctl = self.board.control
-        ctl["syncing"] = 1.0
-        pos_at_snap = self.board.replica_pos()
         # A stopping leader may have a dead peer (torchrun SIGTERMs survivors): bound the wait.
         wait_s = min(self.cfg.fault.shutdown_timeout_s, 10.0) if stop else self.cfg.sync.timeout_s
-        try:
-            out = sync_round(self.flat, self.rule, done=done, stop=stop,
-                             want_checkpoint=self.is_rank0 and time.monotonic() >= self.next_ckpt,
-                             reached=self.tel.time_to_target is not None, last_drift=self.last_drift,
-                             final=final, timeout_s=wait_s)
-        finally:
-            ctl["syncing"] = 0.0
-        if not out.healthy:
-            logger.warning("replica %d held non-finite parameters; excluded from the sync and "
-                           "restored from the consensus of the others", self.env.rank)
-        self.last_drift = out.drift
-        dt = time.perf_counter() - t0
-        self.syncs += 1
-        self.sync_times.append(dt)
-        step = int(self.board.replica_pos())
-        self.tel.metrics.scalar("sync/seconds", dt, step)
-        if len(self.sync_times) > 1:  # the drifts riding on round 1 were measured by nobody
-            self._record_drift(out.last_drifts, step)
-        ctl["next_sync_at"] = self.schedule.after_round(pos_at_snap)
+        out = self.rounds.run(done=done, stop=stop, final=final, timeout_s=wait_s,
+                              want_checkpoint=self.is_rank0 and time.monotonic() >= self.next_ckpt,
+                              reached=self.tel.time_to_target is not None)
         if out.checkpoint and not final:
             self._checkpoint()
         return out.all_done or out.reached, out.any_stop
-
-    def _record_drift(self, drifts: list[float], step: int) -> None:
-        rec = self.schedule.record_drift(drifts)
-        if rec is not None:
-            self.tel.drift(rec, step)
 
     def _checkpoint(self) -> Totals:
         """Collective (positions and totals of every replica), written by rank 0 only.
@@ -164,9 +125,10 @@ class Leader:
         job = Totals.from_tensor(self.comm.all_reduce(self.board.totals(self.pool.restarts).to_tensor()))
         self.next_ckpt = time.monotonic() + self.cfg.checkpoint.every_s
         if self.is_rank0:
-            counters = self.base.plus(job, self.syncs)
-            data = payload(model_name=self.cfg.model.name, shapes=self.shapes, flat=self.flat,
-                           opt_state=self.opt_state, positions=positions, counters=counters,
+            counters = self.base.plus(job, self.rounds.syncs)
+            rep = self.rep
+            data = payload(model_name=self.cfg.model.name, shapes=rep.shapes, flat=rep.flat,
+                           opt_state=rep.opt_state, positions=positions, counters=counters,
                            sync_state=self.rule.state_dict(), config=self._config_dict())
             try:
                 checkpoint.save(self.run_dir, data, counters.steps, self.cfg.checkpoint.keep)
@@ -215,13 +177,13 @@ class Leader:
                     self.fault = "another replica stopped the job"
                 if all_done or any_stop:
                     return
-            self.tel.tick(self.board, self.base.steps, self.syncs)
+            self.tel.tick(self.board, self.base.steps, self.rounds.syncs)
 
     # ------------------------------------------------------------------- run
     def run(self) -> dict[str, Any]:
         try:
             self._setup()
-            self.pool = WorkerPool(self.cfg, self.specs, self.ds, self.flat, self.opt_state, self.board)
+            self.pool = WorkerPool(self.cfg, self.specs, self.rep, self.board)
             self._install_signals()
             logger.info("replica %d/%d: %d workers x %d threads, %d steps each, run dir %s",
                         self.env.rank, self.env.world_size, self.k, self.specs[0].threads,
@@ -229,6 +191,7 @@ class Leader:
             try:
                 self.pool.start()
                 self.pool.wait_ready(self.cfg.sync.timeout_s)
+                self.tel.warm_up(self.base.steps)
                 self.comm.all_reduce(torch.zeros(1), self.cfg.sync.timeout_s, "the start barrier")
                 self.pool.go()
                 self.t_train = time.monotonic()
@@ -257,23 +220,17 @@ class Leader:
             return {"status": status, "exit_code": exit_code(status), "error": self.fault}
         dump = os.environ.get(DUMP_ENV)
         if dump:  # test hook: each replica's final parameters, to check consensus bit for bit
-            torch.save(self.flat.cpu().clone(), Path(dump) / f"rank{self.env.rank}.pt")
+            torch.save(self.rep.flat.cpu().clone(), Path(dump) / f"rank{self.env.rank}.pt")
         job = self._checkpoint()  # workers are stopped: these job totals are final
-        # The final round's drift has no later round to ride on; it travels with the mean
-        # round time in one small gather.
-        mine = torch.tensor([self.last_drift, _mean(self.sync_times)], dtype=torch.float64)
-        gathered = self.comm.all_gather(mine)
-        if self.env.distributed:
-            self._record_drift([float(g[0]) for g in gathered], int(self.board.replica_pos()))
+        mean_sync_s = self.rounds.close()
         if not self.is_rank0:
             return {"status": status, "exit_code": exit_code(status)}
-        counters = self.base.plus(job, self.syncs)
+        counters = self.base.plus(job, self.rounds.syncs)
         tel = self.tel
         tel.evaluate(counters.steps)
         assert self.t_train is not None
         timing = Timing(wall_s=time.monotonic() - self.t_start, train_s=train_s, startup_s=self.t_train - self.t_start,
-                        time_to_target_s=tel.time_to_target,
-                        mean_sync_s=_mean([float(g[1]) for g in gathered]) if self.env.distributed else 0.0)
+                        time_to_target_s=tel.time_to_target, mean_sync_s=mean_sync_s)
         result = final_report(status=status, error=self.fault, counters=counters, job=job,
                               test_loss=tel.test_loss, test_acc=tel.test_acc, train_loss=self.board.loss(),
                               timing=timing, workers=self.k, threads=self.specs[0].threads,
@@ -284,10 +241,6 @@ class Leader:
                                                                 "test_loss": tel.test_loss})
         tel.metrics.close()
         return result
-
-
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs) if xs else 0.0
 
 
 def run(cfg: Config, run_dir: str, env: Optional[DistEnv] = None) -> dict[str, Any]:

@@ -13,13 +13,12 @@ import time
 from multiprocessing.connection import wait
 from typing import Any, Optional
 
-from torch import Tensor
-
 from hogwild.board import Board
 from hogwild.config import Config, available_cores
-from hogwild.data import Dataset, shard
+from hogwild.data import shard
 from hogwild.distributed import DistEnv
 from hogwild.errors import Fault
+from hogwild.replica import Replica
 from hogwild.worker import WorkerSpec, worker_main
 
 logger = logging.getLogger(__name__)
@@ -42,12 +41,10 @@ def worker_specs(cfg: Config, env: DistEnv, k: int, n_train: int) -> list[Worker
 
 
 class WorkerPool:
-    def __init__(self, cfg: Config, specs: list[WorkerSpec], ds: Dataset, flat: Tensor,
-                 opt_state: Optional[dict[str, Tensor]], board: Board) -> None:
+    def __init__(self, cfg: Config, specs: list[WorkerSpec], rep: Replica, board: Board) -> None:
         # fork would copy autograd's and CUDA's threads into a broken child (design rule 5).
         self._ctx = mp.get_context("spawn")
-        self.cfg, self.specs, self.ds, self.flat = cfg, specs, ds, flat
-        self.opt_state, self.board = opt_state, board
+        self.cfg, self.specs, self.rep, self.board = cfg, specs, rep, board
         self._wake_r, self._wake_w = self._ctx.Pipe(duplex=False)
         self.procs: list[Any] = [None] * len(specs)
         self.restarts = 0
@@ -55,7 +52,8 @@ class WorkerPool:
     def _spawn(self, i: int) -> None:
         p = self._ctx.Process(
             target=worker_main, name=f"hogwild-worker-{self.specs[i].global_index}", daemon=True,
-            args=(self.cfg, self.specs[i], self.ds, self.flat, self.opt_state, self.board, self._wake_w))
+            args=(self.cfg, self.specs[i], self.rep.ds, self.rep.flat, self.rep.opt_state, self.board,
+                  self._wake_w))
         p.start()
         self.procs[i] = p
 

@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 # Points per curve: spread over the run's steps (workers wake the leader at each one), so a
 # run of one second draws a curve too; at least one loss point a second on long runs.
-LOSS_POINTS, EVAL_POINTS = 100, 25
+LOSS_POINTS, EVAL_POINTS = 100, 30
 # Evaluation runs on the leader's core beside the workers: keep it under ~10% of the time.
 EVAL_COST_FACTOR = 10
 
@@ -38,18 +38,26 @@ class Telemetry:
         self.time_to_target: Optional[float] = None
         self._t0 = time.monotonic()
         self._next_tb = self._next_eval = self._next_beat = self._eval_ok_at = self._t0
-        self._tb_pos = self._eval_pos = 0.0
+        self._tb_pos = self._eval_pos = self._initial = 0.0
         self._loss_every = self._eval_every = 1.0
         self._eval_pending = False  # its step came, but its cost budget has not
         self.progress: Optional[Progress] = None
+
+    def warm_up(self, step: int) -> None:
+        """The accuracy before training, during startup: the first evaluation's one-off costs
+        then never count against the evaluation budget while workers train."""
+        if self.is_rank0:
+            self.evaluate(step)
 
     def start(self, board: Board, total_steps: int) -> None:
         """Training starts now: clocks, curves and the progress display count from here."""
         self._t0 = self._next_tb = self._next_eval = self._next_beat = self._eval_ok_at = time.monotonic()
         initial = board.replica_pos()
-        self._tb_pos = self._eval_pos = initial
+        self._initial = initial
+        self._tb_pos, self._eval_pos = initial, initial + 1
         self._loss_every = max(1.0, (total_steps - initial) / LOSS_POINTS)
         self._eval_every = max(1.0, (total_steps - initial) / EVAL_POINTS)
+        self._next_eval = self._t0 + self.cfg.eval.every_s
         self.progress = Progress(total_steps, self.cfg.train.log_every_s, self.is_rank0, int(initial))
         board.control["next_report_at"] = initial
 
@@ -76,7 +84,7 @@ class Telemetry:
         pos = board.replica_pos()
         step, loss, rate = base_steps + board.applied(), board.loss(), board.samples() / elapsed
         if pos >= self._tb_pos or now >= self._next_tb:
-            self._tb_pos, self._next_tb = pos + self._loss_every, now + 1.0
+            self._tb_pos, self._next_tb = self._grid_after(pos, self._loss_every), now + 1.0
             if math.isfinite(loss):
                 self.metrics.scalar("train/loss", loss, step)
             self.metrics.scalar("perf/samples_per_s", rate, step)
@@ -90,7 +98,7 @@ class Telemetry:
         if self.is_rank0 and ((self._eval_pending and now >= self._eval_ok_at) or now >= self._next_eval):
             t0 = time.monotonic()
             self.evaluate(step)
-            self._eval_pos, self._next_eval = pos + self._eval_every, t0 + self.cfg.eval.every_s
+            self._eval_pos, self._next_eval = self._grid_after(pos, self._eval_every), t0 + self.cfg.eval.every_s
             self._eval_ok_at = t0 + EVAL_COST_FACTOR * (time.monotonic() - t0)
             self._eval_pending = False
             self._check_target()
@@ -101,6 +109,11 @@ class Telemetry:
         if self.progress is not None:
             self.progress.update(int(pos), f"loss {loss:.4f} | {rate:,.0f} samples/s"
                                  f" | test acc {self.test_acc:.4f} | syncs {syncs}")
+
+    def _grid_after(self, pos: float, every: float) -> float:
+        """The next point of a fixed grid of positions: a leader woken late does not push
+        every later point back, so the run gets its planned number of points."""
+        return self._initial + (math.floor((pos - self._initial) / every) + 1) * every
 
     def _check_target(self) -> None:
         target = self.cfg.train.target_accuracy

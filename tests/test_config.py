@@ -22,8 +22,32 @@ def test_group_and_key_overrides(tmp_cwd) -> None:
     assert cfg.workers == 3 and cfg.train.max_steps == 10 and cfg.sync.interval == 7
 
 
-def test_sweep_preflight_checks_first_value(tmp_cwd) -> None:
+def test_sweep_preflight_checks_every_job(tmp_cwd) -> None:
     assert compose_cfg(["-m", "optim.lr=0.01,0.1"]).optim.lr == 0.01
+    with pytest.raises(ConfigError, match=r"^optim\.lr"):
+        compose_cfg(["-m", "optim.lr=0.01,0.1,-3"])
+    with pytest.raises(ConfigError, match=r"^train\.batch_size"):
+        compose_cfg(["-m", "optim.lr=0.01,0.1", "train.batch_size=8,0"])  # a bad combination
+
+
+def test_large_sweeps_check_each_value_once(tmp_cwd) -> None:
+    from hogwild import compose
+
+    lrs = ",".join(str(0.01 * i) for i in range(1, 11))
+    bs = ",".join(str(i) for i in range(1, 10)) + ",-1"  # 100 jobs, the bad value in the last ones
+    with pytest.raises(ConfigError, match=r"^train\.batch_size"):
+        compose_cfg(["-m", f"optim.lr={lrs}", f"train.batch_size={bs}"])
+    assert len(compose._jobs([f"optim.lr={lrs}", f"train.batch_size={bs}"], compose.CONF_DIR, True)) == 1 + 9 + 9
+
+
+def test_print_flags_are_left_to_hydra(tmp_cwd) -> None:
+    assert compose_cfg(["--cfg", "job", "workers=0"]) is None  # Hydra prints; nothing runs
+    assert compose_cfg(["--help"]) is None
+
+
+def test_a_sweep_without_multirun_is_an_error(tmp_cwd) -> None:
+    with pytest.raises(ConfigError):
+        compose_cfg(["optim.lr=0.01,0.1"])
 
 
 def test_experiment_file(tmp_cwd) -> None:

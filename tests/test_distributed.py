@@ -63,13 +63,18 @@ def test_target_drift_adapts_interval_to_hold_drift_near_epsilon(tmp_path: Path)
     common = ("sync.interval=300", "train.epochs=60")
     fixed, _ = _job(tmp_path, "fixed", *common, workers=1)
     adaptive, _ = _job(tmp_path, "adaptive", *common, f"sync.target_drift={eps}", workers=1)
-    # Drop the final round (measured after training ends) and look at the settled second half.
-    tail_fixed = _scalars(tmp_path / "fixed", "sync/drift_max")[:-1]
+    # Drop the final round (measured after training ends) and compare the medians of the
+    # settled second halves. Not the minimum: a replica that finished its quota keeps joining
+    # rounds until its peer is done, and such a round covers only the rest of the quota, so
+    # its drift says nothing about the interval (seen: 0.025 after 0.05-0.1 at interval 300).
+    def settled_median(drifts: list[float]) -> float:
+        settled = sorted(drifts[len(drifts) // 2:])
+        return settled[len(settled) // 2]
+
+    fixed_drifts = _scalars(tmp_path / "fixed", "sync/drift_max")[:-1]
     drifts = _scalars(tmp_path / "adaptive", "sync/drift_max")[:-1]
-    settled = sorted(drifts[len(drifts) // 2:])
-    median = settled[len(settled) // 2]
-    assert min(tail_fixed) > 1.5 * eps, tail_fixed  # the fixed interval overshoots epsilon
-    assert eps / 2 <= median <= 1.5 * eps, drifts
+    assert settled_median(fixed_drifts) > 1.5 * eps, fixed_drifts  # the fixed interval overshoots
+    assert eps / 2 <= settled_median(drifts) <= 1.5 * eps, drifts
     assert adaptive["final_interval"] != 300 and _scalars(tmp_path / "adaptive", "sync/interval")
     assert adaptive["syncs"] > fixed["syncs"]
 

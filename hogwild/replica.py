@@ -1,0 +1,44 @@
+"""One replica's training state in shared memory: the data, the model whose parameters are
+views into one flat buffer, and the shared optimizer state. Built by the leader before any
+worker starts (design rules 1 and 3 in docs/design.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from hogwild.config import Config
+from hogwild.data import Dataset, load_dataset
+from hogwild.errors import ConfigError
+from hogwild.models import build_model
+from hogwild.optim import FlatOptimizer
+from hogwild.shared import alloc, share_model
+
+
+@dataclass
+class Replica:
+    ds: Dataset
+    model: nn.Module
+    flat: Tensor
+    """Every parameter of ``model``, in one shared tensor."""
+    opt_state: Optional[dict[str, Tensor]]
+    """Optimizer state in shared memory (``optim.state=shared``), else None (per worker)."""
+
+    @property
+    def shapes(self) -> list[tuple[int, ...]]:
+        return [tuple(p.shape) for p in self.model.parameters()]
+
+
+def build_replica(cfg: Config) -> Replica:
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: cuda requested but torch.cuda.is_available() is False")
+    ds = load_dataset(cfg.data).share_memory_()
+    model = build_model(cfg.model, ds, cfg.train.seed)
+    flat = share_model(model, cfg.device)
+    opt_state = None
+    if cfg.optim.state == "shared":
+        opt_state = FlatOptimizer.new_state(cfg.optim, flat.numel(), lambda n: alloc(n, cfg.device))
+    return Replica(ds, model, flat, opt_state)
