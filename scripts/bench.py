@@ -1,7 +1,8 @@
 """Side-by-side benchmarks: hogwild vs single process, DDP and an mnist_hogwild-style baseline.
 
     python scripts/bench.py --repeats 3 --out bench_results      # the full run behind BENCHMARKS.md
-    python scripts/bench.py --tiny --out /tmp/b                  # smoke size (used by the tests)
+    python scripts/bench.py --tiny --out /tmp/b                  # smoke size
+    python scripts/bench.py --tiny --only final,sync --out /tmp/b  # some sections (the smoke test)
 
 Every comparison runs in the same invocation, repeated, and is reported as a ratio of
 medians because the machine is shared and noisy. Results: ``<out>/results.json``, the
@@ -31,6 +32,7 @@ from baselines import CONVNET, MLP, TINY, PeakPss, Workload, ddp, free_port, mni
 from hogwild.config import available_cores  # noqa: E402
 
 logger = logging.getLogger("bench")
+SECTIONS = ("tta", "final", "scaling", "sync", "memory")
 HERE = Path(__file__).resolve()
 
 def _run(cmd: list[str], run_root: Path, env: dict[str, str] | None = None,
@@ -151,10 +153,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     ap.add_argument("--tiny", action="store_true", help="smoke-test size: seconds, not minutes")
+    ap.add_argument("--only", default=",".join(SECTIONS),
+                    help=f"comma-separated sections to run, of: {', '.join(SECTIONS)} (default: all)")
     ap.add_argument("--ddp-child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--hidden", type=int, default=128, help=argparse.SUPPRESS)
     ap.add_argument("--epochs", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    only = set(args.only.split(","))
+    if not only <= set(SECTIONS):
+        ap.error(f"--only: unknown section(s) {', '.join(sorted(only - set(SECTIONS)))}; choose from {', '.join(SECTIONS)}")
     logging.basicConfig(level=logging.INFO, format="[bench] %(message)s")
     if args.ddp_child:  # memory run of the DDP baseline, measured from the parent
         ddp(args.ddp_child, Workload("mlp_wide", "mlp", 1.01, 0.01, args.epochs, 10**9, 60, hidden=args.hidden))
@@ -168,11 +175,14 @@ def main() -> None:
                            "device": "cpu"}
     workloads = [TINY] if args.tiny else [MLP, CONVNET]
     plan = {TINY.name: "one", MLP.name: "all", CONVNET.name: "none"}
-    res["time_to_accuracy"] = {w.name: {"target": w.target, **time_to_accuracy(w, procs, reps, runs, plan[w.name])}
-                               for w in workloads}
-    res["final_accuracy"] = final_accuracy(TINY if args.tiny else MLP, procs, reps, runs, 3 if args.tiny else 30)
-    res["scaling"] = scaling(cores, reps, 200 if args.tiny else 3000, runs)
-    if procs >= 2:
+    if "tta" in only:
+        res["time_to_accuracy"] = {w.name: {"target": w.target, **time_to_accuracy(w, procs, reps, runs, plan[w.name])}
+                                   for w in workloads}
+    if "final" in only:
+        res["final_accuracy"] = final_accuracy(TINY if args.tiny else MLP, procs, reps, runs, 3 if args.tiny else 30)
+    if "scaling" in only:
+        res["scaling"] = scaling(cores, reps, 200 if args.tiny else 3000, runs)
+    if "sync" in only and procs >= 2:
         logger.info("sync cost vs bare all_reduce")
         res["sync"] = {}
         for label, n in (("mlp_digits", 9610), ("1M", 1_000_000), ("10M", 10_000_000)):
@@ -180,8 +190,9 @@ def main() -> None:
                 continue
             c = sync_cost(n, reps=20 if args.tiny or n >= 10_000_000 else 100)
             res["sync"][label] = {"floats": n, **c, "ratio": c["sync_round_s"] / c["bare_allreduce_s"]}
-    logger.info("memory")
-    res["memory"] = memory(procs, runs, args.tiny)
+    if "memory" in only:
+        logger.info("memory")
+        res["memory"] = memory(procs, runs, args.tiny)
     (args.out / "results.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
     text = table(res)
     (args.out / "table.md").write_text(text)
@@ -191,7 +202,7 @@ def main() -> None:
 
 def table(res: dict[str, Any]) -> str:
     lines: list[str] = []
-    for wname, t in res["time_to_accuracy"].items():
+    for wname, t in res.get("time_to_accuracy", {}).items():
         ddp_s = t["ddp"]["median"]
         ref = next(v["median"] for k, v in t.items() if k.startswith("hogwild 1x"))
         lines += [f"### Time to {t['target']:.2f} test accuracy, {wname}, {res['processes']} processes "
@@ -205,13 +216,14 @@ def table(res: dict[str, Any]) -> str:
                          f"{ddp_s / v['median']:.2f}x | {v['median'] / ref:.2f}x |")
         starts = [r["startup_s"] for k, v in t.items() if k.startswith("hogwild 1x") for r in v["runs"]]
         lines += ["", f"hogwild startup (launch to first step, median): {statistics.median(starts):.2f} s", ""]
-    fa = res["final_accuracy"]
-    lines += [f"### Final test accuracy after {fa['epochs']} epochs' worth of samples, same for every method "
-              f"(median of {res['repeats']})", "", "| method | accuracy | minus DDP, points |", "|---|---|---|"]
-    lines += [f"| {k} | {v['median']:.4f} | {100 * (v['median'] - fa['ddp']['median']):+.2f} |"
-              for k, v in fa.items() if k != "epochs"]
-    lines.append("")
-    for name, rows in res["scaling"].items():
+    if "final_accuracy" in res:
+        fa = res["final_accuracy"]
+        lines += [f"### Final test accuracy after {fa['epochs']} epochs' worth of samples, same for every method "
+                  f"(median of {res['repeats']})", "", "| method | accuracy | minus DDP, points |", "|---|---|---|"]
+        lines += [f"| {k} | {v['median']:.4f} | {100 * (v['median'] - fa['ddp']['median']):+.2f} |"
+                  for k, v in fa.items() if k != "epochs"]
+        lines.append("")
+    for name, rows in res.get("scaling", {}).items():
         lines += [f"### Scaling, {name}", "", "| workers | samples/s | efficiency |", "|---|---|---|"]
         lines += [f"| {k} | {v['samples_per_s']:,.0f} | {v['efficiency']:.2f} |" for k, v in rows.items()]
         lines.append("")
@@ -221,6 +233,8 @@ def table(res: dict[str, Any]) -> str:
         lines += [f"| {k} | {v['floats']:,} | {v['bare_allreduce_s'] * 1e3:.3f} | {v['sync_round_s'] * 1e3:.3f} "
                   f"| {v['ratio']:.2f}x |" for k, v in res["sync"].items()]
         lines.append("")
+    if "memory" not in res:
+        return "\n".join(lines)
     m = res["memory"]
     lines += [f"### Memory, {m['processes']} processes, mlp with {m['params']:,} parameters "
               f"({m['model_mib']:.1f} MiB)", "",
@@ -238,6 +252,8 @@ def plot(res: dict[str, Any], out: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         logger.warning("matplotlib not installed (pip install -e '.[bench]'): no PNG")
+        return
+    if "scaling" not in res or "time_to_accuracy" not in res:
         return
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     for name, rows in res["scaling"].items():
