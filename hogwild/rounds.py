@@ -1,20 +1,77 @@
-"""This replica's side of the sync rounds: run one round on the live buffer while the
-workers train, and keep the round's bookkeeping (count, timings, drift, next sync point)."""
+"""One sync round on the live buffer while the workers train (:func:`sync_round`), and this
+replica's bookkeeping of its rounds (count, timings, drift, next sync point)."""
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from hogwild.board import Board
 from hogwild.comm import Comm
+from hogwild.errors import Fault
 from hogwild.schedule import SyncSchedule
-from hogwild.sync import RoundOutcome, SyncRule, sync_round
+from hogwild.sync import RoundVector, SyncRule, context
 from hogwild.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RoundOutcome:
+    all_done: bool
+    any_stop: bool
+    checkpoint: bool
+    reached: bool
+    """Some replica reached train.target_accuracy: the whole job ends after this round."""
+    healthy: bool
+    """This replica's snapshot was finite (else it was restored from the consensus)."""
+    drift: float
+    """This replica's ``||snap - target|| / ||target||`` in this round."""
+    last_drifts: list[float]
+    """Every replica's drift of the previous round (piggybacked; inf where unhealthy)."""
+
+
+def sync_round(flat: Tensor, rule: SyncRule, *, done: bool = False, stop: bool = False,
+               want_checkpoint: bool = False, reached: bool = False, last_drift: float = 0.0,
+               final: bool = False, timeout_s: float = 300.0) -> RoundOutcome:
+    """One round on the live buffer ``flat`` while workers may keep writing to it.
+
+    ``snap = flat.clone(); target = rule(snap); flat += target - snap``: updates applied
+    during the collective survive (design rule 2 in docs/design.md). With ``final`` (workers
+    stopped) the replica lands exactly on ``target`` so every replica ends bit-for-bit identical.
+    """
+    rank, world = rule.comm.rank, rule.comm.world_size
+    snap = rule.scratch("snapshot", flat.numel(), flat).copy_(flat)
+    # One reduction instead of an isfinite mask: NaN/Inf anywhere make the sum non-finite.
+    healthy = bool(torch.isfinite(snap.sum()))
+    R = RoundVector
+    ctl = torch.zeros(R.size(world), dtype=flat.dtype, device=flat.device)
+    ctl[R.ALL_DONE], ctl[R.ANY_STOP] = float(done), float(stop)
+    ctl[R.WANT_CKPT], ctl[R.REACHED] = float(want_checkpoint), float(reached)
+    ctl[R.healthy_slot(rank)] = float(healthy)
+    ctl[R.drift_slot(world, rank)] = last_drift  # non-finite values are dropped by the reader
+    target, red = rule.exchange(snap, ctl, rank, timeout_s)
+    if context(red, rank).n_healthy == 0:
+        raise Fault("sync: every replica holds non-finite parameters; nothing to sync from "
+                    "(lower optim.lr, or resume from the last good checkpoint)")
+    tnorm = target.norm().clamp_min(1e-12)
+    with torch.no_grad():
+        if final or not healthy:
+            drift = float((snap - target).norm() / tnorm) if healthy else float("inf")
+            flat.copy_(target)
+        else:
+            delta = target.sub_(snap)  # reuse the target's memory: one pass fewer
+            drift = float(delta.norm() / tnorm)
+            flat.add_(delta)
+    f = red.cpu()
+    return RoundOutcome(all_done=bool(f[R.ALL_DONE] == world), any_stop=bool(f[R.ANY_STOP] > 0),
+                        checkpoint=bool(f[R.WANT_CKPT] > 0), reached=bool(f[R.REACHED] > 0),
+                        healthy=healthy, drift=drift,
+                        last_drifts=[float(x) for x in f[R.drift_slot(world, 0):]])
 
 
 class Rounds:

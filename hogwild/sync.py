@@ -18,7 +18,7 @@ from torch import Tensor
 
 from hogwild.comm import Comm
 from hogwild.config import SyncConfig
-from hogwild.errors import ConfigError, Fault
+from hogwild.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -181,60 +181,6 @@ def context(ctl: Tensor, rank: int) -> SyncContext:
     first = RoundVector.healthy_slot(0)
     healthy = [bool(x > 0.5) for x in ctl[first:first + world].tolist()]
     return SyncContext(rank, world, healthy)
-
-
-@dataclass
-class RoundOutcome:
-    all_done: bool
-    any_stop: bool
-    checkpoint: bool
-    reached: bool
-    """Some replica reached train.target_accuracy: the whole job ends after this round."""
-    healthy: bool
-    """This replica's snapshot was finite (else it was restored from the consensus)."""
-    drift: float
-    """This replica's ``||snap - target|| / ||target||`` in this round."""
-    last_drifts: list[float]
-    """Every replica's drift of the previous round (piggybacked; inf where unhealthy)."""
-
-
-def sync_round(flat: Tensor, rule: SyncRule, *, done: bool = False, stop: bool = False,
-               want_checkpoint: bool = False, reached: bool = False, last_drift: float = 0.0,
-               final: bool = False, timeout_s: float = 300.0) -> RoundOutcome:
-    """One round on the live buffer ``flat`` while workers may keep writing to it.
-
-    ``snap = flat.clone(); target = rule(snap); flat += target - snap``: updates applied
-    during the collective survive (design rule 2 in docs/design.md). With ``final`` (workers
-    stopped) the replica lands exactly on ``target`` so every replica ends bit-for-bit identical.
-    """
-    rank, world = rule.comm.rank, rule.comm.world_size
-    snap = rule.scratch("snapshot", flat.numel(), flat).copy_(flat)
-    # One reduction instead of an isfinite mask: NaN/Inf anywhere make the sum non-finite.
-    healthy = bool(torch.isfinite(snap.sum()))
-    R = RoundVector
-    ctl = torch.zeros(R.size(world), dtype=flat.dtype, device=flat.device)
-    ctl[R.ALL_DONE], ctl[R.ANY_STOP] = float(done), float(stop)
-    ctl[R.WANT_CKPT], ctl[R.REACHED] = float(want_checkpoint), float(reached)
-    ctl[R.healthy_slot(rank)] = float(healthy)
-    ctl[R.drift_slot(world, rank)] = last_drift  # non-finite values are dropped by the reader
-    target, red = rule.exchange(snap, ctl, rank, timeout_s)
-    if context(red, rank).n_healthy == 0:
-        raise Fault("sync: every replica holds non-finite parameters; nothing to sync from "
-                    "(lower optim.lr, or resume from the last good checkpoint)")
-    tnorm = target.norm().clamp_min(1e-12)
-    with torch.no_grad():
-        if final or not healthy:
-            drift = float((snap - target).norm() / tnorm) if healthy else float("inf")
-            flat.copy_(target)
-        else:
-            delta = target.sub_(snap)  # reuse the target's memory: one pass fewer
-            drift = float(delta.norm() / tnorm)
-            flat.add_(delta)
-    f = red.cpu()
-    return RoundOutcome(all_done=bool(f[R.ALL_DONE] == world), any_stop=bool(f[R.ANY_STOP] > 0),
-                        checkpoint=bool(f[R.WANT_CKPT] > 0), reached=bool(f[R.REACHED] > 0),
-                        healthy=healthy, drift=drift,
-                        last_drifts=[float(x) for x in f[R.drift_slot(world, 0):]])
 
 
 @register

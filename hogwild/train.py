@@ -16,6 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from hogwild.compose import CONF_DIR, preflight, register_resolvers, to_config
+from hogwild.distributed import DistEnv
 from hogwild.errors import Fault, UserError, report, say_error
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ def _hydra_main(dcfg: DictConfig) -> Optional[float]:
 def main() -> None:
     register_resolvers()
     try:
+        DistEnv.from_env()  # torchrun's variables: Hydra reads them too, inside its own config
         preflight(sys.argv[1:])
     except UserError as e:
         report(e)

@@ -203,7 +203,8 @@ def _sync_cost_rank(rank: int, world: int, port: int, out: Any, n: int, reps: in
     """Bare all_reduce of an n-float buffer vs hogwild's sync round on one, same processes."""
     from hogwild.comm import DistComm
     from hogwild.config import SyncConfig
-    from hogwild.sync import make_rule, sync_round
+    from hogwild.rounds import sync_round
+    from hogwild.sync import make_rule
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import threading
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -13,7 +11,9 @@ import torch.multiprocessing as mp
 
 from hogwild.comm import DistComm
 from hogwild.config import SyncConfig
-from hogwild.sync import Average, SyncContext, make_rule, sync_round
+from hogwild.rounds import sync_round
+from hogwild.sync import Average, SyncContext, make_rule
+from tests.writer import Writer
 
 
 def _init(rank: int, world: int, port: int) -> None:
@@ -46,22 +46,10 @@ def writer_during_sync(rank: int, world: int, port: int, out: Any, naive: bool) 
     _init(rank, world, port)
     torch.set_num_threads(1)
     flat = torch.zeros(4_000_000)
-    done, started = threading.Event(), threading.Event()
-    count = [0]
-
-    def writer() -> None:
-        while not done.is_set():
-            flat.add_(1.0)
-            count[0] += 1
-            started.set()
-
-    t = threading.Thread(target=writer)
-    t.start()
-    started.wait()
+    writer = Writer(flat)
     if naive:
         dist.all_reduce(flat)  # in place on the live buffer: design rule 2's bug
-        done.set()
-        t.join()
+        writer.stop()
         flat.div_(world)
     else:
         class Rule(Average):
@@ -69,29 +57,31 @@ def writer_during_sync(rank: int, world: int, port: int, out: Any, naive: bool) 
             # collective does to concurrent writes (the final add_ is one in-place op).
             def exchange(self, *a: Any, **k: Any) -> Any:
                 result = super().exchange(*a, **k)
-                done.set()
-                t.join()
+                writer.stop()
                 return result
 
         sync_round(flat, Rule(SyncConfig(), DistComm(flat.device)))
     dist.barrier()
-    out[rank] = (float(flat.double().sum()), count[0] * flat.numel())
+    out[rank] = (float(flat.double().sum()), writer.increments)
     dist.destroy_process_group()
 
 
-def rule_target(rank: int, world: int, port: int, out: Any, cfg: SyncConfig,
-                values: list[list[float]], rounds: int) -> None:
-    """Each rank holds ``values[rank]``; returns the rule's target after ``rounds`` rounds."""
+def rule_targets(rank: int, world: int, port: int, out: Any,
+                 cases: list[tuple[SyncConfig, list[list[float]], int]]) -> None:
+    """For each case (rule, every rank's values, rounds): this rank's target after the rounds,
+    all in one process group."""
     _init(rank, world, port)
-    rule = make_rule(cfg, DistComm(torch.device("cpu")))
-    snap = torch.tensor(values[rank])
+    results = []
+    for cfg, values, rounds in cases:
+        results.append(target_after(make_rule(cfg, DistComm(torch.device("cpu"))), values, rounds, rank, world))
+    out[rank] = results
+    dist.destroy_process_group()
+
+
+def target_after(rule: Any, values: list[list[float]], rounds: int, rank: int, world: int) -> list[float]:
     healthy = [bool(torch.isfinite(torch.tensor(v)).all()) for v in values]
-    ctx = SyncContext(rank, world, healthy)
+    snap = torch.tensor(values[rank])
     result = snap
     for _ in range(rounds):
-        result = rule.target(snap.clone(), ctx)
-    out[rank] = result.tolist()
-    dist.destroy_process_group()
-
-
-__all__ = ["spawn", "writer_during_sync", "rule_target", "os"]
+        result = rule.target(snap.clone(), SyncContext(rank, world, healthy))
+    return result.tolist()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import threading
 
 import pytest
 import torch
@@ -11,8 +10,11 @@ import torch
 from hogwild.comm import Comm, PeerLost
 from hogwild.config import SyncConfig
 from hogwild.errors import Fault
-from hogwild.sync import Average, RoundOutcome, SyncContext, make_rule, sync_round
+from hogwild.rounds import RoundOutcome, sync_round
+from hogwild.sync import Average, SyncContext, make_rule
+from tests.dist_helpers import target_after
 from tests.fake_comm import run_ranks
+from tests.writer import Writer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -21,17 +23,8 @@ NAN = float("nan")
 
 def _targets(cfg: SyncConfig, values: list[list[float]], rounds: int = 1) -> list[list[float]]:
     """Each rank holds ``values[rank]``; the rule's target after ``rounds`` rounds."""
-    healthy = [bool(torch.isfinite(torch.tensor(v)).all()) for v in values]
-
-    def rank_fn(comm: Comm) -> list[float]:
-        rule = make_rule(cfg, comm)
-        snap = torch.tensor(values[comm.rank])
-        result = snap
-        for _ in range(rounds):
-            result = rule.target(snap.clone(), SyncContext(comm.rank, comm.world_size, healthy))
-        return result.tolist()
-
-    return run_ranks(len(values), rank_fn)
+    return run_ranks(len(values), lambda comm: target_after(make_rule(cfg, comm), values, rounds,
+                                                            comm.rank, comm.world_size))
 
 
 def _rounds(cfg: SyncConfig, values: list[list[float]], **kw: bool) -> list[tuple[list[float], RoundOutcome]]:
@@ -101,28 +94,16 @@ def test_snapshot_delta_keeps_every_concurrent_update() -> None:
 
     def rank_fn(comm: Comm) -> tuple[float, float]:
         flat = torch.zeros(n)
-        done, started = threading.Event(), threading.Event()
-        count = [0]
-
-        def writer() -> None:
-            while not done.is_set():
-                flat.add_(1.0)
-                count[0] += 1
-                started.set()
-
-        th = threading.Thread(target=writer)
-        th.start()
-        started.wait()
+        writer = Writer(flat)
 
         class Rule(Average):
             def exchange(self, *a, **k):  # type: ignore[no-untyped-def]
                 result = super().exchange(*a, **k)
-                done.set()  # the writer runs for the whole collective, then stops
-                th.join()
+                writer.stop()  # the writer runs for the whole collective, then stops
                 return result
 
         sync_round(flat, Rule(SyncConfig(), comm))
-        return float(flat.double().sum()), float(count[0] * n)
+        return float(flat.double().sum()), writer.increments
 
     out = run_ranks(2, rank_fn)
     mass, made = sum(r[0] for r in out), sum(r[1] for r in out)

@@ -1,5 +1,6 @@
-"""Sync rules on real gloo ranks over loopback: the same rules as test_sync.py, through
-DistComm and spawned processes (slow tier)."""
+"""The sync rules on real gloo ranks over loopback, through DistComm and spawned processes
+(slow tier). The rules' behaviour is tested on thread ranks in test_sync.py; here the real
+collectives must give the same results, and the naive in-place collective shows its bug."""
 
 from __future__ import annotations
 
@@ -7,10 +8,24 @@ import pytest
 import torch
 
 from hogwild.config import SyncConfig
+from hogwild.sync import make_rule
 from tests.conftest import free_port
-from tests.dist_helpers import rule_target, spawn, writer_during_sync
+from tests.dist_helpers import rule_targets, spawn, target_after, writer_during_sync
+from tests.fake_comm import run_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+NAN = float("nan")
+VALUES = [[1.0, -1.0, 0.5], [1.2, -0.8, 0.25], [0.8, -1.2, 1e3]]
+CASES = [
+    (SyncConfig(mode="average"), VALUES, 1),
+    (SyncConfig(mode="average"), [VALUES[0], [NAN, 0.0, 0.0], VALUES[2]], 1),
+    (SyncConfig(mode="broadcast"), VALUES, 1),
+    (SyncConfig(mode="diloco", outer_lr=0.5, outer_momentum=0.9), VALUES, 2),
+    (SyncConfig(mode="median"), VALUES, 1),
+    (SyncConfig(mode="trimmed_mean", trim=1), VALUES, 1),
+    (SyncConfig(mode="average", dtype="bf16"), VALUES, 3),
+]
 
 
 def test_snapshot_delta_sync_keeps_concurrent_updates_naive_in_place_loses_them() -> None:
@@ -22,55 +37,12 @@ def test_snapshot_delta_sync_keeps_concurrent_updates_naive_in_place_loses_them(
     assert abs(mass - made) / made > 0.01, "in-place allreduce on a live buffer should corrupt the total"
 
 
-def _targets(cfg: SyncConfig, values: list[list[float]], rounds: int = 1) -> list[list[float]]:
-    return spawn(rule_target, len(values), free_port(), cfg, values, rounds)
-
-
-def test_average_and_broadcast() -> None:
-    vals = [[1.0, 2.0], [3.0, 6.0], [5.0, 1.0]]
-    assert _targets(SyncConfig(mode="average"), vals) == [[3.0, 3.0]] * 3
-    assert _targets(SyncConfig(mode="broadcast"), vals) == [[1.0, 2.0]] * 3
-
-
-def test_nonfinite_replica_is_excluded_and_restored() -> None:
-    vals = [[1.0, 2.0], [float("nan"), 0.0], [3.0, 4.0]]
-    assert _targets(SyncConfig(mode="average"), vals) == [[2.0, 3.0]] * 3
-    assert _targets(SyncConfig(mode="broadcast"), [vals[1], vals[0]]) == [[1.0, 2.0]] * 2
-
-
-def test_diloco_with_one_replica_lr1_no_momentum_is_plain_averaging() -> None:
-    cfg = SyncConfig(mode="diloco", outer_lr=1.0, outer_momentum=0.0)
-    assert _targets(cfg, [[1.5, -2.0]], rounds=3) == [[1.5, -2.0]]
-    vals = [[0.0, 4.0], [2.0, 0.0]]
-    assert _targets(cfg, vals) == _targets(SyncConfig(mode="average"), vals)
-
-
-def test_diloco_momentum_overshoots_in_the_agreed_direction() -> None:
-    # Global starts at the replicas' first snapshot; held still, each round moves it further.
-    cfg = SyncConfig(mode="diloco", outer_lr=0.5, outer_momentum=0.9)
-    out = _targets(cfg, [[1.0], [3.0]], rounds=1)
-    assert out[0] == out[1]
-
-
-@pytest.mark.parametrize("mode", ["median", "trimmed_mean"])
-def test_robust_rules_ignore_a_byzantine_replica(mode: str) -> None:
-    honest = [[1.0, -1.0], [1.2, -0.8], [0.8, -1.2], [1.1, -0.9]]
-    vals = honest + [[1e6, -1e6]]
-    robust = _targets(SyncConfig(mode=mode, trim=1), vals)[0]
-    lo = [min(v[i] for v in honest) for i in range(2)]
-    hi = [max(v[i] for v in honest) for i in range(2)]
-    assert all(lo[i] <= robust[i] <= hi[i] for i in range(2))
-    mean = _targets(SyncConfig(mode="average"), vals)[0]
-    assert mean[0] > hi[0] * 1000  # plain averaging is dragged away
-
-
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-def test_compressed_average_tracks_fp32_with_error_feedback(dtype: str) -> None:
-    # Replicas a sync apart differ by little: the delta to the last mean is what travels.
-    vals = [[1.0 + 1e-3 * i for i in range(64)], [1.01 - 1e-3 * i for i in range(64)]]
-    exact = torch.tensor(_targets(SyncConfig(mode="average"), vals)[0])
-    low = torch.tensor(_targets(SyncConfig(mode="average", dtype=dtype), vals, rounds=4)[0])
-    # Rounding the parameters (~1.0) to bf16 would err by up to 4e-3; rounding the delta,
-    # with its error fed back, stays at the delta's own rounding step.
-    assert (low - exact).abs().max() < 5e-4
-    assert not torch.equal(low, exact)  # it really went through the reduced-precision wire
+def test_gloo_ranks_give_the_same_targets_as_thread_ranks() -> None:
+    gloo = spawn(rule_targets, 3, free_port(), CASES)
+    for i, (cfg, values, rounds) in enumerate(CASES):
+        threads = run_ranks(3, lambda comm, cfg=cfg, values=values, rounds=rounds: target_after(
+            make_rule(cfg, comm), values, rounds, comm.rank, comm.world_size))
+        for rank in range(3):
+            torch.testing.assert_close(torch.tensor(gloo[rank][i]), torch.tensor(threads[rank]),
+                                       rtol=1e-6, atol=1e-6, msg=f"{cfg.mode} {cfg.dtype}, rank {rank}")
+        assert gloo[0][i] == gloo[1][i] == gloo[2][i], f"{cfg.mode}: replicas disagree"
