@@ -185,3 +185,13 @@ def test_second_ctrl_c_forces_exit_without_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in log
     time.sleep(0.5)
     assert not [w for w in workers if _alive(w)]
+
+
+def test_a_fault_at_startup_is_one_line_and_exit_3(tmp_path: Path) -> None:
+    """Workers that cannot be ready within sync.timeout_s: a fault (exit 3), not a traceback."""
+    out = tmp_path / "run"
+    proc = run_cli(["workers=2", "sync.timeout_s=0.05", f"run_dir={out}"], cwd=tmp_path)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("hogwild: error:")]
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert lines == [lines[0]] and "workers not ready after" in lines[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
