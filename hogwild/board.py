@@ -30,6 +30,7 @@ STATS = np.dtype([(name, np.float64) for name in (
     "sync_s",      # seconds of the steps that overlapped a sync round
     "sync_steps",  # steps that overlapped a sync round
     "ready",       # 1 once warm-up is over
+    "lag_wait_s",  # seconds spent waiting for a round (sync.max_lag)
 )])
 CONTROL = np.dtype([(name, np.float64) for name in (
     "stop",          # workers leave their loop
@@ -38,6 +39,7 @@ CONTROL = np.dtype([(name, np.float64) for name in (
     "notified",      # the sync point a worker last woke the leader for
     "go",            # every replica is ready: start training
     "next_report_at",  # replica position of the next metrics point (the leader wakes for it)
+    "lag_limit",     # replica position at which workers wait for the pending round (inf: never)
 )])
 
 
@@ -53,6 +55,7 @@ class Totals:
     sync_s: float = 0.0
     sync_steps: float = 0.0
     pos: float = 0.0
+    lag_wait_s: float = 0.0
 
     def to_tensor(self) -> Tensor:
         return torch.tensor(astuple(self), dtype=torch.float64)
@@ -116,4 +119,5 @@ class Board:
         return Totals(applied=float(s["applied"].sum()), samples=float(s["samples"].sum()),
                       skipped=float(s["skipped"].sum()), restarts=float(restarts),
                       step_s=float(s["step_s"].sum()), sync_s=float(s["sync_s"].sum()),
-                      sync_steps=float(s["sync_steps"].sum()), pos=float(s["pos"].sum()))
+                      sync_steps=float(s["sync_steps"].sum()), pos=float(s["pos"].sum()),
+                      lag_wait_s=float(s["lag_wait_s"].sum()))

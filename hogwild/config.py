@@ -176,6 +176,9 @@ class SyncConfig:
     """Cross-replica rule: average | broadcast | diloco | median | trimmed_mean."""
     interval: int = 50
     """Sync each time a replica's own update count (all its workers) grows by this much."""
+    max_lag: Optional[float] = None
+    """Steps a replica's workers may run past a round that has not completed before they wait
+    for it (stale synchronous parallel); None = one interval, inf = never wait."""
     backend: str = "auto"
     """Process-group backend: auto (gloo on cpu, nccl on cuda) | gloo | nccl."""
     timeout_s: float = 300.0
@@ -198,6 +201,8 @@ class SyncConfig:
     def __post_init__(self) -> None:
         _choice(self.mode, "sync.mode", SYNC_MODES)
         _positive(self.interval, "sync.interval")
+        if self.max_lag is not None:
+            _positive(self.max_lag, "sync.max_lag", allow_zero=True)
         _choice(self.backend, "sync.backend", BACKENDS)
         _positive(self.timeout_s, "sync.timeout_s")
         _positive(self.outer_lr, "sync.outer_lr")

@@ -3,12 +3,14 @@
 The worker asks for its hook once, at start; with the variable unset it gets its step
 function back untouched, so the training loop carries no test code.
 
-Kinds: ``nan`` poisons the first gradient of that step, ``crash`` raises in that step.
+Kinds: ``nan`` poisons the first gradient of that step, ``crash`` raises in that step, and
+``slow:W:MS`` makes every step of worker W MS milliseconds longer (a slow or loaded machine).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Callable
 
 import torch
@@ -36,8 +38,11 @@ def inject_faults(step_fn: StepFn, params: list[Tensor], global_index: int) -> S
     if not faults:
         return step_fn
     nan_at, crash_at = faults.get("nan", set()), faults.get("crash", set())
+    delay_s = sum(faults.get("slow", set())) / 1000.0
 
     def faulty(step: int) -> tuple[Tensor, int]:
+        if delay_s:
+            time.sleep(delay_s)
         if step in crash_at:
             raise RuntimeError(f"injected crash at step {step}")
         loss, batch = step_fn(step)

@@ -112,6 +112,7 @@ class Leader:
         out = self.rounds.run(done=done, stop=stop, final=final, timeout_s=wait_s,
                               want_checkpoint=self.is_rank0 and time.monotonic() >= self.next_ckpt,
                               reached=self.tel.time_to_target is not None)
+        self.pool.release()  # workers waiting at the lag limit may go on
         if out.checkpoint and not final:
             self._checkpoint()
         return out.all_done or out.reached, out.any_stop
@@ -222,7 +223,7 @@ class Leader:
         if dump:  # test hook: each replica's final parameters, to check consensus bit for bit
             torch.save(self.rep.flat.cpu().clone(), Path(dump) / f"rank{self.env.rank}.pt")
         job = self._checkpoint()  # workers are stopped: these job totals are final
-        mean_sync_s = self.rounds.close()
+        sync_stats = self.rounds.close()
         if not self.is_rank0:
             return {"status": status, "exit_code": exit_code(status)}
         counters = self.base.plus(job, self.rounds.syncs)
@@ -230,10 +231,10 @@ class Leader:
         tel.evaluate(counters.steps)
         assert self.t_train is not None
         timing = Timing(wall_s=time.monotonic() - self.t_start, train_s=train_s, startup_s=self.t_train - self.t_start,
-                        time_to_target_s=tel.time_to_target, mean_sync_s=mean_sync_s)
+                        time_to_target_s=tel.time_to_target)
         result = final_report(status=status, error=self.fault, counters=counters, job=job,
                               test_loss=tel.test_loss, test_acc=tel.test_acc, train_loss=self.board.loss(),
-                              timing=timing, workers=self.k, threads=self.specs[0].threads,
+                              timing=timing, sync=sync_stats, workers=self.k, threads=self.specs[0].threads,
                               replicas=self.env.world_size, sync_mode=self.cfg.sync.mode,
                               schedule=self.schedule, resumed=self.restored, run_dir=self.run_dir)
         write_json(self.run_dir / "metrics.json", result)

@@ -45,6 +45,8 @@ class WorkerPool:
         # fork would copy autograd's and CUDA's threads into a broken child (design rule 5).
         self._ctx = mp.get_context("spawn")
         self.cfg, self.specs, self.rep, self.board = cfg, specs, rep, board
+        # Workers past sync.max_lag wait on it; the leader notifies it after every round.
+        self.gate = self._ctx.Condition()
         self._wake_r, self._wake_w = self._ctx.Pipe(duplex=False)
         self.procs: list[Any] = [None] * len(specs)
         self.restarts = 0
@@ -53,7 +55,7 @@ class WorkerPool:
         p = self._ctx.Process(
             target=worker_main, name=f"hogwild-worker-{self.specs[i].global_index}", daemon=True,
             args=(self.cfg, self.specs[i], self.rep.ds, self.rep.flat, self.rep.opt_state, self.board,
-                  self._wake_w))
+                  self._wake_w, self.gate))
         p.start()
         self.procs[i] = p
 
@@ -100,6 +102,11 @@ class WorkerPool:
             self._spawn(i)
         return None
 
+    def release(self) -> None:
+        """Wake workers waiting for a round: the lag limit moved, or they must stop."""
+        with self.gate:
+            self.gate.notify_all()
+
     def kill(self) -> None:
         for p in self.procs:
             if p is not None and p.is_alive():
@@ -108,6 +115,7 @@ class WorkerPool:
     def stop(self, timeout: float) -> None:
         """Ask workers to stop, then terminate, then kill: never more than ~timeout + 2 s."""
         self.board.control["stop"] = 1.0
+        self.release()
         deadline = time.monotonic() + timeout
         for p in self.procs:
             if p is not None:

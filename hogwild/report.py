@@ -11,6 +11,7 @@ from typing import Any, Optional
 from hogwild.board import Totals
 from hogwild.errors import EXIT_FAULT, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
 from hogwild.resume import Counters, Restored
+from hogwild.rounds import SyncStats
 from hogwild.schedule import SyncSchedule
 
 
@@ -30,11 +31,10 @@ class Timing:
     train_s: float
     startup_s: Optional[float]
     time_to_target_s: Optional[float]
-    mean_sync_s: float
 
 
 def final_report(*, status: str, error: Optional[str], counters: Counters, job: Totals,
-                 test_loss: float, test_acc: float, train_loss: float, timing: Timing,
+                 test_loss: float, test_acc: float, train_loss: float, timing: Timing, sync: SyncStats,
                  workers: int, threads: int, replicas: int, sync_mode: str,
                  schedule: SyncSchedule, resumed: Optional[Restored], run_dir: Path) -> dict[str, Any]:
     def nan_if_none(x: Optional[float]) -> float:
@@ -59,7 +59,10 @@ def final_report(*, status: str, error: Optional[str], counters: Counters, job: 
         "syncs": counters.syncs,
         "max_drift": schedule.max_drift,
         "mean_drift": schedule.mean_drift,
-        "mean_sync_s": timing.mean_sync_s,
+        "mean_sync_s": sync.mean_sync_s,
+        "steps_per_sync": sync.steps_per_sync,
+        "max_steps_per_sync": sync.max_steps_per_sync,
+        "lag_wait_s": job.lag_wait_s,
         "worker_stall_s": job.stall_s(),
         "worker_restarts": counters.worker_restarts,
         "skipped_nonfinite": counters.skipped_nonfinite,

@@ -74,6 +74,18 @@ def sync_round(flat: Tensor, rule: SyncRule, *, done: bool = False, stop: bool =
                         last_drifts=[float(x) for x in f[R.drift_slot(world, 0):]])
 
 
+@dataclass
+class SyncStats:
+    """Every replica's rounds, summed up after the final one."""
+
+    mean_sync_s: float = 0.0
+    """Wall time of one round in a leader, including any wait for a slower replica."""
+    steps_per_sync: float = 0.0
+    """The real interval: a replica's mean steps between the snapshots of two rounds."""
+    max_steps_per_sync: float = 0.0
+    """The largest such gap of any replica (at most ``interval + max_lag`` with one worker)."""
+
+
 class Rounds:
     def __init__(self, flat: torch.Tensor, rule: SyncRule, comm: Comm, board: Board,
                  schedule: SyncSchedule, tel: Telemetry, syncs: int = 0) -> None:
@@ -82,7 +94,10 @@ class Rounds:
         self.syncs = syncs  # rounds of the whole lineage, restored ones included
         self.times: list[float] = []  # this process's rounds
         self.last_drift = 0.0
+        self.gaps: list[float] = []  # replica steps between consecutive snapshots
+        self._last_snap = board.replica_pos()
         board.control["next_sync_at"] = schedule.next_sync_at
+        board.control["lag_limit"] = schedule.lag_limit
 
     def run(self, *, done: bool, stop: bool, want_checkpoint: bool, reached: bool, final: bool,
             timeout_s: float) -> RoundOutcome:
@@ -106,7 +121,13 @@ class Rounds:
         self.tel.metrics.scalar("sync/seconds", dt, step)
         if len(self.times) > 1:  # the drifts riding on round 1 were measured by nobody
             self._record_drift(out.last_drifts, step)
+        if not (done or final):  # a finished replica's rounds say nothing about the interval
+            self.gaps.append(pos_at_snap - self._last_snap)
+        self._last_snap = pos_at_snap
         ctl["next_sync_at"] = self.schedule.after_round(pos_at_snap)
+        ctl["lag_limit"] = self.schedule.lag_limit
+        if self.gaps:
+            self.tel.metrics.scalar("sync/steps_between", self.gaps[-1], step)
         return out
 
     def _record_drift(self, drifts: list[float], step: int) -> None:
@@ -114,15 +135,18 @@ class Rounds:
         if rec is not None:
             self.tel.drift(rec, step)
 
-    def close(self) -> float:
+    def close(self) -> SyncStats:
         """After the final round: record its drift (it has no later round to ride on) and
-        return the mean round time over every replica, in one small gather."""
-        mine = torch.tensor([self.last_drift, _mean(self.times)], dtype=torch.float64)
+        sum up every replica's rounds, in one small gather."""
+        mine = torch.tensor([self.last_drift, _mean(self.times), _mean(self.gaps), max(self.gaps, default=0.0)],
+                            dtype=torch.float64)
         gathered = self.comm.all_gather(mine)
         if self.comm.world_size == 1:
-            return 0.0
+            return SyncStats()
         self._record_drift([float(g[0]) for g in gathered], int(self.board.replica_pos()))
-        return _mean([float(g[1]) for g in gathered])
+        return SyncStats(mean_sync_s=_mean([float(g[1]) for g in gathered]),
+                         steps_per_sync=_mean([float(g[2]) for g in gathered]),
+                         max_steps_per_sync=max(float(g[3]) for g in gathered))
 
 
 def _mean(xs: list[float]) -> float:

@@ -29,6 +29,8 @@ class SyncSchedule:
     """Replica steps between the snapshot of one round and the next round."""
     next_sync_at: float
     """Replica position at which the next round is due."""
+    max_lag: Optional[float] = None
+    """Steps workers may run past a pending round; None: one (current) interval."""
     target_drift: Optional[float] = None
     min_interval: int = 1
     max_interval: int = 2**31
@@ -39,10 +41,16 @@ class SyncSchedule:
     def from_config(cls, cfg: SyncConfig, distributed: bool = True) -> "SyncSchedule":
         # One replica never meets anyone: its round is never due.
         first = float(cfg.interval) if distributed else math.inf
-        return cls(cfg.interval, first, cfg.target_drift, cfg.min_interval, cfg.max_interval)
+        return cls(cfg.interval, first, cfg.max_lag, cfg.target_drift, cfg.min_interval, cfg.max_interval)
 
     def due(self, replica_pos: float) -> bool:
         return replica_pos >= self.next_sync_at
+
+    @property
+    def lag_limit(self) -> float:
+        """Replica position at which workers stop and wait for the pending round: the real
+        interval between two snapshots then never exceeds ``interval + max_lag``."""
+        return self.next_sync_at + (self.interval if self.max_lag is None else self.max_lag)
 
     def after_round(self, pos_at_snapshot: float) -> float:
         """The next round comes ``interval`` steps after this round's snapshot."""

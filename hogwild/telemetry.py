@@ -88,6 +88,7 @@ class Telemetry:
             if math.isfinite(loss):
                 self.metrics.scalar("train/loss", loss, step)
             self.metrics.scalar("perf/samples_per_s", rate, step)
+            self.metrics.scalar("sync/lag_wait_s", float(board.stats["lag_wait_s"].sum()), step)
             for i, row in enumerate(board.stats):
                 self.metrics.scalar(f"perf/samples_per_s_worker{i}", float(row["samples"]) / elapsed, step)
         if self.is_rank0 and now >= self._next_beat:

@@ -13,6 +13,7 @@ import signal
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Condition
 from typing import Optional
 
 import numpy as np
@@ -46,7 +47,8 @@ class WorkerSpec:
 
 
 def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
-                opt_state: Optional[dict[str, Tensor]], board: Board, wake: Connection) -> None:
+                opt_state: Optional[dict[str, Tensor]], board: Board, wake: Connection,
+                gate: Condition) -> None:
     # Oversubscribed intra-op threads make Hogwild slower than one process (design rule 4
     # in docs/design.md).
     torch.set_num_threads(spec.threads)
@@ -73,7 +75,7 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
     # One throw-away forward/backward: the allocator's and autograd's first-call costs land
     # in startup (reported as such), not in the first training steps.
     step_fn(int(board.row(spec.local_index)["pos"]))
-    run_loop(inject_faults(step_fn, params, spec.global_index), opt, params, spec, board, wake)
+    run_loop(inject_faults(step_fn, params, spec.global_index), opt, params, spec, board, wake, gate)
 
 
 def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, sampler: ShardSampler,
@@ -91,8 +93,19 @@ def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, samp
     return step_fn
 
 
+def wait_for_round(stats: np.ndarray, ctrl: np.void, gate: Condition, parent: int) -> float:
+    """Block, without spinning, while this replica is ``sync.max_lag`` steps past a round that
+    has not completed (the leader moves ``lag_limit`` and notifies ``gate`` after each round).
+    Returns the seconds waited."""
+    t0 = time.perf_counter()
+    with gate:
+        while stats["pos"].sum() >= ctrl["lag_limit"] and not ctrl["stop"] and os.getppid() == parent:
+            gate.wait(0.1)
+    return time.perf_counter() - t0
+
+
 def run_loop(step_fn: StepFn, opt: FlatOptimizer, params: list[Tensor], spec: WorkerSpec,
-             board: Board, wake: Optional[Connection]) -> None:
+             board: Board, wake: Optional[Connection], gate: Optional[Condition] = None) -> None:
     stats, ctrl = board.stats, board.control
     row = stats[spec.local_index]
     step = int(row["pos"])  # a respawned worker resumes where its predecessor stopped
@@ -109,6 +122,9 @@ def run_loop(step_fn: StepFn, opt: FlatOptimizer, params: list[Tensor], spec: Wo
     while step < spec.quota and not ctrl["stop"]:
         if os.getppid() != parent:  # leader gone (kill -9): never outlive it
             return
+        if gate is not None and stats["pos"].sum() >= ctrl["lag_limit"]:
+            row["lag_wait_s"] += wait_for_round(stats, ctrl, gate, parent)
+            continue  # stop may have been set while waiting
         t0 = time.perf_counter()
         syncing = bool(ctrl["syncing"])
         loss, batch = step_fn(step)

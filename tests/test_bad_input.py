@@ -72,6 +72,7 @@ IN_PROCESS: list[tuple[str, Setup, str]] = [
     ("unknown optim", _args("optim=lbfgs"), "optim"),
     ("misspelled key", _args("trian.epochs=3"), "trian"),
     ("sync interval zero", _args("sync.interval=0"), "sync.interval"),
+    ("negative max lag", _args("sync.max_lag=-1"), "sync.max_lag"),
     ("unknown sync mode", _args("sync.mode=gossip"), "sync.mode"),
     ("nccl without cuda", _args("sync.backend=nccl"), "sync.backend"),
     ("cuda without gpu", _args("device=cuda"), "device"),

@@ -12,10 +12,10 @@ from tests.conftest import clean_env, metrics, torchrun
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def _job(tmp_path: Path, name: str, *args: str, workers: int = 2) -> tuple[dict, list[torch.Tensor]]:
+def _job(tmp_path: Path, name: str, *args: str, workers: int = 2, fault: str = "") -> tuple[dict, list[torch.Tensor]]:
     out, dump = tmp_path / name, tmp_path / f"{name}_final"
     dump.mkdir()
-    env = clean_env(OMP_NUM_THREADS="1", HOGWILD_DUMP_FINAL=str(dump))
+    env = clean_env(OMP_NUM_THREADS="1", HOGWILD_DUMP_FINAL=str(dump), HOGWILD_FAULT=fault)
     proc = torchrun(2, [f"workers={workers}", f"run_dir={out}", *args], cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     finals = [torch.load(dump / f"rank{r}.pt", weights_only=True) for r in range(2)]
@@ -48,6 +48,20 @@ def test_interval_bounds_drift(tmp_path: Path) -> None:
     large, _ = _job(tmp_path, "large", "sync.interval=100000", "train.epochs=30")
     assert large["syncs"] < small["syncs"]
     assert large["mean_drift"] > 2 * small["mean_drift"], (small, large)
+
+
+def test_max_lag_bounds_the_real_interval_when_a_replica_is_slow(tmp_path: Path) -> None:
+    """Replica 1's worker is slowed 10 ms a step. Replica 0 may run at most sync.max_lag (one
+    interval by default) past a pending round; without the bound it runs far ahead. Enough
+    epochs that the fast replica cannot finish its quota inside one slow interval."""
+    common = ("sync.interval=20", "train.epochs=40")
+    bounded, finals = _job(tmp_path, "bounded", *common, workers=1, fault="slow:1:10")
+    free, _ = _job(tmp_path, "free", *common, "sync.max_lag=inf", workers=1, fault="slow:1:10")
+    assert bounded["max_steps_per_sync"] <= 20 + 20, bounded
+    assert bounded["lag_wait_s"] > 0 and bounded["steps_per_sync"] >= 20
+    assert free["max_steps_per_sync"] > 20 + 20 and free["lag_wait_s"] == 0, free
+    assert bounded["max_drift"] < free["max_drift"]
+    assert torch.equal(finals[0], finals[1])
 
 
 def _scalars(run_dir: Path, tag: str) -> list[float]:

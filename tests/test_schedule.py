@@ -96,3 +96,13 @@ def test_stall_is_the_extra_step_time_during_syncs() -> None:
 
 def test_totals_tensor_is_float64() -> None:
     assert Totals().to_tensor().dtype == torch.float64
+
+
+def test_lag_limit_is_one_interval_past_the_pending_round_by_default() -> None:
+    s = SyncSchedule.from_config(SyncConfig(interval=20))
+    assert s.lag_limit == 40
+    s.after_round(pos_at_snapshot=25)
+    assert s.lag_limit == 65
+    assert SyncSchedule.from_config(SyncConfig(interval=20, max_lag=5)).lag_limit == 25
+    assert math.isinf(SyncSchedule.from_config(SyncConfig(interval=20, max_lag=math.inf)).lag_limit)
+    assert math.isinf(SyncSchedule.from_config(SyncConfig(), distributed=False).lag_limit)

@@ -112,3 +112,36 @@ def test_fault_plan_parses_only_this_workers_faults() -> None:
     assert planned_faults(2, "nan:0:3") == {}
     fn = lambda step: (torch.tensor(0.0), 1)  # noqa: E731
     assert inject_faults(fn, [], 0) is fn  # unset: the loop runs the plain step function
+
+
+def test_workers_wait_at_the_lag_limit_until_the_round_completes() -> None:
+    import threading
+    import time
+
+    step_fn, opt, params, spec, board, _, _, _ = _setup(quota=30)
+    board.control["lag_limit"] = 10  # a round is pending; max_lag allows 10 steps
+    gate = threading.Condition()
+    worker = threading.Thread(target=run_loop, args=(step_fn, opt, params, spec, board, None, gate))
+    worker.start()
+    deadline = time.monotonic() + 20
+    while board.row(0)["pos"] < 10 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)
+    assert board.row(0)["pos"] == 10 and worker.is_alive(), "the worker ran past the lag limit"
+    board.control["lag_limit"] = math.inf  # the leader finished the round
+    with gate:
+        gate.notify_all()
+    worker.join(20)
+    assert not worker.is_alive() and board.row(0)["pos"] == 30
+    assert board.row(0)["lag_wait_s"] >= 0.3
+
+
+def test_slow_fault_delays_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    monkeypatch.setenv(FAULT_ENV, "slow:0:30")
+    fn = inject_faults(lambda step: (torch.tensor(0.0), 1), [], 0)
+    t0 = time.perf_counter()
+    fn(0)
+    fn(1)
+    assert time.perf_counter() - t0 >= 0.06
