@@ -1,7 +1,10 @@
 """The shared board: how workers and their leader talk, with named fields.
 
 Two small float64 tensors in shared memory, read through numpy structured views so every
-cell has a name:
+cell has a name. The leader maps them from a file in the run directory
+(``progress/rank<r>.board``): the pages are shared like any shared memory, and they are still
+there after a ``kill -9``, so a restarted run counts exactly how many steps the previous
+attempt made beyond its checkpoint. Tests use an anonymous board.
 
 - ``stats``: one row per worker, written only by that worker (its position, counters,
   timings), read by the leader;
@@ -14,6 +17,8 @@ No other module indexes these tensors by number.
 from __future__ import annotations
 
 from dataclasses import astuple, dataclass, fields
+from pathlib import Path
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -40,6 +45,7 @@ CONTROL = np.dtype([(name, np.float64) for name in (
     "go",            # every replica is ready: start training
     "next_report_at",  # replica position of the next metrics point (the leader wakes for it)
     "lag_limit",     # replica position at which workers wait for the pending round (inf: never)
+    "base_steps",    # job steps restored from the checkpoint this attempt started from
 )])
 
 
@@ -72,11 +78,35 @@ class Totals:
 
 
 class Board:
-    """The leader's handle on the board; workers receive the same object (its tensors are shared)."""
+    """The leader's handle on the board; workers receive the same object (its tensors are
+    shared, or it re-opens the same file mapping)."""
 
-    def __init__(self, workers: int) -> None:
-        self.stats_t = torch.zeros(workers, len(STATS.names), dtype=torch.float64).share_memory_()
-        self.control_t = torch.zeros(len(CONTROL.names), dtype=torch.float64).share_memory_()
+    def __init__(self, workers: int, path: Optional[Path] = None) -> None:
+        self.workers, self.path = workers, path
+        if path is None:
+            self.stats_t = torch.zeros(workers, len(STATS.names), dtype=torch.float64).share_memory_()
+            self.control_t = torch.zeros(len(CONTROL.names), dtype=torch.float64).share_memory_()
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._map("w+")
+
+    def _map(self, mode: str) -> None:
+        assert self.path is not None
+        n_stats = self.workers * len(STATS.names)
+        mm = np.memmap(self.path, dtype=np.float64, mode=mode, shape=(n_stats + len(CONTROL.names),))
+        flat = torch.from_numpy(mm)  # MAP_SHARED: every process that maps the file sees each write
+        self.stats_t = flat[:n_stats].view(self.workers, len(STATS.names))
+        self.control_t = flat[n_stats:]
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self.path is None:
+            return self.__dict__
+        return {"workers": self.workers, "path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if "stats_t" not in state:
+            self._map("r+")
 
     @property
     def stats(self) -> np.ndarray:
@@ -121,3 +151,19 @@ class Board:
                       step_s=float(s["step_s"].sum()), sync_s=float(s["sync_s"].sum()),
                       sync_steps=float(s["sync_steps"].sum()), pos=float(s["pos"].sum()),
                       lag_wait_s=float(s["lag_wait_s"].sum()))
+
+
+def previous_attempt(path: Path) -> Optional[tuple[float, float]]:
+    """(base steps, updates applied) of the attempt that last used this board file, read
+    before this attempt overwrites it; None when there is none or it is not a board."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    s, c = len(STATS.names), len(CONTROL.names)
+    workers, rest = divmod(size // 8 - c, s)
+    if size % 8 or rest or workers < 1:
+        return None
+    data = np.fromfile(path, dtype=np.float64)
+    stats, control = data[:workers * s].view(STATS), data[workers * s:].view(CONTROL)[0]
+    return float(control["base_steps"]), float(stats["applied"].sum())

@@ -53,8 +53,29 @@ def _omegaconf_message(e: BaseException) -> str:
     return first_line(e)
 
 
+def _unknown_keys(node: Any, schema: type, prefix: str = "") -> None:
+    """Hydra's ``+key=value`` can add a key the schema does not have (``+train.epoch=1`` for
+    ``train.epochs``); OmegaConf then drops it silently. Refuse it instead, naming it."""
+    import dataclasses
+    import difflib
+
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key in node.keys():
+        name = f"{prefix}{key}"
+        if key not in fields:
+            near = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f" (did you mean {prefix}{near[0]}?)" if near else ""
+            raise ConfigError(f"{name}: unknown config key{hint}")
+        sub = fields[key].type
+        sub = getattr(config_mod, sub, None) if isinstance(sub, str) else sub
+        if dataclasses.is_dataclass(sub) and OmegaConf.is_dict(node._get_node(key)):
+            _unknown_keys(node._get_node(key), sub, f"{name}.")  # type: ignore[arg-type]
+
+
 def to_config(dcfg: Any) -> Config:
     """DictConfig -> validated :class:`Config`; every failure becomes a :class:`ConfigError`."""
+    if OmegaConf.is_dict(dcfg):
+        _unknown_keys(dcfg, Config)
     try:
         cfg = OmegaConf.to_object(dcfg)
     except UserError:

@@ -225,17 +225,22 @@ class FaultConfig:
     """Skipped non-finite updates allowed per replica before the run stops."""
     shutdown_timeout_s: float = 20.0
     """How long a stopping leader waits for workers before killing them."""
+    startup_timeout_s: float = 300.0
+    """How long workers may take to spawn and build their model and shard."""
 
     def __post_init__(self) -> None:
         _positive(self.max_worker_restarts, "fault.max_worker_restarts", allow_zero=True)
         _positive(self.max_nonfinite, "fault.max_nonfinite", allow_zero=True)
         _positive(self.shutdown_timeout_s, "fault.shutdown_timeout_s")
+        _positive(self.startup_timeout_s, "fault.startup_timeout_s")
 
 
 @dataclass
 class Config:
     workers: Any = "auto"
     """Hogwild processes per replica; auto = the cores this process may use / local replicas."""
+    force: bool = False
+    """Skip the shared-memory and memory estimates that refuse a run too big for the machine."""
     device: str = "cpu"
     """cpu, or cuda: the shared model lives on the GPU and workers reach it via CUDA IPC."""
     run_dir: str = "outputs/${hogwild_run_id:}"
@@ -279,18 +284,6 @@ def _check_writable(run_dir: str) -> None:
         p = os.path.dirname(p)
     _require(os.path.isdir(p) and os.access(p, os.W_OK), "run_dir",
              f"cannot create {run_dir!r}: {p!r} is not a writable directory")
-
-
-def available_cores() -> int:
-    """Cores this process may use (respects taskset/cgroup affinity, unlike cpu_count)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def resolve_workers(workers: Any, local_replicas: int = 1) -> int:
-    """``auto`` = the cores this process may use, shared among this host's replicas."""
-    if workers != "auto":
-        return int(workers)
-    return max(1, available_cores() // max(1, local_replicas))
 
 
 def register() -> None:

@@ -14,6 +14,8 @@ from typing import NoReturn
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_FAULT = 3
+EXIT_FAILED = 4  # the run finished, but training failed: loss diverged or updates mostly skipped
+EXIT_WRITE = 5  # a checkpoint or metrics.json could not be written (full disk, no permission)
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
 

@@ -40,7 +40,11 @@ def evaluate(model: nn.Module, split: Split, device: torch.device, batch_size: i
 
 def config_from_checkpoint(ckpt: dict, overrides: list[str]) -> Config:
     """The run's own config, with ``key=value`` overrides (e.g. data.root) on top."""
-    base = OmegaConf.merge(OmegaConf.structured(Config), ckpt["config"])
+    try:
+        base = OmegaConf.merge(OmegaConf.structured(Config), ckpt["config"])
+    except Exception as e:  # noqa: BLE001 - a config this version cannot read
+        key = getattr(e, "full_key", "") or "config"
+        raise ConfigError(f"checkpoint: its config does not fit this version of hogwild ({key}: {first_line(e)})") from None
     try:
         merged = OmegaConf.merge(base, OmegaConf.from_dotlist(overrides))
     except Exception as e:  # noqa: BLE001 - OmegaConf raises many types for bad dotlists

@@ -3,14 +3,17 @@
 The worker asks for its hook once, at start; with the variable unset it gets its step
 function back untouched, so the training loop carries no test code.
 
-Kinds: ``nan`` poisons the first gradient of that step, ``crash`` raises in that step, and
-``slow:W:MS`` makes every step of worker W MS milliseconds longer (a slow or loaded machine).
+Kinds: ``nan`` poisons the first gradient of that step, ``crash`` raises in that step,
+``slow:W:MS`` makes every step of worker W MS milliseconds longer (a slow or loaded machine),
+and ``start:W:0`` kills worker W's first start during its warm-up, before it is ready.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -52,3 +55,14 @@ def inject_faults(step_fn: StepFn, params: list[Tensor], global_index: int) -> S
             params[0].grad = g * float("nan") if g.is_sparse else torch.full_like(g, float("nan"))
         return loss, batch
     return faulty
+
+
+def crash_at_start(global_index: int) -> None:
+    """``start:W:0``: the first process of worker W dies in warm-up; its respawn lives (a
+    marker file, named by the leader's pid, tells the two apart)."""
+    if "start" not in planned_faults(global_index):
+        return
+    marker = Path(tempfile.gettempdir()) / f"hogwild-fault-{os.getppid()}-{global_index}"
+    if not marker.exists():
+        marker.touch()
+        os._exit(70)  # dies like an OOM-killed process: no cleanup, no traceback

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -22,10 +21,10 @@ from typing import Any, Optional
 import torch
 from omegaconf import OmegaConf
 
-from hogwild import checkpoint
-from hogwild.board import Board, Totals
+from hogwild import checkpoint, resources
+from hogwild.board import Board, Totals, previous_attempt
 from hogwild.comm import Comm, DistComm, LocalComm, PeerLost
-from hogwild.config import Config, resolve_workers
+from hogwild.config import Config
 from hogwild.distributed import (
     DistEnv,
     agree_on_path,
@@ -34,20 +33,29 @@ from hogwild.distributed import (
     init_group,
     pick_backend,
 )
-from hogwild.errors import EXIT_SIGINT
-from hogwild.metrics import flatten, write_json
+from hogwild.errors import EXIT_FAILED, EXIT_FAULT
+from hogwild.files import RunDirLock
+from hogwild.metrics import flatten
 from hogwild.pool import WorkerPool, worker_specs
 from hogwild.replica import build_replica
-from hogwild.report import Timing, exit_code, final_report, status_of
-from hogwild.resume import Counters, Restored, payload, restore, resume_path
+from hogwild.report import Timing, exit_code, final_report, status_of, write_report
+from hogwild.resources import resolve_workers
+from hogwild.resume import Counters, Restored, resume
 from hogwild.rounds import Rounds
+from hogwild.saving import Saver
 from hogwild.schedule import SyncSchedule
+from hogwild.stopping import StopNow, Stopper
 from hogwild.sync import make_rule
 from hogwild.telemetry import Telemetry
+from hogwild.verdict import judge, loss_bar
 
 logger = logging.getLogger(__name__)
 
 DUMP_ENV = "HOGWILD_DUMP_FINAL"
+# A due checkpoint waits this share of checkpoint.every_s for a round to carry it: a round's
+# checkpoint holds every replica's exact positions and totals, one written between rounds only
+# this replica's (the others' as last gathered).
+LOCAL_GRACE = 0.25
 
 
 class Leader:
@@ -57,53 +65,45 @@ class Leader:
         self.run_dir = Path(run_dir)
         self.device = torch.device("cuda", self.env.local_rank) if cfg.device == "cuda" else torch.device("cpu")
         self.is_rank0 = self.env.rank == 0
-        self.stop_signal: Optional[int] = None
+        self.stopper = Stopper()
         self.fault: Optional[str] = None
+        self.fault_code = EXIT_FAULT
         self.degraded = False  # a peer is gone: no more collectives
-        self.base = Counters()  # what the checkpoint we resumed from had counted
         self.restored: Optional[Restored] = None
         self.t_start = time.monotonic()
         self.t_train: Optional[float] = None
         self.next_ckpt = 0.0
+        self.lock: Optional[RunDirLock] = None
 
     # ---------------------------------------------------------------- setup
     def _setup(self) -> None:
         cfg, env = self.cfg, self.env
         torch.set_num_threads(1)  # the leader sleeps; the cores belong to the workers
-        self.rep = rep = build_replica(cfg)
         self.k = resolve_workers(cfg.workers, env.local_world_size)
+        resources.check(cfg, self.k, env.local_world_size)  # before anything is allocated
+        self.rep = rep = build_replica(cfg)
         self.comm: Comm = LocalComm()
         if env.distributed:
             init_group(env, pick_backend(cfg.sync.backend, cfg.device), cfg.sync.timeout_s, cfg.device)
             self.run_dir = Path(agree_on_path(str(self.run_dir)))
             agree_on_workers(self.k)
             self.comm = DistComm(rep.flat.device)
+        if self.is_rank0:  # the one writer of this run_dir (design rule 17 in docs/design.md)
+            self.lock = RunDirLock(self.run_dir)
+            self.lock.acquire()
         self.rule = make_rule(cfg.sync, self.comm)
-        self.board = Board(self.k)
+        board_file = self.run_dir / "progress" / f"rank{env.rank}.board"
+        previous = previous_attempt(board_file)  # read before this attempt overwrites it
+        self.board = Board(self.k, board_file)
         self.schedule = SyncSchedule.from_config(cfg.sync, env.distributed)
-        path = resume_path(cfg.resume, self.run_dir, self.is_rank0, agree_on_path)
-        if path is not None:
-            self.restored, sync_state = restore(path, cfg.model.name, rep.shapes, rep.flat, rep.opt_state,
-                                                self.board, env.rank, env.world_size, self.run_dir)
-            self.base = self.restored.counters
-            self.rule.load_state_dict(sync_state)
+        self.restored = r = resume(cfg, self.run_dir, rep, self.board, self.rule, self.comm, env, previous)
+        self.base = r.counters if r else Counters()
+        self.saver = Saver(self.run_dir, cfg.checkpoint.keep, r.lineage if r else checkpoint.new_lineage(),
+                           cfg.model.name, r.path if r else None)
         self.specs = worker_specs(cfg, env, self.k, len(rep.ds.train))
         self.tel = Telemetry(cfg, self.run_dir, self.is_rank0, rep.model, rep.ds.test, self.device,
                              env.world_size)
         self.rounds = Rounds(rep.flat, self.rule, self.comm, self.board, self.schedule, self.tel, self.base.syncs)
-
-    def _install_signals(self) -> None:
-        def handler(signum: int, _frame: Any) -> None:
-            if self.stop_signal is not None and signum == signal.SIGINT:
-                logger.error("second interrupt: forcing exit")
-                self.pool.kill()
-                raise SystemExit(EXIT_SIGINT)
-            self.stop_signal = signum
-            logger.warning("%s received: stopping workers and writing a final checkpoint "
-                           "(Ctrl-C again to force)", signal.Signals(signum).name)
-
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
 
     # ---------------------------------------------------------------- rounds
     def _round(self, done: bool, stop: bool, final: bool = False) -> tuple[bool, bool]:
@@ -117,50 +117,54 @@ class Leader:
             self._checkpoint()
         return out.all_done or out.reached, out.any_stop
 
-    def _checkpoint(self) -> Totals:
-        """Collective (positions and totals of every replica), written by rank 0 only.
-
-        Returns the job-wide totals it reduced on the way.
-        """
+    def _checkpoint(self, write: bool = True) -> Totals:
+        """Collective (positions and totals of every replica), written by rank 0 only, and
+        only if the model is good. Returns the job-wide totals it reduced on the way."""
+        own = self.board.totals(self.pool.restarts)
         positions = torch.stack(self.comm.all_gather(torch.from_numpy(self.board.stats["pos"].copy()))).cpu()
-        job = Totals.from_tensor(self.comm.all_reduce(self.board.totals(self.pool.restarts).to_tensor()))
+        job = Totals.from_tensor(self.comm.all_reduce(own.to_tensor()))
+        self.saver.gathered(positions, job, own)
+        if write:
+            self._write(positions, job)
+        return job
+
+    def _write(self, positions: torch.Tensor, job: Totals) -> None:
         self.next_ckpt = time.monotonic() + self.cfg.checkpoint.every_s
         if self.is_rank0:
-            counters = self.base.plus(job, self.rounds.syncs)
-            rep = self.rep
-            data = payload(model_name=self.cfg.model.name, shapes=rep.shapes, flat=rep.flat,
-                           opt_state=rep.opt_state, positions=positions, counters=counters,
-                           sync_state=self.rule.state_dict(), config=self._config_dict())
-            try:
-                checkpoint.save(self.run_dir, data, counters.steps, self.cfg.checkpoint.keep)
-            except OSError as e:
-                logger.error("checkpoint: could not write to %s: %s", checkpoint.ckpt_dir(self.run_dir), e)
-        return job
+            failed = self.saver.write(self.rep, positions=positions, counters=self.base.plus(job, self.rounds.syncs),
+                                      sync_state=self.rule.state_dict(), config=self._config_dict(),
+                                      loss=self.board.loss())
+            if failed is not None:
+                self._fail(*failed)
+
+    def _fail(self, msg: str, code: int = EXIT_FAULT) -> None:
+        if self.fault is None:
+            self.fault, self.fault_code = msg, code
+            logger.error("stopping: %s", msg)
 
     def _config_dict(self) -> dict[str, Any]:
         return OmegaConf.to_container(OmegaConf.structured(self.cfg), resolve=True)  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ loop
-    def _fault_message(self) -> Optional[str]:
+    def _check_faults(self) -> None:
         msg = self.pool.check(self.cfg.fault.max_worker_restarts)
+        if msg:
+            self._fail(msg)
         skipped = self.board.skipped()
-        if msg is None and skipped > self.cfg.fault.max_nonfinite:
-            msg = f"{skipped} non-finite updates skipped, more than fault.max_nonfinite={self.cfg.fault.max_nonfinite}"
-        return msg
+        if skipped > self.cfg.fault.max_nonfinite:  # the model is not training: a failed run
+            self._fail(f"{skipped} non-finite updates skipped, more than fault.max_nonfinite="
+                       f"{self.cfg.fault.max_nonfinite}", EXIT_FAILED)
 
     def _loop(self) -> None:
         while True:
             # Sleep until the next thing due (eval, metrics, checkpoint), a worker's wake-up or death.
             now = time.monotonic()
-            due = min(self.tel.next_due(), self.next_ckpt, now + 1.0)
+            due = min(self.tel.next_due(), self.next_ckpt if self.is_rank0 else now + 1.0, now + 1.0)
             self.pool.wait(min(max(due - now, 0.001), 0.5))
-            msg = self._fault_message()
-            if msg and not self.fault:
-                self.fault = msg
-                logger.error("stopping: %s", msg)
+            self._check_faults()
             reached = self.tel.time_to_target is not None
             done = self.board.all_done()
-            stop = self.stop_signal is not None or self.fault is not None
+            stop = self.stopper.signal is not None or self.fault is not None
             if not self.env.distributed:
                 if done or stop or reached:
                     return
@@ -171,28 +175,40 @@ class Leader:
                     all_done, any_stop = self._round(done, stop)
                 except PeerLost as e:
                     self.degraded = True
-                    self.fault = self.fault or str(e)
-                    logger.error("%s; keeping the last periodic checkpoint", e)
+                    self._fail(f"{e}; keeping the last periodic checkpoint")
                     return
-                if any_stop and self.stop_signal is None and self.fault is None:
-                    self.fault = "another replica stopped the job"
+                if any_stop and self.stopper.signal is None:
+                    self._fail("another replica stopped the job")
                 if all_done or any_stop:
                     return
+            elif self.is_rank0 and time.monotonic() >= self.next_ckpt + LOCAL_GRACE * self.cfg.checkpoint.every_s:
+                # No round brought the due checkpoint (a long interval, a slow peer): write this
+                # replica's own, so checkpoint.every_s holds (within the grace) between rounds.
+                own = self.board.totals(self.pool.restarts)
+                self._write(*self.saver.local_view(self.board, self.env.rank, self.env.world_size, own))
             self.tel.tick(self.board, self.base.steps, self.rounds.syncs)
 
     # ------------------------------------------------------------------- run
     def run(self) -> dict[str, Any]:
         try:
-            self._setup()
+            self.stopper.install()  # a SIGTERM during start-up stops it at once
+            try:
+                self._setup()
+            except StopNow:
+                return self._stopped_in_startup()
             self.pool = WorkerPool(self.cfg, self.specs, self.rep, self.board)
-            self._install_signals()
+            self.stopper.workers_started(self.pool.kill)
             logger.info("replica %d/%d: %d workers x %d threads, %d steps each, run dir %s",
                         self.env.rank, self.env.world_size, self.k, self.specs[0].threads,
                         self.specs[0].quota, self.run_dir.resolve())
             try:
                 self.pool.start()
-                self.pool.wait_ready(self.cfg.sync.timeout_s)
+                fault = self.cfg.fault
+                if not self.pool.wait_ready(fault.startup_timeout_s, fault.max_worker_restarts,
+                                            lambda: self.stopper.signal is not None):
+                    return self._stopped_in_startup()
                 self.tel.warm_up(self.base.steps)
+                self.saver.loss_bar = loss_bar(self.tel.test_loss, self.rep.ds.num_classes)
                 self.comm.all_reduce(torch.zeros(1), self.cfg.sync.timeout_s, "the start barrier")
                 self.pool.go()
                 self.t_train = time.monotonic()
@@ -206,6 +222,14 @@ class Leader:
         finally:
             if not self.degraded:
                 destroy_group()
+            if self.lock is not None:
+                self.lock.release()
+
+    def _stopped_in_startup(self) -> dict[str, Any]:
+        assert self.stopper.signal is not None
+        status = status_of(self.stopper.signal, None)
+        return {"status": status, "exit_code": exit_code(status),
+                "error": f"stopped by {status} during start-up: nothing trained, no checkpoint written"}
 
     def _finish(self, train_s: float) -> dict[str, Any]:
         if self.env.distributed and not self.degraded:
@@ -213,31 +237,41 @@ class Leader:
                 self._round(True, True, final=True)
             except PeerLost as e:
                 self.degraded = True
-                self.fault = self.fault or str(e)
-        status = status_of(self.stop_signal, self.fault)
+                self._fail(str(e))
         if self.degraded:
-            logger.error("a peer replica is gone: no final sync or checkpoint; the last periodic "
-                         "checkpoint in %s stands", checkpoint.ckpt_dir(self.run_dir))
-            return {"status": status, "exit_code": exit_code(status), "error": self.fault}
+            # No collective can run, but rank 0's own replica (workers stopped) is still worth
+            # keeping: a peer that froze before the first checkpoint must not cost everything.
+            logger.error("a peer replica is gone: no final sync; rank 0 checkpoints its own replica")
+            if self.is_rank0:
+                own = self.board.totals(self.pool.restarts)
+                self._write(*self.saver.local_view(self.board, self.env.rank, self.env.world_size, own))
+            status = status_of(self.stopper.signal, self.fault, self.fault_code)
+            return {"status": status, "exit_code": exit_code(status), "error": self.fault, "peer_lost": True}
         dump = os.environ.get(DUMP_ENV)
         if dump:  # test hook: each replica's final parameters, to check consensus bit for bit
             torch.save(self.rep.flat.cpu().clone(), Path(dump) / f"rank{self.env.rank}.pt")
-        job = self._checkpoint()  # workers are stopped: these job totals are final
+        tel, board = self.tel, self.board
+        if self.is_rank0:  # judged before the final checkpoint: a failed run never writes one
+            tel.evaluate(self.base.steps + board.applied() * self.env.world_size)
+            verdict = judge(self.rep, tel.test_loss, tel.test_acc, self.saver.loss_bar, board.applied(), board.skipped())
+            if verdict.failure:
+                self._fail(f"{verdict.failure}; {self.saver.kept()}", EXIT_FAILED)
+        job = self._checkpoint(write=self.fault_code != EXIT_FAILED)  # workers are stopped: final totals
         sync_stats = self.rounds.close()
+        status = status_of(self.stopper.signal, self.fault, self.fault_code)
         if not self.is_rank0:
             return {"status": status, "exit_code": exit_code(status)}
         counters = self.base.plus(job, self.rounds.syncs)
-        tel = self.tel
-        tel.evaluate(counters.steps)
         assert self.t_train is not None
         timing = Timing(wall_s=time.monotonic() - self.t_start, train_s=train_s, startup_s=self.t_train - self.t_start,
                         time_to_target_s=tel.time_to_target)
         result = final_report(status=status, error=self.fault, counters=counters, job=job,
-                              test_loss=tel.test_loss, test_acc=tel.test_acc, train_loss=self.board.loss(),
+                              test_loss=tel.test_loss, test_acc=tel.test_acc, train_loss=board.loss(),
                               timing=timing, sync=sync_stats, workers=self.k, threads=self.specs[0].threads,
                               replicas=self.env.world_size, sync_mode=self.cfg.sync.mode,
                               schedule=self.schedule, resumed=self.restored, run_dir=self.run_dir)
-        write_json(self.run_dir / "metrics.json", result)
+        result.update(verdict=verdict.summary, chance_accuracy=verdict.chance)
+        write_report(self.run_dir / "metrics.json", result)
         tel.metrics.hparams(flatten("", self._config_dict()), {"test_accuracy": tel.test_acc,
                                                                 "test_loss": tel.test_loss})
         tel.metrics.close()

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 from tqdm import tqdm
+
+from hogwild.files import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +43,8 @@ class Metrics:
 
 
 def write_json(path: str | Path, data: dict[str, Any]) -> None:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    text = (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+    atomic_write(Path(path), lambda f: f.write(text))
 
 
 def flatten(prefix: str, obj: Any, out: Optional[dict[str, Any]] = None) -> dict[str, Any]:

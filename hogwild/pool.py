@@ -11,14 +11,15 @@ import logging
 import multiprocessing as mp
 import time
 from multiprocessing.connection import wait
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from hogwild.board import Board
-from hogwild.config import Config, available_cores
+from hogwild.config import Config
 from hogwild.data import shard
 from hogwild.distributed import DistEnv
 from hogwild.errors import Fault
 from hogwild.replica import Replica
+from hogwild.resources import available_cores
 from hogwild.worker import WorkerSpec, worker_main
 
 logger = logging.getLogger(__name__)
@@ -71,17 +72,20 @@ class WorkerPool:
                 while self._wake_r.poll():
                     self._wake_r.recv_bytes()
 
-    def wait_ready(self, timeout: float) -> None:
-        """Block until every worker has built its model and shard, or fail naming the wait."""
+    def wait_ready(self, timeout: float, max_restarts: int, stopping: Callable[[], bool]) -> bool:
+        """Block until every worker has built its model and shard; a worker that dies on the
+        way is respawned like any other. False if ``stopping()`` turned true first."""
         deadline = time.monotonic() + timeout
         while not self.board.all_ready():
-            dead = [p for p in self.procs if p is not None and p.exitcode is not None]
-            if dead:
-                raise Fault(f"worker {dead[0].name} exited with code {dead[0].exitcode} "
-                            f"before training started")
+            if stopping():
+                return False
+            msg = self.check(max_restarts)
+            if msg:
+                raise Fault(f"{msg}, before training started")
             if time.monotonic() > deadline:
-                raise Fault(f"workers not ready after {timeout:.0f}s (sync.timeout_s)")
+                raise Fault(f"workers not ready after {timeout:.0f}s (fault.startup_timeout_s)")
             self.wait(0.1)
+        return True
 
     def go(self) -> None:
         self.board.control["go"] = 1.0

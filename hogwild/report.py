@@ -9,20 +9,39 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hogwild.board import Totals
-from hogwild.errors import EXIT_FAULT, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
+from hogwild.errors import EXIT_FAILED, EXIT_FAULT, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, EXIT_WRITE, first_line
+from hogwild.metrics import write_json
 from hogwild.resume import Counters, Restored
 from hogwild.rounds import SyncStats
 from hogwild.schedule import SyncSchedule
 
+_FAULT_STATUS = {EXIT_FAULT: "failed", EXIT_FAILED: "training_failed", EXIT_WRITE: "write_failed"}
 
-def status_of(stop_signal: Optional[int], fault: Optional[str]) -> str:
+
+def status_of(stop_signal: Optional[int], fault: Optional[str], fault_code: int = EXIT_FAULT) -> str:
     if stop_signal is not None:
         return signal.Signals(stop_signal).name
-    return "failed" if fault is not None else "ok"
+    return _FAULT_STATUS[fault_code] if fault is not None else "ok"
 
 
 def exit_code(status: str) -> int:
-    return {"ok": EXIT_OK, "SIGINT": EXIT_SIGINT, "SIGTERM": EXIT_SIGTERM}.get(status, EXIT_FAULT)
+    codes = {"ok": EXIT_OK, "SIGINT": EXIT_SIGINT, "SIGTERM": EXIT_SIGTERM}
+    codes.update({name: code for code, name in _FAULT_STATUS.items()})
+    return codes.get(status, EXIT_FAULT)
+
+
+def write_report(path: Path, result: dict[str, Any]) -> None:
+    """``metrics.json``, tried twice; if the disk still refuses, ``result`` says so (exit 5)."""
+    for attempt in (1, 2):
+        try:
+            write_json(path, result)
+            return
+        except OSError as e:
+            if attempt == 2:
+                why = f"metrics.json: could not write {path}: {first_line(e)}"
+                earlier = result.get("error")
+                result.update(status="write_failed", exit_code=EXIT_WRITE,
+                              error=f"{earlier}; and {why}" if earlier else why)
 
 
 @dataclass
@@ -69,7 +88,7 @@ def final_report(*, status: str, error: Optional[str], counters: Counters, job: 
         "sync_mode": sync_mode if replicas > 1 else "none",
         "final_interval": schedule.interval,
         "resumed_from": resumed.path if resumed else "",
-        "steps_lost_on_resume": resumed.steps_lost if resumed else 0,
+        "steps_lost_on_resume": resumed.steps_lost if resumed else None,
         "run_dir": str(run_dir.resolve()),
     }
     if error:

@@ -6,8 +6,8 @@ run starts from them and adds what its own workers do.
 
 from __future__ import annotations
 
-import json
 import logging
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -17,7 +17,12 @@ from torch import Tensor
 
 from hogwild import checkpoint
 from hogwild.board import Board, Totals
+from hogwild.comm import Comm
+from hogwild.config import Config
+from hogwild.distributed import DistEnv, agree_on_path
 from hogwild.errors import ConfigError
+from hogwild.replica import Replica
+from hogwild.sync import SyncRule
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +53,11 @@ class Counters:
 class Restored:
     path: str
     counters: Counters
-    steps_lost: int
-    """Steps the previous attempt reported (progress.json) beyond the checkpoint's count."""
+    lineage: str
+    """The run lineage this run continues: its checkpoints carry the same id."""
+    steps_lost: Optional[int] = None
+    """Steps the previous attempt in this run_dir made beyond the checkpoint's count (exact,
+    from every replica's board file); None when unknown."""
 
 
 def resume_path(resume: Any, run_dir: Path, is_rank0: bool, agree: Callable[[str], str]) -> Optional[str]:
@@ -66,8 +74,8 @@ def resume_path(resume: Any, run_dir: Path, is_rank0: bool, agree: Callable[[str
 
 
 def restore(path: str, model_name: str, shapes: list[tuple[int, ...]], flat: Tensor,
-            opt_state: Optional[dict[str, Tensor]], board: Board, rank: int, world: int,
-            run_dir: Path) -> tuple[Restored, dict[str, Tensor]]:
+            opt_state: Optional[dict[str, Tensor]], board: Board, rank: int, world: int
+            ) -> tuple[Restored, dict[str, Tensor]]:
     """Load ``path`` into the shared model, optimizer state and worker positions.
 
     Returns what was restored and the sync rule's saved state.
@@ -87,27 +95,34 @@ def restore(path: str, model_name: str, shapes: list[tuple[int, ...]], flat: Ten
         logger.warning("checkpoint was made with another replicas x workers layout; "
                        "data positions restart from the beginning of each shard")
     counters = Counters.from_dict(ckpt.get("counters", {}))
-    restored = Restored(path, counters, _steps_lost(run_dir, counters.steps))
+    lineage = str(ckpt.get("lineage") or checkpoint.new_lineage())
+    restored = Restored(path, counters, lineage)
+    board.control["base_steps"] = counters.steps
     logger.info("resumed from %s (step %d, %d syncs)", path, counters.steps, counters.syncs)
     return restored, ckpt.get("sync_state", {})
 
 
-def _steps_lost(run_dir: Path, steps: int) -> int:
-    beat = run_dir / "progress.json"
-    if not beat.is_file():
-        return 0
-    try:
-        return max(0, int(json.loads(beat.read_text())["steps"]) - steps)
-    except (ValueError, KeyError, TypeError):
-        return 0
+def steps_lost(previous: Optional[tuple[float, float]], path: str, run_dir: Path, ckpt_steps: int,
+               comm_sum: Callable[[list[float]], list[float]]) -> Optional[int]:
+    """Exactly how many steps the previous attempt in ``run_dir`` made that the checkpoint it
+    resumes from does not hold: its base plus every replica's applied updates, minus the
+    checkpoint's count. ``comm_sum`` sums a small vector over the leaders (collective)."""
+    mine = [1.0, 1.0, previous[1], previous[0]] if previous else [1.0, 0.0, 0.0, 0.0]
+    world, known, applied, base_sum = comm_sum(mine)
+    here = Path(path).resolve().parent == checkpoint.ckpt_dir(run_dir).resolve()
+    if known < world or not here:
+        return None  # some replica has no record, or the checkpoint is from another run_dir
+    return max(0, round(base_sum / world + applied - ckpt_steps))
 
 
 def payload(*, model_name: str, shapes: list[tuple[int, ...]], flat: Tensor,
             opt_state: Optional[dict[str, Tensor]], positions: Tensor, counters: Counters,
-            sync_state: dict[str, Tensor], config: dict[str, Any]) -> dict[str, Any]:
+            sync_state: dict[str, Tensor], config: dict[str, Any], lineage: str) -> dict[str, Any]:
     """A checkpoint: tensors and plain values only, so it loads with ``weights_only=True``."""
     return {
         "format": checkpoint.FORMAT,
+        "lineage": lineage,
+        "written_at": time.time(),
         "model": model_name,
         "shapes": [list(s) for s in shapes],
         "flat": flat.detach().to("cpu", copy=True),
@@ -117,3 +132,18 @@ def payload(*, model_name: str, shapes: list[tuple[int, ...]], flat: Tensor,
         "sync_state": sync_state,
         "config": config,
     }
+
+
+def resume(cfg: Config, run_dir: Path, rep: Replica, board: Board, rule: SyncRule, comm: Comm, env: DistEnv,
+           previous: Optional[tuple[float, float]]) -> Optional[Restored]:
+    """Restore the checkpoint ``cfg.resume`` names (the same on every leader), if any, into the
+    replica, the board and the sync rule; ``previous`` is this rank's last board record."""
+    path = resume_path(cfg.resume, run_dir, env.rank == 0, agree_on_path)
+    if path is None:
+        return None
+    restored, sync_state = restore(path, cfg.model.name, rep.shapes, rep.flat, rep.opt_state, board,
+                                   env.rank, env.world_size)
+    restored.steps_lost = steps_lost(previous, path, run_dir, restored.counters.steps,
+                                     lambda xs: comm.all_reduce(torch.tensor(xs, dtype=torch.float64)).tolist())
+    rule.load_state_dict(sync_state)
+    return restored

@@ -1,5 +1,5 @@
-"""What a leader reports while it trains: TensorBoard curves, test evaluations, the
-heartbeat file and the progress display. Only rank 0 writes; the others call no-ops."""
+"""What a leader reports while it trains: TensorBoard curves, test evaluations and the
+progress display. Only rank 0 writes; the others call no-ops."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hogwild.board import Board
 from hogwild.config import Config
 from hogwild.data import Split
 from hogwild.evaluate import evaluate
-from hogwild.metrics import Metrics, Progress, write_json
+from hogwild.metrics import Metrics, Progress
 from hogwild.schedule import DriftRecord
 
 logger = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ class Telemetry:
         self.test_loss, self.test_acc = math.nan, math.nan
         self.time_to_target: Optional[float] = None
         self._t0 = time.monotonic()
-        self._next_tb = self._next_eval = self._next_beat = self._eval_ok_at = self._t0
+        self._next_tb = self._next_eval = self._eval_ok_at = self._t0
         self._tb_pos = self._eval_pos = self._initial = 0.0
         self._loss_every = self._eval_every = 1.0
         self._eval_pending = False  # its step came, but its cost budget has not
@@ -51,7 +51,7 @@ class Telemetry:
 
     def start(self, board: Board, total_steps: int) -> None:
         """Training starts now: clocks, curves and the progress display count from here."""
-        self._t0 = self._next_tb = self._next_eval = self._next_beat = self._eval_ok_at = time.monotonic()
+        self._t0 = self._next_tb = self._next_eval = self._eval_ok_at = time.monotonic()
         initial = board.replica_pos()
         self._initial = initial
         self._tb_pos, self._eval_pos = initial, initial + 1
@@ -91,10 +91,6 @@ class Telemetry:
             self.metrics.scalar("sync/lag_wait_s", float(board.stats["lag_wait_s"].sum()), step)
             for i, row in enumerate(board.stats):
                 self.metrics.scalar(f"perf/samples_per_s_worker{i}", float(row["samples"]) / elapsed, step)
-        if self.is_rank0 and now >= self._next_beat:
-            # Heartbeat: after a crash, the resumed run reports how many steps were lost.
-            self._next_beat = now + 1.0
-            write_json(self.run_dir / "progress.json", {"steps": base_steps + board.applied() * self.world_size})
         self._eval_pending = self.is_rank0 and pos >= self._eval_pos
         if self.is_rank0 and ((self._eval_pending and now >= self._eval_ok_at) or now >= self._next_eval):
             t0 = time.monotonic()

@@ -8,7 +8,9 @@ a bad value or an unknown group option fails in one line naming the key, with ex
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from pathlib import Path
 from typing import Optional
 
 import hydra
@@ -35,11 +37,20 @@ def _hydra_main(dcfg: DictConfig) -> Optional[float]:
         logger.info("test accuracy %.4f, test loss %.4f, %d steps, %.0f samples/s in %.1fs",
                     result["test_accuracy"], result["test_loss"], result["steps"],
                     result["samples_per_s"], result["wall_s"])
-        logger.info("outputs in %s: metrics.json, checkpoints/last.pt, tb/ (tensorboard --logdir %s/tb)",
-                    result["run_dir"], result["run_dir"])
+        verdict = result.get("verdict", "")
+        (logger.info if verdict.startswith("learned") else logger.warning)("verdict: %s", verdict)
+        run_dir = Path(result["run_dir"])
+        outputs = [name for name in ("metrics.json", "checkpoints/last.pt", "tb/") if (run_dir / name).exists()]
+        logger.info("outputs in %s: %s (tensorboard --logdir %s/tb)", run_dir, ", ".join(outputs), run_dir)
     if result["exit_code"] != 0:
         if "error" in result:
             say_error(result["error"])
+        if result.get("peer_lost"):
+            # A collective to the lost peer is still pending inside Gloo/NCCL; tearing the
+            # interpreter down would destroy its thread and abort (SIGABRT) instead of exiting 3.
+            logging.shutdown()
+            sys.stdout.flush()
+            os._exit(result["exit_code"])
         raise SystemExit(result["exit_code"])
     return float(result.get("test_accuracy", 0.0))
 

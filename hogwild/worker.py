@@ -24,7 +24,7 @@ from torch import Tensor
 from hogwild.board import Board
 from hogwild.config import Config
 from hogwild.data import Dataset, ShardSampler, shard
-from hogwild.faults import StepFn, inject_faults
+from hogwild.faults import StepFn, crash_at_start, inject_faults
 from hogwild.models import build_model
 from hogwild.optim import FlatOptimizer, grads_finite
 from hogwild.shared import bind, layout
@@ -74,6 +74,7 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
     step_fn = make_step_fn(model, params, ds, sampler, flat.device)
     # One throw-away forward/backward: the allocator's and autograd's first-call costs land
     # in startup (reported as such), not in the first training steps.
+    crash_at_start(spec.global_index)
     step_fn(int(board.row(spec.local_index)["pos"]))
     run_loop(inject_faults(step_fn, params, spec.global_index), opt, params, spec, board, wake, gate)
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from baselines import CONVNET, MLP, TINY, PeakPss, Workload, ddp, free_port, mnist_hogwild, single, sync_cost  # noqa: E402
 
-from hogwild.config import available_cores  # noqa: E402
+from hogwild.resources import available_cores  # noqa: E402
 
 logger = logging.getLogger("bench")
 SECTIONS = ("tta", "final", "scaling", "sync", "memory")

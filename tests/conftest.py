@@ -46,6 +46,22 @@ def torchrun(nproc: int, args: list[str], cwd: Path, timeout: float = 240,
                           env=env or clean_env(OMP_NUM_THREADS="1"))
 
 
+def wait_training(run_dir: Path, proc: subprocess.Popen, timeout: float = 120, rank: int = 0) -> None:
+    """Until replica ``rank`` has applied an update (its board file says so)."""
+    import time
+
+    from hogwild.board import previous_attempt
+
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = previous_attempt(run_dir / "progress" / f"rank{rank}.board")
+        if seen is not None and seen[1] > 0:
+            return
+        assert proc.poll() is None, "the run ended before it trained"
+        assert time.monotonic() < deadline, "no training step within the timeout"
+        time.sleep(0.05)
+
+
 def metrics(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "metrics.json").read_text())
 

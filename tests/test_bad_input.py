@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from hogwild.files import RunDirLock
 from tests.conftest import clean_env, compose_cfg, free_port, run_cli
 
 Setup = Callable[[Path], tuple[list[str], dict[str, str]]]
@@ -48,6 +49,26 @@ def _unwritable_run_dir(d: Path) -> tuple[list[str], dict[str, str]]:
 
 
 _HELD: list[socket.socket] = []
+_LOCKS: list[RunDirLock] = []
+
+
+def _checkpoint_with(**fields: object) -> Setup:
+    def setup(d: Path) -> tuple[list[str], dict[str, str]]:
+        ckpt = {"format": 1, "model": "mlp", "shapes": [[64, 64], [64]], "flat": torch.zeros(64 * 64 + 64)}
+        torch.save({**ckpt, **fields}, d / "c.pt")
+        return [f"resume={d / 'c.pt'}"], {}
+    return setup
+
+
+def _live_run_dir(d: Path) -> tuple[list[str], dict[str, str]]:
+    lock = RunDirLock(d / "run")  # a second open file holds its own flock, even in one process
+    lock.acquire()
+    _LOCKS.append(lock)
+    return [], {}
+
+
+def _env(**env: str) -> Setup:
+    return lambda d: ([], env)
 
 
 X = np.random.rand(20, 4).astype(np.float32)
@@ -91,6 +112,18 @@ IN_PROCESS: list[tuple[str, Setup, str]] = [
     ("run dir not writable", _unwritable_run_dir, "run_dir"),
     ("bad value in the second job of a sweep", _args("-m", "optim.lr=0.1,-1"), "optim.lr"),
     ("unknown option in the second job of a sweep", _args("-m", "model=mlp,resnet"), "model"),
+    ("+key adding a misspelled key", _args("+train.epoch=1"), "train.epoch"),
+    ("+key adding an unknown top-level key", _args("+fast=true"), "fast"),
+    ("checkpoint flat tensor of the wrong size", _checkpoint_with(flat=torch.zeros(10)), "checkpoint"),
+    ("checkpoint shapes that are not shapes", _checkpoint_with(shapes="64x64"), "checkpoint"),
+    ("checkpoint counters that are not a record", _checkpoint_with(counters=[1]), "checkpoint"),
+    ("checkpoint flat that is not a tensor", _checkpoint_with(flat=[0.0] * 4160), "checkpoint"),
+    ("a second job on a live run_dir", _live_run_dir, "run_dir"),
+    ("workers that cannot fit in memory", _args("workers=100000"), "workers"),
+    ("zero start-up timeout", _args("fault.startup_timeout_s=0"), "fault.startup_timeout_s"),
+    ("WORLD_SIZE not a number", _env(WORLD_SIZE="two"), "environment variable WORLD_SIZE"),
+    ("RANK outside WORLD_SIZE", _env(RANK="3", WORLD_SIZE="2"), "environment variable RANK"),
+    ("MASTER_PORT not a number", _env(MASTER_PORT="http"), "environment variable MASTER_PORT"),
 ]
 
 
@@ -107,9 +140,13 @@ def test_bad_input_is_refused_before_anything_starts(tmp_path: Path, monkeypatch
     monkeypatch.chdir(tmp_path)
     args, env = setup(tmp_path)
     args = _with_run_dir(args, tmp_path)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
     with pytest.raises(UserError) as info:
         cfg = compose_cfg(args)
         Leader(cfg, str(tmp_path / "run")).run()
+    while _LOCKS:
+        _LOCKS.pop().release()
     msg = str(info.value)
     assert msg.startswith(key), msg
     assert "\n" not in msg.strip(), "the message must fit on one line"

@@ -1,25 +1,105 @@
-"""Checkpoint files: atomic names, pruning, last.pt, safe loading (fast tier)."""
+"""Checkpoint files: lineages, pruning, last.pt, failed writes, safe loading, the run_dir lock,
+and the verdict that keeps a bad model out of a checkpoint (fast tier)."""
 
 from __future__ import annotations
 
+import math
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 
 from hogwild import checkpoint
+from hogwild.errors import EXIT_WRITE, UserError
+from hogwild.files import RunDirLock
+from hogwild.verdict import chance_accuracy, diverged, loss_bar
 
 
-def _payload(step: int) -> dict:
-    return {"format": checkpoint.FORMAT, "model": "mlp", "shapes": [[2]], "flat": torch.full((2,), float(step))}
+def _payload(step: int, lineage: str = "aaaa", value: float | None = None) -> dict:
+    return {"format": checkpoint.FORMAT, "model": "mlp", "shapes": [[2]], "lineage": lineage,
+            "written_at": time.time(), "counters": {"steps": step},
+            "flat": torch.full((2,), float(step if value is None else value))}
 
 
-def test_keeps_last_n_and_points_last_at_newest(tmp_path: Path) -> None:
+def _names(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in checkpoint.ckpt_dir(run_dir).iterdir())
+
+
+def test_keeps_last_n_of_its_lineage_and_points_last_at_newest(tmp_path: Path) -> None:
     for step in (10, 20, 30, 40):
-        checkpoint.save(tmp_path, _payload(step), step, keep=2)
-    names = sorted(p.name for p in checkpoint.ckpt_dir(tmp_path).iterdir())
-    assert names == ["last.pt", "step_000000030.pt", "step_000000040.pt"]
+        checkpoint.save(tmp_path, _payload(step), keep=2)
+    assert _names(tmp_path) == ["last.pt", "step_000000030-aaaa.pt", "step_000000040-aaaa.pt"]
     assert checkpoint.load(checkpoint.ckpt_dir(tmp_path) / "last.pt")["flat"][0] == 40
+
+
+def test_a_new_run_never_overwrites_or_prunes_an_older_runs_files(tmp_path: Path) -> None:
+    for step in (100, 200):
+        checkpoint.save(tmp_path, _payload(step, "old"), keep=1)
+    checkpoint.save(tmp_path, _payload(200, "new", value=-1), keep=1)  # resume=false, same step
+    assert "step_000000200-old.pt" in _names(tmp_path) and "step_000000200-new.pt" in _names(tmp_path)
+    ckpt, path = checkpoint.load_latest(tmp_path)
+    assert ckpt["lineage"] == "new" and path.name == "step_000000200-new.pt"
+
+
+def test_resume_follows_last_pt_not_the_highest_file_number(tmp_path: Path) -> None:
+    checkpoint.save(tmp_path, _payload(9000, "old"), keep=3)
+    checkpoint.save(tmp_path, _payload(50, "new"), keep=3)
+    checkpoint.save(tmp_path, _payload(80, "new"), keep=3)
+    ckpt, _ = checkpoint.load_latest(tmp_path)
+    assert (ckpt["lineage"], ckpt["counters"]["steps"]) == ("new", 80)
+
+
+def test_the_newest_is_read_from_the_counters_inside(tmp_path: Path) -> None:
+    checkpoint.save(tmp_path, _payload(40), keep=5)
+    d = checkpoint.ckpt_dir(tmp_path)
+    torch.save(_payload(5), d / "step_000099999-aaaa.pt")  # renamed by hand: the name lies
+    (d / "last.pt").unlink()
+    ckpt, _ = checkpoint.load_latest(tmp_path)
+    assert ckpt["counters"]["steps"] == 40
+
+
+def test_corrupt_high_numbered_files_neither_win_nor_push_new_checkpoints_out(tmp_path: Path) -> None:
+    d = checkpoint.ckpt_dir(tmp_path)
+    d.mkdir(parents=True)
+    for name in ("step_999999999-aaaa.pt", "step_999999998.pt"):
+        (d / name).write_bytes(b"not a checkpoint")
+    for step in (10, 20, 30):
+        checkpoint.save(tmp_path, _payload(step), keep=2)
+    assert {"step_000000020-aaaa.pt", "step_000000030-aaaa.pt"} <= set(_names(tmp_path))
+    ckpt, _ = checkpoint.load_latest(tmp_path)
+    assert ckpt["counters"]["steps"] == 30
+
+
+def test_a_failed_write_is_retried_once_then_a_fault_and_keeps_the_good_files(tmp_path: Path) -> None:
+    checkpoint.save(tmp_path, _payload(10), keep=1)
+    calls = []
+
+    def full_disk(obj: object, f: object) -> None:
+        calls.append(1)
+        raise OSError(28, "No space left on device")
+
+    with mock.patch.object(checkpoint.torch, "save", full_disk):
+        with pytest.raises(checkpoint.CheckpointWriteError, match="No space left") as e:
+            checkpoint.save(tmp_path, _payload(20), keep=1)
+    assert len(calls) == 2 and e.value.exit_code == EXIT_WRITE
+    assert _names(tmp_path) == ["last.pt", "step_000000010-aaaa.pt"], "a temp file was left or a good file lost"
+
+
+@pytest.mark.parametrize("bad", [
+    {"flat": torch.zeros(3)},            # wrong size for the shapes
+    {"flat": torch.zeros(1, 2)},         # not flat
+    {"shapes": [["x"]]},                 # nonsense shapes
+    {"counters": [1, 2]},                # counters not a record
+])
+def test_a_damaged_checkpoint_is_one_line_error(tmp_path: Path, bad: dict) -> None:
+    torch.save({**_payload(1), **bad}, tmp_path / "x.pt")
+    with pytest.raises(checkpoint.CheckpointError, match="damaged"):
+        checkpoint.load(tmp_path / "x.pt")
 
 
 def test_refuses_code_in_a_checkpoint(tmp_path: Path) -> None:
@@ -30,3 +110,32 @@ def test_refuses_code_in_a_checkpoint(tmp_path: Path) -> None:
     torch.save({"format": 1, "flat": torch.zeros(1), "x": Evil()}, tmp_path / "evil.pt")
     with pytest.raises(checkpoint.CheckpointError, match="unreadable"):
         checkpoint.load(tmp_path / "evil.pt")
+
+
+_HOLD = "import sys,time; from hogwild.files import RunDirLock as L; L(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)"
+
+
+@pytest.mark.timeout(60)
+def test_run_dir_lock_refuses_a_live_holder_and_takes_over_a_dead_ones(tmp_path: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(UserError, match=f"in use by pid {holder.pid} on"):
+            RunDirLock(tmp_path).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = RunDirLock(tmp_path)
+    lock.acquire()  # the holder died without cleaning up: its lock is gone with it
+    assert f"pid {os.getpid()}" in (tmp_path / ".hogwild.lock").read_text()
+    lock.release()
+
+
+def test_verdict_refuses_non_finite_and_diverged_models() -> None:
+    bar = loss_bar(2.3, 10)
+    assert diverged(True, 0.5, bar) is None
+    assert diverged(True, math.nan, bar) is None  # nothing measured yet
+    assert "non-finite" in diverged(False, 0.5, bar)
+    assert "diverged" in diverged(True, 2.6e26, bar)
+    assert "diverged" in diverged(True, math.inf, bar)
+    assert chance_accuracy(torch.tensor([0, 1, 1, 1])) == 0.75

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hogwild.config import resolve_workers
 from hogwild.errors import ConfigError
+from hogwild.resources import resolve_workers
 from tests.conftest import compose_cfg
 
 

@@ -64,6 +64,20 @@ def test_max_lag_bounds_the_real_interval_when_a_replica_is_slow(tmp_path: Path)
     assert torch.equal(finals[0], finals[1])
 
 
+def test_checkpoints_keep_their_cadence_when_rounds_are_rare(tmp_path: Path) -> None:
+    """sync.interval far beyond the run: no round brings a checkpoint, yet one is written
+    every checkpoint.every_s (plus the grace a round gets to carry it, plus the write)."""
+    from hogwild import checkpoint
+
+    every_s = 0.5
+    m, _ = _job(tmp_path, "rare", "sync.interval=1000000", f"checkpoint.every_s={every_s}",
+                "checkpoint.keep=1000", "train.epochs=200", workers=1)
+    times = sorted(checkpoint.load(p)["written_at"] for p in (tmp_path / "rare" / "checkpoints").glob("step_*.pt"))
+    assert len(times) >= 4, f"{len(times)} checkpoints in {m['train_s']:.1f}s of training"
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert max(gaps[:-1]) <= 1.25 * every_s + 0.5, gaps  # the last one is the final checkpoint
+
+
 def _scalars(run_dir: Path, tag: str) -> list[float]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

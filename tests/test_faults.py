@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import torch
 
 from hogwild import checkpoint
 from hogwild.leader import run
-from tests.conftest import clean_env, compose_cfg, free_port, metrics, run_cli
+from tests.conftest import clean_env, compose_cfg, free_port, metrics, run_cli, wait_training
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -69,8 +70,7 @@ def test_kill9_worker_is_respawned_and_run_meets_bar(tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = _start(tmp_path, "workers=2", "train.epochs=150", f"run_dir={out}")
     victim = _wait_training(proc, 2)[0]
-    while not (out / "progress.json").exists():  # training, not just spawning
-        time.sleep(0.1)
+    wait_training(out, proc)  # training, not just spawning
     os.kill(victim, signal.SIGKILL)
     log, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, log[-3000:]
@@ -103,7 +103,8 @@ def test_too_many_nonfinite_updates_stop_the_run(tmp_path: Path) -> None:
     out = tmp_path / "run"
     env = clean_env(HOGWILD_FAULT="nan:0:3,nan:0:4,nan:0:5")
     proc = run_cli(["workers=1", "fault.max_nonfinite=1", f"run_dir={out}"], cwd=tmp_path, env=env)
-    assert proc.returncode == 3 and "fault.max_nonfinite=1" in proc.stderr
+    assert proc.returncode == 4 and "fault.max_nonfinite=1" in proc.stderr  # a failed training run
+    assert metrics(out)["status"] == "training_failed"
 
 
 def _shm() -> set[str]:
@@ -116,8 +117,7 @@ def test_signal_checkpoints_exits_on_time_and_leaves_nothing(tmp_path: Path, sig
     shm_before = _shm()
     proc = _start(tmp_path, "workers=2", "train.epochs=100000", f"run_dir={out}")
     workers = _wait_training(proc, 2)
-    while not (out / "progress.json").exists():
-        time.sleep(0.1)
+    wait_training(out, proc)
     t0 = time.monotonic()
     proc.send_signal(sig)
     log, _ = proc.communicate(timeout=60)
@@ -136,28 +136,43 @@ def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path: Path) -> Non
     run(compose_cfg(["workers=1", "train.max_steps=40", f"run_dir={out}"]), str(out))
     run(compose_cfg(["workers=1", "train.max_steps=80", f"run_dir={out}", "resume=true"]), str(out))
     newest = checkpoint.candidates(out)[0]
-    assert newest.name == "step_000000080.pt"
+    assert newest.name.startswith("step_000000080-")
     newest.write_bytes(newest.read_bytes()[:1000])  # truncated mid-write by a crash
     proc = run_cli(["workers=1", "train.max_steps=100", f"run_dir={out}", "resume=true"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "falling back to an older checkpoint" in proc.stdout + proc.stderr
     m = metrics(out)
-    assert m["resumed_from"].endswith("step_000000040.pt") and m["steps"] == 100
+    assert Path(m["resumed_from"]).name.startswith("step_000000040-") and m["steps"] == 100
 
 
-def test_torchrun_restart_after_leader_kill_resumes_and_finishes(tmp_path: Path) -> None:
-    out = tmp_path / "run"
+def test_torchrun_restart_after_leader_kill_resumes_and_loses_at_most_one_checkpoint_interval(
+        tmp_path: Path) -> None:
+    """A leader is killed at a random moment; torchrun restarts the job, which resumes and
+    counts the steps it lost exactly. They are bounded by checkpoint.every_s of training plus
+    a write, plus what the survivor may run past a round that never completes (sync.max_lag)."""
+    out, every_s, interval, batch = tmp_path / "run", 1.0, 20, 32
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
            "--max-restarts=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
            "--rdzv-id=restart-test", "-m", "hogwild.train", "workers=1", "train.epochs=200",
-           "checkpoint.every_s=1", "sync.interval=20", "sync.timeout_s=30", f"run_dir={out}"]
+           f"checkpoint.every_s={every_s}", f"sync.interval={interval}", "sync.timeout_s=30",
+           f"train.batch_size={batch}", f"run_dir={out}"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=clean_env(OMP_NUM_THREADS="1"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 120
-    while not list((out / "checkpoints").glob("step_*.pt")) if out.exists() else True:
-        assert time.monotonic() < deadline, "no checkpoint was written"
-        time.sleep(0.2)
-    time.sleep(1.0)
+    # Watch checkpoints as they come: their steps and write times give the job's speed just
+    # before the kill, and the kill comes at a random moment after the second one.
+    seen: list[tuple[float, int]] = []
+    kill_at, deadline = None, time.monotonic() + 120
+    while kill_at is None or time.monotonic() < kill_at:
+        assert time.monotonic() < deadline and proc.poll() is None, "checkpoints did not come"
+        try:
+            ck = checkpoint.load(out / "checkpoints" / "last.pt")
+        except checkpoint.CheckpointError:
+            ck = None  # not written yet, or swapped right now
+        if ck is not None and (not seen or ck["written_at"] > seen[-1][0]):
+            seen.append((ck["written_at"], ck["counters"]["steps"]))
+            if len(seen) == 2:
+                kill_at = time.monotonic() + random.uniform(0.0, 2 * every_s)
+        time.sleep(0.02)
     leaders = [c for c in _children(proc.pid) if "hogwild.train" in Path(f"/proc/{c}/cmdline").read_text()]
     assert leaders
     os.kill(leaders[-1], signal.SIGKILL)
@@ -166,16 +181,22 @@ def test_torchrun_restart_after_leader_kill_resumes_and_finishes(tmp_path: Path)
     m = metrics(out)
     assert m["resumed_from"], "the restarted job did not resume from a checkpoint"
     assert m["test_accuracy"] >= 0.95
-    # Lost work is bounded by checkpoint.every_s (1 s here) of training plus the kill latency.
-    assert m["steps_lost_on_resume"] < 0.5 * m["steps"], m
+    lost = m["steps_lost_on_resume"]
+    assert lost is not None, "the restarted job did not count its lost steps"
+    (t1, s1), (t2, s2) = seen[-2], seen[-1]
+    assert t2 - t1 <= every_s + 1.0, f"checkpoints {t2 - t1:.2f}s apart with checkpoint.every_s={every_s}"
+    # Steps per second of the job just before the kill (or after, if faster): 1.5 x that for a
+    # machine whose speed changes while other work runs beside it.
+    rate = max((s2 - s1) / (t2 - t1), m["samples_per_s"] / batch)
+    bound = 1.5 * rate * (every_s + 1.0) + 2 * interval + 10
+    assert lost <= bound, f"lost {lost} steps, bound {bound:.0f} at {rate:.0f} steps/s; checkpoints {seen}"
 
 
 def test_second_ctrl_c_forces_exit_without_traceback(tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = _start(tmp_path, "workers=2", "train.epochs=100000", f"run_dir={out}")
     workers = _wait_training(proc, 2)
-    while not (out / "progress.json").exists():
-        time.sleep(0.1)
+    wait_training(out, proc)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     time.sleep(0.05)
@@ -188,9 +209,9 @@ def test_second_ctrl_c_forces_exit_without_traceback(tmp_path: Path) -> None:
 
 
 def test_a_fault_at_startup_is_one_line_and_exit_3(tmp_path: Path) -> None:
-    """Workers that cannot be ready within sync.timeout_s: a fault (exit 3), not a traceback."""
+    """Workers that cannot be ready within fault.startup_timeout_s: a fault (exit 3), not a traceback."""
     out = tmp_path / "run"
-    proc = run_cli(["workers=2", "sync.timeout_s=0.05", f"run_dir={out}"], cwd=tmp_path)
+    proc = run_cli(["workers=2", "fault.startup_timeout_s=0.05", f"run_dir={out}"], cwd=tmp_path)
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("hogwild: error:")]
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert lines == [lines[0]] and "workers not ready after" in lines[0], proc.stderr[-3000:]

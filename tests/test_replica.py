@@ -111,8 +111,25 @@ def test_resume_continues_from_checkpoint(tmp_cwd: Path) -> None:
     first = run(compose_cfg(["workers=2", "train.max_steps=40", f"run_dir={out}"]), str(out))
     assert first["steps"] == 40
     again = run(compose_cfg(["workers=2", "train.max_steps=100", f"run_dir={out}", "resume=true"]), str(out))
-    assert again["resumed_from"].endswith("step_000000040.pt")
+    assert Path(again["resumed_from"]).name.startswith("step_000000040-")
     assert again["steps"] == 100  # 40 restored + 60 more: the data position carried over
+    assert again["steps_lost_on_resume"] == 0  # the first run ended with a final checkpoint
+
+
+def test_steps_lost_on_resume_is_exact(tmp_cwd: Path) -> None:
+    """The newest checkpoint is gone (as if the crash came before it was written): the resumed
+    run counts exactly the steps the previous attempt made beyond the one it resumes."""
+    out = tmp_cwd / "run"
+    run(compose_cfg(["workers=2", "train.max_steps=40", f"run_dir={out}"]), str(out))
+    run(compose_cfg(["workers=2", "train.max_steps=100", f"run_dir={out}", "resume=true"]), str(out))
+    newest = checkpoint.load(out / "checkpoints" / "last.pt")
+    assert newest["counters"]["steps"] == 100
+    for p in (out / "checkpoints").glob("*.pt"):
+        if checkpoint.load(p)["counters"]["steps"] == 100:
+            p.unlink()  # last.pt and its step file: never written
+    again = run(compose_cfg(["workers=2", "train.max_steps=120", f"run_dir={out}", "resume=true"]), str(out))
+    assert Path(again["resumed_from"]).name.startswith("step_000000040-")
+    assert again["steps_lost_on_resume"] == 100 - 40
 
 
 @slow
