@@ -137,6 +137,11 @@ class Leader:
             if failed is not None:
                 self._fail(*failed)
 
+    def _write_local(self) -> None:
+        """A checkpoint of this replica alone, without a collective (see Saver.local_view)."""
+        own = self.board.totals(self.pool.restarts)
+        self._write(*self.saver.local_view(self.board, self.env.rank, self.env.world_size, own))
+
     def _fail(self, msg: str, code: int = EXIT_FAULT) -> None:
         if self.fault is None:
             self.fault, self.fault_code = msg, code
@@ -184,8 +189,7 @@ class Leader:
             elif self.is_rank0 and time.monotonic() >= self.next_ckpt + LOCAL_GRACE * self.cfg.checkpoint.every_s:
                 # No round brought the due checkpoint (a long interval, a slow peer): write this
                 # replica's own, so checkpoint.every_s holds (within the grace) between rounds.
-                own = self.board.totals(self.pool.restarts)
-                self._write(*self.saver.local_view(self.board, self.env.rank, self.env.world_size, own))
+                self._write_local()
             self.tel.tick(self.board, self.base.steps, self.rounds.syncs)
 
     # ------------------------------------------------------------------- run
@@ -195,7 +199,8 @@ class Leader:
             try:
                 self._setup()
             except StopNow:
-                return self._stopped_in_startup()
+                self.fault = "stopped during start-up: nothing trained, no checkpoint written"
+                return self._outcome()
             self.pool = WorkerPool(self.cfg, self.specs, self.rep, self.board)
             self.stopper.workers_started(self.pool.kill)
             logger.info("replica %d/%d: %d workers x %d threads, %d steps each, run dir %s",
@@ -225,11 +230,10 @@ class Leader:
             if self.lock is not None:
                 self.lock.release()
 
-    def _stopped_in_startup(self) -> dict[str, Any]:
-        assert self.stopper.signal is not None
-        status = status_of(self.stopper.signal, None)
-        return {"status": status, "exit_code": exit_code(status),
-                "error": f"stopped by {status} during start-up: nothing trained, no checkpoint written"}
+    def _outcome(self, **extra: Any) -> dict[str, Any]:
+        """The short result of a leader that writes no metrics.json."""
+        status = status_of(self.stopper.signal, self.fault, self.fault_code)
+        return {"status": status, "exit_code": exit_code(status), "error": self.fault, **extra}
 
     def _finish(self, train_s: float) -> dict[str, Any]:
         if self.env.distributed and not self.degraded:
@@ -243,10 +247,8 @@ class Leader:
             # keeping: a peer that froze before the first checkpoint must not cost everything.
             logger.error("a peer replica is gone: no final sync; rank 0 checkpoints its own replica")
             if self.is_rank0:
-                own = self.board.totals(self.pool.restarts)
-                self._write(*self.saver.local_view(self.board, self.env.rank, self.env.world_size, own))
-            status = status_of(self.stopper.signal, self.fault, self.fault_code)
-            return {"status": status, "exit_code": exit_code(status), "error": self.fault, "peer_lost": True}
+                self._write_local()
+            return self._outcome(peer_lost=True)
         dump = os.environ.get(DUMP_ENV)
         if dump:  # test hook: each replica's final parameters, to check consensus bit for bit
             torch.save(self.rep.flat.cpu().clone(), Path(dump) / f"rank{self.env.rank}.pt")
@@ -258,9 +260,9 @@ class Leader:
                 self._fail(f"{verdict.failure}; {self.saver.kept()}", EXIT_FAILED)
         job = self._checkpoint(write=self.fault_code != EXIT_FAILED)  # workers are stopped: final totals
         sync_stats = self.rounds.close()
-        status = status_of(self.stopper.signal, self.fault, self.fault_code)
         if not self.is_rank0:
-            return {"status": status, "exit_code": exit_code(status)}
+            return self._outcome()
+        status = status_of(self.stopper.signal, self.fault, self.fault_code)
         counters = self.base.plus(job, self.rounds.syncs)
         assert self.t_train is not None
         timing = Timing(wall_s=time.monotonic() - self.t_start, train_s=train_s, startup_s=self.t_train - self.t_start,

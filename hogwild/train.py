@@ -43,7 +43,7 @@ def _hydra_main(dcfg: DictConfig) -> Optional[float]:
         outputs = [name for name in ("metrics.json", "checkpoints/last.pt", "tb/") if (run_dir / name).exists()]
         logger.info("outputs in %s: %s (tensorboard --logdir %s/tb)", run_dir, ", ".join(outputs), run_dir)
     if result["exit_code"] != 0:
-        if "error" in result:
+        if result.get("error"):
             say_error(result["error"])
         if result.get("peer_lost"):
             # A collective to the lost peer is still pending inside Gloo/NCCL; tearing the
