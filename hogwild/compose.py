@@ -72,9 +72,28 @@ def _unknown_keys(node: Any, schema: type, prefix: str = "") -> None:
             _unknown_keys(node._get_node(key), sub, f"{name}.")  # type: ignore[arg-type]
 
 
+def _target_kwargs(dcfg: Any) -> None:
+    """``model._target_=X +model.depth=3``: keys under ``model`` that the schema lacks are the
+    target's keyword arguments; move them into ``model.kwargs`` (checked against its signature
+    when the model is built)."""
+    import dataclasses
+
+    from omegaconf import open_dict
+
+    model = dcfg.get("model") if OmegaConf.is_dict(dcfg) else None
+    if model is None or not model.get("_target_"):
+        return
+    known = {f.name for f in dataclasses.fields(config_mod.ModelConfig)}
+    with open_dict(model):
+        for key in [k for k in model.keys() if k not in known]:
+            model.kwargs[key] = model[key]
+            del model[key]
+
+
 def to_config(dcfg: Any) -> Config:
     """DictConfig -> validated :class:`Config`; every failure becomes a :class:`ConfigError`."""
     if OmegaConf.is_dict(dcfg):
+        _target_kwargs(dcfg)
         _unknown_keys(dcfg, Config)
     try:
         cfg = OmegaConf.to_object(dcfg)

@@ -42,7 +42,12 @@ def _positive(value: float, key: str, allow_zero: bool = False) -> None:
 @dataclass
 class ModelConfig:
     name: str = "mlp"
-    """Model architecture: mlp | convnet | sparse_linear."""
+    """Model architecture: mlp | convnet | sparse_linear (ignored when _target_ is set)."""
+    _target_: Optional[str] = None
+    """Import path of any callable returning an nn.Module (torchvision.models.resnet18,
+    mynets.Net); its keyword arguments are the other keys under model (+model.key=value)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """The _target_'s keyword arguments, gathered from the keys under model."""
     hidden: int = 128
     """Hidden width of the mlp."""
     dropout: float = 0.25
@@ -70,6 +75,8 @@ class DataConfig:
     """Seed of the train/test split; fixed apart from train.seed so sweeps share a test set."""
     image_size: int = 0
     """Resize digits images to this side (e.g. 28 for the convnet); 0 keeps 8x8."""
+    channels: int = 1
+    """Digits as 1 (gray) or 3 channels (RGB copies, for torchvision models such as resnet18)."""
     num_samples: int = 20000
     """sparse_synthetic: number of samples."""
     num_features: int = 2**18
@@ -84,6 +91,7 @@ class DataConfig:
         _require(0.0 < self.test_fraction < 1.0, "data.test_fraction",
                  f"must be in (0, 1), got {self.test_fraction}")
         _positive(self.image_size, "data.image_size", allow_zero=True)
+        _require(self.channels in (1, 3), "data.channels", f"must be 1 or 3, got {self.channels}")
         _positive(self.num_samples, "data.num_samples")
         _positive(self.num_features, "data.num_features")
         _positive(self.active_features, "data.active_features")

@@ -106,7 +106,7 @@ def _digits(cfg: DataConfig) -> Dataset:
     d = load_digits()
     x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
     x = _resize(x, cfg.image_size)
-    x = (x - 0.5) / 0.5
+    x = ((x - 0.5) / 0.5).expand(-1, cfg.channels, -1, -1).contiguous()
     y = torch.tensor(d.target, dtype=torch.int64)
     train, test = _split(x, y, cfg.test_fraction, cfg.split_seed)
     return Dataset(train, test, 10, tuple(x.shape[1:]))
@@ -241,7 +241,9 @@ class ShardSampler:
         self.shard = shard_idx
         self.batch_size = min(batch_size, len(shard_idx))
         self.seed = seed
-        self.batches_per_epoch = math.ceil(len(shard_idx) / self.batch_size)
+        # A trailing batch of one sample is dropped: BatchNorm cannot train on it.
+        full, rest = divmod(len(shard_idx), self.batch_size)
+        self.batches_per_epoch = full + (1 if rest > 1 else 0)
         self._epoch = -1
         self._perm: Optional[Tensor] = None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from typing import Optional
 
@@ -53,10 +54,14 @@ def config_from_checkpoint(ckpt: dict, overrides: list[str]) -> Config:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
+    # A user's model module next to where the command runs (model._target_=mynets.Net) must
+    # import here and in every spawned worker, which inherits this sys.path.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     from hogwild import checkpoint
     from hogwild.data import load_dataset
-    from hogwild.models import build_model
-    from hogwild.shared import bind
+    from hogwild.models import build_model, model_id
+    from hogwild.shared import bind, layout
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
     args = sys.argv[1:] if argv is None else argv
@@ -69,8 +74,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         cfg = config_from_checkpoint(ckpt, [a for a in args if a not in ck])
         ds = load_dataset(cfg.data)
         model = build_model(cfg.model, ds, cfg.train.seed)
-        checkpoint.check_compatible(ckpt, path, cfg.model.name,
-                                    [tuple(p.shape) for p in model.parameters()])
+        checkpoint.check_compatible(ckpt, path, model_id(cfg.model), [s.shape for s in layout(model)])
         bind(model, ckpt["flat"].float())
         loss, acc = evaluate(model, ds.test, torch.device("cpu"))
     except UserError as e:

@@ -36,6 +36,7 @@ from hogwild.distributed import (
 from hogwild.errors import EXIT_FAILED, EXIT_FAULT
 from hogwild.files import RunDirLock
 from hogwild.metrics import flatten
+from hogwild.models import model_id
 from hogwild.pool import WorkerPool, worker_specs
 from hogwild.replica import build_replica
 from hogwild.report import Timing, exit_code, final_report, status_of, write_report
@@ -99,7 +100,7 @@ class Leader:
         self.restored = r = resume(cfg, self.run_dir, rep, self.board, self.rule, self.comm, env, previous)
         self.base = r.counters if r else Counters()
         self.saver = Saver(self.run_dir, cfg.checkpoint.keep, r.lineage if r else checkpoint.new_lineage(),
-                           cfg.model.name, r.path if r else None)
+                           model_id(cfg.model), r.path if r else None)
         self.specs = worker_specs(cfg, env, self.k, len(rep.ds.train))
         self.tel = Telemetry(cfg, self.run_dir, self.is_rank0, rep.model, rep.ds.test, self.device,
                              env.world_size)

@@ -1,13 +1,17 @@
-"""Model registry. Models take the dataset's input tuple and return logits.
+"""Models: the built-in registry, or any ``model._target_`` callable returning an nn.Module.
+Models take the dataset's input tuple and return logits.
 
-Models hold parameters only (no buffers): everything a worker updates lives in the flat
-shared buffer, so nothing model-specific escapes the sharing.
+Parameters and float buffers live in the flat shared buffer (shared.py); a model that cannot
+(float16 parameters, say) is refused in one line before anything starts.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
-from typing import Callable
+import re
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -15,7 +19,8 @@ from torch import Tensor, nn
 
 from hogwild.config import ModelConfig
 from hogwild.data import Dataset
-from hogwild.errors import ConfigError
+from hogwild.errors import ConfigError, first_line
+from hogwild.shared import check_dtypes
 
 
 class MLP(nn.Module):
@@ -90,13 +95,60 @@ MODELS: dict[str, Callable[[ModelConfig, Dataset], nn.Module]] = {
 }
 
 
+def model_id(cfg: ModelConfig) -> str:
+    """What a checkpoint records as its model: the import path, or the built-in name."""
+    return cfg._target_ or cfg.name
+
+
+def _import(path: str) -> Callable[..., Any]:
+    module, _, attr = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attr) if module else importlib.import_module(attr)
+    except Exception as e:  # noqa: BLE001 - a missing module, a typo, a module that fails to import
+        raise ConfigError(f"model._target_: cannot import {path!r} ({type(e).__name__}: {first_line(e)})") from None
+
+
+def _from_target(cfg: ModelConfig, ds: Dataset) -> nn.Module:
+    """Call ``cfg._target_`` with ``cfg.kwargs``. Unless given, ``num_classes`` comes from the
+    dataset when the signature names it or takes ``**kwargs`` (torchvision's builders pass
+    those on to the model class), and the input channels when it names ``in_channels`` or
+    ``in_chans``."""
+    target = str(cfg._target_)
+    fn, kwargs = _import(target), dict(cfg.kwargs)
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    open_kw = not params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    fill = {"num_classes": ds.num_classes}
+    if len(ds.input_shape) == 3:
+        fill.update(in_channels=ds.input_shape[0], in_chans=ds.input_shape[0])
+    for key, value in fill.items():
+        if key not in kwargs and (key in params or (key == "num_classes" and open_kw and params)):
+            kwargs[key] = value
+    unknown = [k for k in cfg.kwargs if k not in params] if not open_kw else []
+    if unknown:
+        raise ConfigError(f"model.{unknown[0]}: {target} takes no argument {unknown[0]!r}")
+    try:
+        model = fn(**kwargs)
+    except Exception as e:  # noqa: BLE001 - the user's factory failed: say how, in one line
+        bad = re.search(r"unexpected keyword argument '(\w+)'", str(e))
+        if isinstance(e, TypeError) and bad and bad.group(1) in cfg.kwargs:
+            raise ConfigError(f"model.{bad.group(1)}: {target} takes no argument {bad.group(1)!r}") from None
+        raise ConfigError(f"model._target_: {target}(...) raised {type(e).__name__}: {first_line(e)}") from None
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model._target_: {target} returned a {type(model).__name__}, not an nn.Module")
+    return model
+
+
 def build_model(cfg: ModelConfig, ds: Dataset, seed: int) -> nn.Module:
     """Same seed, same initial weights: every replica and the equivalence test agree."""
-    if cfg.name not in MODELS:
+    if not cfg._target_ and cfg.name not in MODELS:
         raise ConfigError(f"model.name: unknown model {cfg.name!r}; choose one of {', '.join(MODELS)}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = MODELS[cfg.name](cfg, ds)
-    if any(True for _ in model.buffers()):
-        raise ConfigError(f"model: {cfg.name} has buffers, which the flat shared buffer cannot hold")
+        model = _from_target(cfg, ds) if cfg._target_ else MODELS[cfg.name](cfg, ds)
+    bad = check_dtypes(model)
+    if bad:
+        raise ConfigError(f"model: {bad}")
     return model

@@ -15,7 +15,7 @@ from hogwild.data import Dataset, load_dataset
 from hogwild.errors import ConfigError
 from hogwild.models import build_model
 from hogwild.optim import FlatOptimizer
-from hogwild.shared import alloc, share_model
+from hogwild.shared import alloc, layout, share_model
 
 
 @dataclass
@@ -29,7 +29,7 @@ class Replica:
 
     @property
     def shapes(self) -> list[tuple[int, ...]]:
-        return [tuple(p.shape) for p in self.model.parameters()]
+        return [s.shape for s in layout(self.model)]
 
 
 def build_replica(cfg: Config) -> Replica:

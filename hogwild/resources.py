@@ -47,6 +47,7 @@ def data_bytes(cfg: DataConfig) -> Optional[int]:
               "cifar10": (60000, 3, 32)}
     if cfg.name in images:
         n, c, own = images[cfg.name]
+        c = cfg.channels if cfg.name == "digits" else c
         return n * c * (side or own) ** 2 * 4
     if cfg.name == "sparse_synthetic":
         return cfg.num_samples * cfg.active_features * 12  # int64 index + float32 value

@@ -21,6 +21,7 @@ from hogwild.comm import Comm
 from hogwild.config import Config
 from hogwild.distributed import DistEnv, agree_on_path
 from hogwild.errors import ConfigError
+from hogwild.models import model_id
 from hogwild.replica import Replica
 from hogwild.sync import SyncRule
 
@@ -141,7 +142,7 @@ def resume(cfg: Config, run_dir: Path, rep: Replica, board: Board, rule: SyncRul
     path = resume_path(cfg.resume, run_dir, env.rank == 0, agree_on_path)
     if path is None:
         return None
-    restored, sync_state = restore(path, cfg.model.name, rep.shapes, rep.flat, rep.opt_state, board,
+    restored, sync_state = restore(path, model_id(cfg.model), rep.shapes, rep.flat, rep.opt_state, board,
                                    env.rank, env.world_size)
     restored.steps_lost = steps_lost(previous, path, run_dir, restored.counters.steps,
                                      lambda xs: comm.all_reduce(torch.tensor(xs, dtype=torch.float64)).tolist())

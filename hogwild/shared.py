@@ -1,4 +1,11 @@
-"""One flat shared-memory buffer for all parameters; module parameters are views into it.
+"""One flat shared-memory buffer for all parameters and float buffers; the module's
+parameters and buffers are views into it.
+
+Layout: every parameter (``named_parameters``: tied ones once), then every float buffer
+(BatchNorm's running mean and variance). Workers' forward passes update those buffers in
+place, Hogwild-style, and sync rounds average them with the parameters. Integer buffers
+(``num_batches_tracked``) cannot live in a float32 buffer and stay private to each process;
+they only matter to BatchNorm with ``momentum=None`` (design rule 13 in docs/design.md).
 
 One buffer means one file descriptor (not one per tensor), one collective per sync and
 one ``clone()`` per snapshot (design rule 3 in docs/design.md). The buffer is allocated and the leader's
@@ -11,6 +18,7 @@ import logging
 import os
 import shutil
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
@@ -39,16 +47,33 @@ class Slot:
         return flat[self.offset:self.offset + self.numel].view(self.shape)
 
 
+def _float_buffers(model: nn.Module) -> list[tuple[str, Tensor]]:
+    return [(n, b) for n, b in model.named_buffers() if b.is_floating_point()]
+
+
 def layout(model: nn.Module) -> list[Slot]:
+    """Parameters first (the optimizer's slots are this list's prefix), then float buffers."""
     slots, off = [], 0
-    for name, p in model.named_parameters():
-        slots.append(Slot(name, off, tuple(p.shape)))
-        off += p.numel()
+    for name, t in [*model.named_parameters(), *_float_buffers(model)]:
+        slots.append(Slot(name, off, tuple(t.shape)))
+        off += t.numel()
     return slots
 
 
+def param_slots(model: nn.Module) -> list[Slot]:
+    return layout(model)[:len(list(model.parameters()))]
+
+
 def numel(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+    return sum(s.numel for s in layout(model))
+
+
+def check_dtypes(model: nn.Module) -> Optional[str]:
+    """Why ``model`` cannot live in one float32 buffer, or None."""
+    for name, t in [*model.named_parameters(), *_float_buffers(model)]:
+        if t.dtype != torch.float32:
+            return f"{name} is {t.dtype}; hogwild shares float32 parameters and buffers only"
+    return None
 
 
 def check_shm(nbytes: int, path: str = SHM_PATH) -> None:
@@ -82,11 +107,19 @@ def bind(model: nn.Module, flat: Tensor, copy_values: bool = False) -> None:
     if slots and slots[-1].offset + slots[-1].numel != flat.numel():
         raise ValueError(f"flat buffer holds {flat.numel()} values, model needs {numel(model)}")
     with torch.no_grad():
-        for slot, p in zip(slots, model.parameters()):
+        params = list(model.parameters())
+        for slot, p in zip(slots, params):
             view = slot.view(flat)
             if copy_values:
                 view.copy_(p.data)
             p.data = view
+        for slot in slots[len(params):]:
+            owner, _, leaf = slot.name.rpartition(".")
+            mod = model.get_submodule(owner)
+            view = slot.view(flat)
+            if copy_values:
+                view.copy_(mod._buffers[leaf])
+            mod._buffers[leaf] = view  # the module now reads and updates the shared slice
 
 
 def share_model(model: nn.Module, device: str) -> Tensor:
@@ -94,6 +127,6 @@ def share_model(model: nn.Module, device: str) -> Tensor:
     flat = alloc(numel(model), device)
     model.to(device)
     bind(model, flat, copy_values=True)
-    logger.info("shared model: %d parameters, %.2f MiB, on %s", flat.numel(),
+    logger.info("shared model: %d values (parameters and float buffers), %.2f MiB, on %s", flat.numel(),
                 flat.numel() * 4 / 2**20, device)
     return flat

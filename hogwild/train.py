@@ -56,6 +56,10 @@ def _hydra_main(dcfg: DictConfig) -> Optional[float]:
 
 
 def main() -> None:
+    # A user's model module next to where the command runs (model._target_=mynets.Net) must
+    # import here and in every spawned worker, which inherits this sys.path.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     register_resolvers()
     try:
         DistEnv.from_env()  # torchrun's variables: Hydra reads them too, inside its own config

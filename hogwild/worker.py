@@ -27,7 +27,7 @@ from hogwild.data import Dataset, ShardSampler, shard
 from hogwild.faults import StepFn, crash_at_start, inject_faults
 from hogwild.models import build_model
 from hogwild.optim import FlatOptimizer, grads_finite
-from hogwild.shared import bind, layout
+from hogwild.shared import bind, param_slots
 
 logger = logging.getLogger(__name__)
 
@@ -63,11 +63,10 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
 
     model = build_model(cfg.model, ds, cfg.train.seed)
     bind(model, flat)
-    model.train()
     if opt_state is None:
         opt_state = FlatOptimizer.new_state(cfg.optim, flat.numel(),
                                             lambda n: torch.zeros(n, device=flat.device))
-    opt = FlatOptimizer(cfg.optim, flat, layout(model), opt_state)
+    opt = FlatOptimizer(cfg.optim, flat, param_slots(model), opt_state)
     sampler = ShardSampler(shard(len(ds.train), spec.num_global, spec.global_index, cfg.train.seed),
                            cfg.train.batch_size, cfg.train.seed + spec.global_index)
     params = list(model.parameters())
@@ -75,7 +74,9 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
     # One throw-away forward/backward: the allocator's and autograd's first-call costs land
     # in startup (reported as such), not in the first training steps.
     crash_at_start(spec.global_index)
+    model.eval()  # a training-mode forward would move BatchNorm's shared running statistics
     step_fn(int(board.row(spec.local_index)["pos"]))
+    model.train()
     run_loop(inject_faults(step_fn, params, spec.global_index), opt, params, spec, board, wake, gate)
 
 

@@ -124,6 +124,15 @@ IN_PROCESS: list[tuple[str, Setup, str]] = [
     ("WORLD_SIZE not a number", _env(WORLD_SIZE="two"), "environment variable WORLD_SIZE"),
     ("RANK outside WORLD_SIZE", _env(RANK="3", WORLD_SIZE="2"), "environment variable RANK"),
     ("MASTER_PORT not a number", _env(MASTER_PORT="http"), "environment variable MASTER_PORT"),
+    ("model _target_ that does not import", _args("model._target_=nowhere.Net"), "model._target_"),
+    ("model _target_ attribute missing", _args("model._target_=tests.user_models.Nope"), "model._target_"),
+    ("model factory that raises", _args("model._target_=tests.user_models.broken"), "model._target_"),
+    ("model factory returning no module", _args("model._target_=tests.user_models.not_a_module"), "model._target_"),
+    ("model argument the factory does not take", _args("model._target_=torchvision.models.resnet18",
+                                                       "+model.depth=3"), "model.depth"),
+    ("float64 model", _args("model._target_=tests.user_models.Doubles"), "model"),
+    ("+model key without a _target_", _args("+model.width=3"), "model.width"),
+    ("digits with 2 channels", _args("data.channels=2"), "data.channels"),
 ]
 
 

@@ -1,0 +1,74 @@
+"""A user's own model (``model._target_``) with BatchNorm and Dropout, imported from the
+directory the command runs in, by the leader and by every spawned worker (slow tier)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hogwild import checkpoint
+from tests.conftest import REPO, clean_env, run_cli, torchrun
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+NET = ["model._target_=mynets.Net", "+model.width=8"]
+
+
+def _user_dir(tmp_path: Path) -> Path:
+    shutil.copy(REPO / "examples" / "mynets.py", tmp_path / "mynets.py")
+    return tmp_path
+
+
+def _bn_stats(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    sys.path.insert(0, str(REPO / "examples"))
+    try:
+        from mynets import Net
+
+        from hogwild.shared import layout
+    finally:
+        sys.path.pop(0)
+    slots = {s.name: s for s in layout(Net(10, 1, width=8))}
+    return (slots["features.1.running_mean"].view(flat).clone(), slots["features.1.running_var"].view(flat).clone())
+
+
+def test_batchnorm_statistics_train_checkpoint_resume_and_evaluate(tmp_path: Path) -> None:
+    d = _user_dir(tmp_path)
+    first = run_cli([*NET, "workers=2", "train.max_steps=200", f"run_dir={d / 'run'}"], cwd=d)
+    assert first.returncode == 0, first.stderr[-3000:]
+    ck = checkpoint.load(d / "run" / "checkpoints" / "last.pt")
+    assert ck["model"] == "mynets.Net"
+    mean, var = _bn_stats(ck["flat"])
+    assert mean.abs().sum() > 0 and (var - 1).abs().sum() > 0, "running statistics never moved"
+    m = json.loads((d / "run" / "metrics.json").read_text())
+    assert m["test_accuracy"] > m["chance_accuracy"] + 0.3
+
+    # Resuming at the same step count trains nothing: the final checkpoint must hold exactly
+    # the restored values, buffers included.
+    again = run_cli([*NET, "workers=2", "train.max_steps=200", "resume=true", f"run_dir={d / 'run'}"], cwd=d)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert torch.equal(checkpoint.load(d / "run" / "checkpoints" / "last.pt")["flat"], ck["flat"])
+
+    # hogwild-eval rebuilds the user's model from the checkpoint's config, in eval() mode.
+    ev = subprocess.run([sys.executable, "-m", "hogwild.evaluate", f"checkpoint={d / 'run' / 'checkpoints' / 'last.pt'}"],
+                        cwd=d, capture_output=True, text=True, timeout=120, env=clean_env())
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    assert json.loads(ev.stdout.strip().splitlines()[-1])["test_accuracy"] == pytest.approx(m["test_accuracy"])
+
+
+def test_batchnorm_replicas_agree_bit_for_bit_after_the_final_sync(tmp_path: Path) -> None:
+    d = _user_dir(tmp_path)
+    dump = d / "final"
+    dump.mkdir()
+    proc = torchrun(2, [*NET, "workers=2", "train.max_steps=200", "sync.interval=20", f"run_dir={d / 'run'}"],
+                    cwd=d, env=clean_env(OMP_NUM_THREADS="1", HOGWILD_DUMP_FINAL=str(dump)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    finals = [torch.load(dump / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    assert torch.equal(finals[0], finals[1]), "replicas differ after the final sync"
+    mean, _ = _bn_stats(finals[0])
+    assert mean.abs().sum() > 0

@@ -1,0 +1,22 @@
+"""Model factories that go wrong, for the bad-input tests of ``model._target_``."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+
+def broken(num_classes: int) -> nn.Module:
+    raise RuntimeError("this factory always fails")
+
+
+def not_a_module(num_classes: int) -> int:
+    return num_classes
+
+
+class Doubles(nn.Module):
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(64, num_classes).double()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(x.flatten(1).double()).float()
