@@ -73,21 +73,22 @@ def _unknown_keys(node: Any, schema: type, prefix: str = "") -> None:
 
 
 def _target_kwargs(dcfg: Any) -> None:
-    """``model._target_=X +model.depth=3``: keys under ``model`` that the schema lacks are the
-    target's keyword arguments; move them into ``model.kwargs`` (checked against its signature
-    when the model is built)."""
+    """``model._target_=X +model.depth=3``: keys under ``model`` (or ``data``) that the schema
+    lacks are the target's keyword arguments; move them into ``kwargs`` (checked against the
+    target's signature when it is called)."""
     import dataclasses
 
     from omegaconf import open_dict
 
-    model = dcfg.get("model") if OmegaConf.is_dict(dcfg) else None
-    if model is None or not model.get("_target_"):
-        return
-    known = {f.name for f in dataclasses.fields(config_mod.ModelConfig)}
-    with open_dict(model):
-        for key in [k for k in model.keys() if k not in known]:
-            model.kwargs[key] = model[key]
-            del model[key]
+    for group, schema in (("model", config_mod.ModelConfig), ("data", config_mod.DataConfig)):
+        node = dcfg.get(group) if OmegaConf.is_dict(dcfg) else None
+        if node is None or not node.get("_target_"):
+            continue
+        known = {f.name for f in dataclasses.fields(schema)}
+        with open_dict(node):
+            for key in [k for k in node.keys() if k not in known]:
+                node.kwargs[key] = node[key]
+                del node[key]
 
 
 def to_config(dcfg: Any) -> Config:

@@ -7,16 +7,16 @@ value fails in one line before any process is spawned (design rule 9 in docs/des
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
 from hogwild.errors import ConfigError
+from hogwild.files import writable_dir
 
 MODELS = ("mlp", "convnet", "sparse_linear")
-DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "npz", "sparse_synthetic")
+DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "npz", "sparse_synthetic", "image_folder")
 OPTIMIZERS = ("sgd", "adam", "adagrad")
 OPTIM_STATES = ("worker", "shared")
 SYNC_MODES = ("average", "broadcast", "diloco", "median", "trimmed_mean")
@@ -62,9 +62,15 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     name: str = "digits"
-    """Dataset: digits | mnist | fashion_mnist | cifar10 | npz | sparse_synthetic."""
+    """Dataset: digits | mnist | fashion_mnist | cifar10 | npz | sparse_synthetic | image_folder."""
+    _target_: Optional[str] = None
+    """Import path of a callable returning (train, test) map-style datasets of (inputs..., label)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """The data _target_'s keyword arguments, gathered from the keys under data."""
     root: str = "data"
-    """Folder of torchvision datasets (mnist, fashion_mnist, cifar10)."""
+    """Folder of torchvision datasets (mnist, fashion_mnist, cifar10), or DIR of image_folder."""
+    augment: bool = False
+    """image_folder: random crop and horizontal flip of training images."""
     download: bool = False
     """Let torchvision download into ``root``; never done unless asked."""
     path: Optional[str] = None
@@ -274,7 +280,7 @@ class Config:
         _require(w == "auto" or (isinstance(w, int) and not isinstance(w, bool) and w > 0),
                  "workers", f"must be a positive integer or 'auto', got {self.workers!r}")
         self.workers = w
-        _check_writable(self.run_dir)
+        _require(writable_dir(self.run_dir), "run_dir", f"cannot create {self.run_dir!r}: no writable folder on its path")
         _choice(self.device, "device", DEVICES)
         r = self.resume
         _require(isinstance(r, (bool, str)), "resume", f"must be auto, true, false or a path, got {r!r}")
@@ -283,15 +289,6 @@ class Config:
                      "nccl needs device=cuda (NCCL runs on GPUs only); use gloo or auto")
         if self.sync.mode == "trimmed_mean":
             _require(self.sync.trim >= 0, "sync.trim", "must be >= 0")
-
-
-def _check_writable(run_dir: str) -> None:
-    """The nearest existing ancestor of ``run_dir`` must be a writable folder."""
-    p = os.path.abspath(run_dir)
-    while not os.path.exists(p):
-        p = os.path.dirname(p)
-    _require(os.path.isdir(p) and os.access(p, os.W_OK), "run_dir",
-             f"cannot create {run_dir!r}: {p!r} is not a writable directory")
 
 
 def register() -> None:

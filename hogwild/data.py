@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
@@ -19,42 +18,11 @@ from torch import Tensor
 
 from hogwild.config import DataConfig
 from hogwild.errors import ConfigError
+from hogwild.splits import Dataset, Split
+
+__all__ = ["Dataset", "Split", "ShardSampler", "load_dataset", "shard"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class Split:
-    """Inputs as a tuple (dense: ``(X,)``; sparse: ``(indices, values)``) and int64 labels."""
-
-    inputs: tuple[Tensor, ...]
-    targets: Tensor
-
-    def __len__(self) -> int:
-        return int(self.targets.shape[0])
-
-    def batch(self, idx: Tensor) -> tuple[tuple[Tensor, ...], Tensor]:
-        return tuple(t[idx] for t in self.inputs), self.targets[idx]
-
-    def share_memory_(self) -> "Split":
-        for t in (*self.inputs, self.targets):
-            t.share_memory_()
-        return self
-
-
-@dataclass
-class Dataset:
-    train: Split
-    test: Split
-    num_classes: int
-    input_shape: tuple[int, ...]
-    """Per-sample shape of a dense input; ``(num_features,)`` for sparse data."""
-    sparse: bool = False
-
-    def share_memory_(self) -> "Dataset":
-        self.train.share_memory_()
-        self.test.share_memory_()
-        return self
 
 
 Loader = Callable[[DataConfig], Dataset]
@@ -69,14 +37,18 @@ def register(name: str) -> Callable[[Loader], Loader]:
 
 
 def load_dataset(cfg: DataConfig) -> Dataset:
-    if cfg.name not in _LOADERS:
+    from hogwild.mapdata import load_image_folder, load_target
+
+    _LOADERS.setdefault("image_folder", load_image_folder)
+    name = cfg._target_ or cfg.name
+    if not cfg._target_ and cfg.name not in _LOADERS:
         raise ConfigError(f"data.name: unknown dataset {cfg.name!r}; choose one of {', '.join(_LOADERS)}")
-    ds = _LOADERS[cfg.name](cfg)
+    ds = load_target(cfg) if cfg._target_ else _LOADERS[cfg.name](cfg)
     for split_name, split in (("train", ds.train), ("test", ds.test)):
         if len(split) == 0:
-            raise ConfigError(f"data: the {split_name} split of {cfg.name!r} is empty")
+            raise ConfigError(f"data: the {split_name} split of {name!r} is empty")
     logger.info("data %s: %d train / %d test samples, %d classes, input %s",
-                cfg.name, len(ds.train), len(ds.test), ds.num_classes, ds.input_shape)
+                name, len(ds.train), len(ds.test), ds.num_classes, ds.input_shape)
     return ds
 
 

@@ -52,6 +52,14 @@ def atomic_link(target: Path, link: Path) -> None:
         raise
 
 
+def writable_dir(path: str) -> bool:
+    """Whether ``path`` can be created: its nearest existing ancestor is a writable folder."""
+    p = os.path.abspath(path)
+    while not os.path.exists(p):
+        p = os.path.dirname(p)
+    return os.path.isdir(p) and os.access(p, os.W_OK)
+
+
 class RunDirLock:
     """An exclusive ``flock`` on ``run_dir/.hogwild.lock`` for the life of the job.
 

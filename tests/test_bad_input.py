@@ -133,6 +133,13 @@ IN_PROCESS: list[tuple[str, Setup, str]] = [
     ("float64 model", _args("model._target_=tests.user_models.Doubles"), "model"),
     ("+model key without a _target_", _args("+model.width=3"), "model.width"),
     ("digits with 2 channels", _args("data.channels=2"), "data.channels"),
+    ("data _target_ that does not import", _args("data._target_=nowhere.load"), "data._target_"),
+    ("data factory returning no pair", _args("data._target_=tests.user_models.no_pair"), "data._target_"),
+    ("data items of the wrong structure", _args("data._target_=tests.user_models.wrong_items"), "data._target_"),
+    ("data items with float labels", _args("data._target_=tests.user_models.float_labels"), "data._target_"),
+    ("data argument the factory does not take", _args("data._target_=tests.user_models.no_pair",
+                                                      "+data.depth=1"), "data.depth"),
+    ("image_folder root without train/ and val/", _args("data=image_folder", "data.root=/nonexistent"), "data.root"),
 ]
 
 

@@ -72,3 +72,30 @@ def test_batchnorm_replicas_agree_bit_for_bit_after_the_final_sync(tmp_path: Pat
     assert torch.equal(finals[0], finals[1]), "replicas differ after the final sync"
     mean, _ = _bn_stats(finals[0])
     assert mean.abs().sum() > 0
+
+
+def test_a_user_dataset_from_the_working_directory_trains_in_spawned_workers(tmp_path: Path) -> None:
+    d = _user_dir(tmp_path)
+    shutil.copy(REPO / "examples" / "mydata.py", d / "mydata.py")
+    proc = run_cli([*NET, "data._target_=mydata.digits", "+data.noise=0.05", "workers=2", "train.epochs=10",
+                    f"run_dir={d / 'run'}"], cwd=d)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = json.loads((d / "run" / "metrics.json").read_text())
+    assert m["test_accuracy"] >= 0.9 and m["worker_restarts"] == 0
+    assert checkpoint.load(d / "run" / "checkpoints" / "last.pt")["config"]["data"]["kwargs"] == {"noise": 0.05}
+
+
+def test_image_folder_of_digit_pictures(tmp_path: Path) -> None:
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    for i, (img, label) in enumerate(zip(digits.images[:600], digits.target[:600])):
+        folder = tmp_path / "pics" / ("val" if i % 5 == 0 else "train") / str(label)
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray((img * 16).clip(0, 255).astype("uint8")).convert("RGB").save(folder / f"{i}.png")
+    proc = run_cli(["data=image_folder", f"data.root={tmp_path / 'pics'}", "data.image_size=16", "data.augment=true",
+                    "model=convnet", "workers=2", "train.epochs=15", f"run_dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert m["test_accuracy"] > m["chance_accuracy"] + 0.3, m

@@ -1,4 +1,4 @@
-"""Model factories that go wrong, for the bad-input tests of ``model._target_``."""
+"""Model and data factories that go wrong, for the bad-input tests of ``_target_``."""
 
 from __future__ import annotations
 
@@ -20,3 +20,18 @@ class Doubles(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc(x.flatten(1).double()).float()
+
+
+def no_pair() -> list:
+    return [1, 2, 3]
+
+
+def wrong_items() -> tuple[list, list]:
+    return [("not a tensor", 0)], [("not a tensor", 0)]
+
+
+def float_labels() -> tuple[list, list]:
+    import torch
+
+    item = (torch.zeros(4), torch.tensor(0.5))
+    return [item, item], [item, item]

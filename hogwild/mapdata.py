@@ -1,0 +1,130 @@
+"""Map-style datasets: a user's ``data._target_`` and ``data=image_folder``.
+
+Unlike the in-memory tensor path (data.py), nothing is loaded up front: each worker reads the
+items of its own shard by index and collates its batches itself, so per-sample decoding,
+transforms and augmentation run inside the workers, in parallel. The dataset object travels
+to every spawned worker by pickling, so it must be picklable (torchvision's are).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import re
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset as TorchDataset
+from torch.utils.data import default_collate
+
+from hogwild.config import DataConfig
+from hogwild.errors import ConfigError, first_line
+from hogwild.splits import Dataset
+
+logger = logging.getLogger(__name__)
+
+
+class MapSplit:
+    """One split of a map-style dataset, with the interface of data.Split."""
+
+    def __init__(self, dataset: TorchDataset, name: str) -> None:
+        self.dataset, self.name = dataset, name
+        self._targets: Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def batch(self, idx: Tensor) -> tuple[tuple[Tensor, ...], Tensor]:
+        *inputs, y = default_collate([self.dataset[int(i)] for i in idx])
+        return tuple(inputs), torch.as_tensor(y).long()
+
+    @property
+    def targets(self) -> Tensor:
+        """Every label, from the dataset's ``targets`` when it has them, else read item by item."""
+        if self._targets is None:
+            known = getattr(self.dataset, "targets", None)
+            labels = known if known is not None else [self.dataset[i][-1] for i in range(len(self))]
+            self._targets = torch.as_tensor([int(t) for t in labels], dtype=torch.int64)
+        return self._targets
+
+    def share_memory_(self) -> "MapSplit":
+        return self  # items are read on demand in each worker: nothing to share
+
+
+def _check_item(split: MapSplit, key: str) -> tuple[int, ...]:
+    """The input shape of item 0, after checking that items are (inputs..., integer label)."""
+    try:
+        item = split.dataset[0]
+    except Exception as e:  # noqa: BLE001 - the user's __getitem__ failed
+        raise ConfigError(f"{key}: reading item 0 of the {split.name} set raised {type(e).__name__}: {first_line(e)}") from None
+    ok = isinstance(item, (tuple, list)) and len(item) >= 2 and all(isinstance(t, Tensor) for t in item[:-1])
+    label = item[-1] if ok else None
+    if not ok or not (isinstance(label, int) or (isinstance(label, Tensor) and label.dim() == 0
+                                                  and not label.is_floating_point())):
+        raise ConfigError(f"{key}: items must be (input, label) or (inputs..., label) with tensor inputs and an "
+                          f"integer label; item 0 of the {split.name} set is {_describe(item)}")
+    return tuple(item[0].shape)
+
+
+def _describe(item: Any) -> str:
+    if isinstance(item, (tuple, list)):
+        return f"a {type(item).__name__} of ({', '.join(type(x).__name__ for x in item)})"
+    return f"a {type(item).__name__}"
+
+
+def _pair(train: Any, test: Any, key: str, num_classes: int | None = None) -> Dataset:
+    splits = [MapSplit(d, name) for d, name in ((train, "train"), (test, "test"))]
+    shape = _check_item(splits[0], key)
+    _check_item(splits[1], key)
+    classes = num_classes or int(max(int(splits[0].targets.max()), int(splits[1].targets.max())) + 1)
+    return Dataset(splits[0], splits[1], max(classes, 2), shape)  # type: ignore[arg-type]
+
+
+def load_target(cfg: DataConfig) -> Dataset:
+    """``data._target_``: a callable returning (train, test) map-style datasets."""
+    path = str(cfg._target_)
+    module, _, attr = path.rpartition(".")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except Exception as e:  # noqa: BLE001 - missing module, typo, import-time failure
+        raise ConfigError(f"data._target_: cannot import {path!r} ({type(e).__name__}: {first_line(e)})") from None
+    try:
+        out = fn(**cfg.kwargs)
+    except TypeError as e:
+        bad = re.search(r"unexpected keyword argument '(\w+)'", str(e))
+        if bad and bad.group(1) in cfg.kwargs:
+            raise ConfigError(f"data.{bad.group(1)}: {path} takes no argument {bad.group(1)!r}") from None
+        raise ConfigError(f"data._target_: {path}(...) raised TypeError: {first_line(e)}") from None
+    except Exception as e:  # noqa: BLE001 - the user's factory failed
+        raise ConfigError(f"data._target_: {path}(...) raised {type(e).__name__}: {first_line(e)}") from None
+    if not (isinstance(out, (tuple, list)) and len(out) == 2
+            and all(hasattr(d, "__getitem__") and hasattr(d, "__len__") for d in out)):
+        raise ConfigError(f"data._target_: {path} must return (train, test) map-style datasets, "
+                          f"got {_describe(out)}")
+    return _pair(out[0], out[1], "data._target_")
+
+
+def load_image_folder(cfg: DataConfig) -> Dataset:
+    """``data=image_folder``: torchvision ImageFolder over ``root/train`` and ``root/val``."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    root = os.path.expanduser(cfg.root)
+    for sub in ("train", "val"):
+        if not os.path.isdir(os.path.join(root, sub)):
+            raise ConfigError(f"data.root: {os.path.abspath(root)!r} has no {sub}/ folder "
+                              "(data=image_folder reads DIR/train/<class>/* and DIR/val/<class>/*)")
+    side = cfg.image_size or 32
+    base = [T.Resize((side, side))]
+    aug = [T.RandomCrop(side, padding=max(1, side // 8)), T.RandomHorizontalFlip()] if cfg.augment else []
+    tail = [T.ToTensor(), T.Normalize([0.5] * 3, [0.5] * 3)]
+    try:
+        train = ImageFolder(os.path.join(root, "train"), transform=T.Compose([*base, *aug, *tail]))
+        val = ImageFolder(os.path.join(root, "val"), transform=T.Compose([*base, *tail]))
+    except (FileNotFoundError, RuntimeError) as e:  # a class folder without images
+        raise ConfigError(f"data.root: {first_line(e)}") from None
+    if train.classes != val.classes:
+        raise ConfigError(f"data.root: train/ has classes {train.classes}, val/ has {val.classes}")
+    return _pair(train, val, "data.root", len(train.classes))
