@@ -48,22 +48,30 @@ class Workload:
     image_size: int = 0
     hidden: int = 128
     bs: int = 32
+    target_path: str = ""
+    """A model._target_ (e.g. torchvision.models.resnet18) instead of the built-in ``model``."""
+    channels: int = 1
 
     def hydra(self) -> list[str]:
-        return [f"model={self.model}", f"data.image_size={self.image_size}", f"model.hidden={self.hidden}",
+        model = [f"model._target_={self.target_path}"] if self.target_path else [f"model={self.model}",
+                                                                                  f"model.hidden={self.hidden}"]
+        return [*model, f"data.image_size={self.image_size}", f"data.channels={self.channels}",
                 f"optim.lr={self.lr}", f"train.batch_size={self.bs}", f"train.epochs={self.max_epochs}",
                 f"eval.every_s={self.eval_every_s}"]
 
     def data(self) -> Dataset:
-        return load_dataset(DataConfig(name="digits", image_size=self.image_size))
+        return load_dataset(DataConfig(name="digits", image_size=self.image_size, channels=self.channels))
 
     def build(self, ds: Dataset) -> torch.nn.Module:
-        return build_model(ModelConfig(name=self.model, hidden=self.hidden), ds, 0)
+        return build_model(ModelConfig(name=self.model, hidden=self.hidden, _target_=self.target_path or None), ds, 0)
 
 
 MLP = Workload("mlp_digits", "mlp", target=0.97, lr=0.1, max_epochs=60, eval_every=5, eval_every_s=0.02)
 CONVNET = Workload("convnet_digits28", "convnet", target=0.97, lr=0.05, max_epochs=30, eval_every=25,
                    eval_every_s=1.0, image_size=28)
+# A BatchNorm model from torchvision on RGB 32x32 digits: buffers shared, synced and evaluated.
+RESNET = Workload("resnet18_digits32", "mlp", target=0.90, lr=0.05, max_epochs=20, eval_every=10, eval_every_s=2.0,
+                  image_size=32, target_path="torchvision.models.resnet18", channels=3)
 TINY = Workload("mlp_digits_tiny", "mlp", target=0.90, lr=0.1, max_epochs=3, eval_every=5, eval_every_s=0.02)
 
 

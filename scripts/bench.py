@@ -27,12 +27,12 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
-from baselines import CONVNET, MLP, TINY, PeakPss, Workload, ddp, free_port, mnist_hogwild, single, sync_cost  # noqa: E402
+from baselines import CONVNET, MLP, RESNET, TINY, PeakPss, Workload, ddp, free_port, mnist_hogwild, single, sync_cost  # noqa: E402
 
 from hogwild.resources import available_cores  # noqa: E402
 
 logger = logging.getLogger("bench")
-SECTIONS = ("tta", "final", "scaling", "sync", "memory")
+SECTIONS = ("tta", "bn", "final", "scaling", "sync", "memory")
 HERE = Path(__file__).resolve()
 
 def _run(cmd: list[str], run_root: Path, env: dict[str, str] | None = None,
@@ -178,6 +178,12 @@ def main() -> None:
     if "tta" in only:
         res["time_to_accuracy"] = {w.name: {"target": w.target, **time_to_accuracy(w, procs, reps, runs, plan[w.name])}
                                    for w in workloads}
+    if "bn" in only and not args.tiny:
+        logger.info("time to %.2f on %s: DDP against hogwild, %d processes", RESNET.target, RESNET.name, procs)
+        key = "time_to_target_s"
+        res.setdefault("time_to_accuracy", {})[RESNET.name] = {
+            "target": RESNET.target, "ddp": median_of(lambda: ddp(procs, RESNET), reps, key),
+            f"hogwild 1x{procs}": median_of(lambda: hogwild(procs, RESNET, RESNET.target, runs), reps, key)}
     if "final" in only:
         res["final_accuracy"] = final_accuracy(TINY if args.tiny else MLP, procs, reps, runs, 3 if args.tiny else 30)
     if "scaling" in only:
