@@ -71,6 +71,8 @@ class DataConfig:
     """Folder of torchvision datasets (mnist, fashion_mnist, cifar10), or DIR of image_folder."""
     augment: bool = False
     """image_folder: random crop and horizontal flip of training images."""
+    loader_workers: int = 0
+    """Map-style data: DataLoader processes per worker that read and transform batches ahead."""
     download: bool = False
     """Let torchvision download into ``root``; never done unless asked."""
     path: Optional[str] = None
@@ -98,6 +100,7 @@ class DataConfig:
                  f"must be in (0, 1), got {self.test_fraction}")
         _positive(self.image_size, "data.image_size", allow_zero=True)
         _require(self.channels in (1, 3), "data.channels", f"must be 1 or 3, got {self.channels}")
+        _positive(self.loader_workers, "data.loader_workers", allow_zero=True)
         _positive(self.num_samples, "data.num_samples")
         _positive(self.num_features, "data.num_features")
         _positive(self.active_features, "data.active_features")

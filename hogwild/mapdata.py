@@ -12,12 +12,12 @@ import importlib
 import logging
 import os
 import re
-from typing import Any
+from typing import Any, Iterator, Optional
 
 import torch
 from torch import Tensor
+from torch.utils.data import DataLoader, default_collate
 from torch.utils.data import Dataset as TorchDataset
-from torch.utils.data import default_collate
 
 from hogwild.config import DataConfig
 from hogwild.errors import ConfigError, first_line
@@ -37,7 +37,11 @@ class MapSplit:
         return len(self.dataset)  # type: ignore[arg-type]
 
     def batch(self, idx: Tensor) -> tuple[tuple[Tensor, ...], Tensor]:
-        *inputs, y = default_collate([self.dataset[int(i)] for i in idx])
+        return self.collate([self.dataset[int(i)] for i in idx])
+
+    @staticmethod
+    def collate(items: list[Any]) -> tuple[tuple[Tensor, ...], Tensor]:
+        *inputs, y = default_collate(items)
         return tuple(inputs), torch.as_tensor(y).long()
 
     @property
@@ -128,3 +132,39 @@ def load_image_folder(cfg: DataConfig) -> Dataset:
     if train.classes != val.classes:
         raise ConfigError(f"data.root: train/ has classes {train.classes}, val/ has {val.classes}")
     return _pair(train, val, "data.root", len(train.classes))
+
+
+class _StepBatches:
+    """The shard's batches in step order from ``start``: the DataLoader's batch sampler."""
+
+    def __init__(self, sampler: Any, start: int) -> None:
+        self.sampler, self.start = sampler, start
+
+    def __iter__(self) -> Iterator[list[int]]:
+        step = self.start
+        while True:
+            yield self.sampler.batch(step).tolist()
+            step += 1
+
+
+class Prefetcher:
+    """``data.loader_workers`` DataLoader processes that read and transform this worker's next
+    batches ahead of its steps. The first call (the warm-up) reads directly; a step out of order
+    (never, in the step loop) restarts the loader there."""
+
+    def __init__(self, split: MapSplit, sampler: Any, workers: int) -> None:
+        self.split, self.sampler, self.workers = split, sampler, workers
+        self._it: Optional[Iterator[Any]] = None
+        self._next = -1
+        self._warm = False
+
+    def batch(self, step: int) -> tuple[tuple[Tensor, ...], Tensor]:
+        if not self._warm:
+            self._warm = True
+            return self.split.batch(self.sampler.batch(step))
+        if self._it is None or step != self._next:
+            loader = DataLoader(self.split.dataset, batch_sampler=_StepBatches(self.sampler, step),  # type: ignore[arg-type]
+                                num_workers=self.workers, collate_fn=MapSplit.collate)
+            self._it = iter(loader)
+        self._next = step + 1
+        return next(self._it)

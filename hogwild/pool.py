@@ -54,7 +54,10 @@ class WorkerPool:
 
     def _spawn(self, i: int) -> None:
         p = self._ctx.Process(
-            target=worker_main, name=f"hogwild-worker-{self.specs[i].global_index}", daemon=True,
+            # Not daemonic: a worker may start DataLoader processes (data.loader_workers). Workers
+            # still never outlive the leader: they leave their loop when it is gone, and stop()
+            # ends them on every exit path.
+            target=worker_main, name=f"hogwild-worker-{self.specs[i].global_index}", daemon=False,
             args=(self.cfg, self.specs[i], self.rep.ds, self.rep.flat, self.rep.opt_state, self.board,
                   self._wake_w, self.gate))
         p.start()

@@ -25,6 +25,7 @@ from hogwild.board import Board
 from hogwild.config import Config
 from hogwild.data import Dataset, ShardSampler, shard
 from hogwild.faults import StepFn, crash_at_start, inject_faults
+from hogwild.mapdata import MapSplit, Prefetcher
 from hogwild.models import build_model
 from hogwild.optim import FlatOptimizer, grads_finite
 from hogwild.shared import bind, param_slots
@@ -70,7 +71,7 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
     sampler = ShardSampler(shard(len(ds.train), spec.num_global, spec.global_index, cfg.train.seed),
                            cfg.train.batch_size, cfg.train.seed + spec.global_index)
     params = list(model.parameters())
-    step_fn = make_step_fn(model, params, ds, sampler, flat.device)
+    step_fn = make_step_fn(model, params, ds, sampler, flat.device, cfg.data.loader_workers)
     # One throw-away forward/backward: the allocator's and autograd's first-call costs land
     # in startup (reported as such), not in the first training steps.
     crash_at_start(spec.global_index)
@@ -81,9 +82,11 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
 
 
 def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, sampler: ShardSampler,
-                 device: torch.device) -> StepFn:
+                 device: torch.device, loader_workers: int = 0) -> StepFn:
+    prefetch = Prefetcher(ds.train, sampler, loader_workers) if loader_workers and isinstance(ds.train, MapSplit) else None
+
     def step_fn(step: int) -> tuple[Tensor, int]:
-        inputs, y = ds.train.batch(sampler.batch(step))
+        inputs, y = prefetch.batch(step) if prefetch else ds.train.batch(sampler.batch(step))
         if device.type != "cpu":
             inputs = tuple(t.to(device, non_blocking=True) for t in inputs)
             y = y.to(device, non_blocking=True)

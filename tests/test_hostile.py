@@ -79,6 +79,10 @@ def _second_job(proc: subprocess.Popen, d: Path) -> None:
     (d / "second.json").write_text(json.dumps({"code": second.returncode, "stderr": second.stderr}))
 
 
+def _user_data(d: Path) -> None:
+    shutil.copy(Path(__file__).resolve().parent.parent / "examples" / "mydata.py", d / "mydata.py")
+
+
 def _eval_checkpoint(**fields: object) -> Callable[[Path], None]:
     def prepare(d: Path) -> None:
         ck = checkpoint.load(d / "run" / "checkpoints" / "last.pt")
@@ -102,6 +106,8 @@ CASES = [
          env={"HOGWILD_FAULT": "start:1:0"}),
     Case("a damaged progress board on resume", ["train.max_steps=300", "resume=true"], 0, None,
          prepare=_make_file("progress/rank0.board", "{not a board"), good_before=True),
+    Case("map-style data read ahead by DataLoader processes", ["data._target_=mydata.digits", "workers=2",
+         "data.loader_workers=2", "train.max_steps=100"], 0, None, prepare=_user_data),
     Case("hogwild-eval: checkpoint config with an unknown key", ["checkpoint=edited.pt"], 2, "checkpoint",
          prepare=_eval_checkpoint(config={"nonsense": 1}), module="hogwild.evaluate", good_before=True),
     Case("hogwild-eval: checkpoint flat tensor of the wrong size", ["checkpoint=edited.pt"], 2, "damaged",
