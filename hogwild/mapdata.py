@@ -8,10 +8,8 @@ to every spawned worker by pickling, so it must be picklable (torchvision's are)
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
-import re
 from typing import Any, Iterator, Optional
 
 import torch
@@ -22,6 +20,7 @@ from torch.utils.data import Dataset as TorchDataset
 from hogwild.config import DataConfig
 from hogwild.errors import ConfigError, first_line
 from hogwild.splits import Dataset
+from hogwild.targets import call_target, import_target
 
 logger = logging.getLogger(__name__)
 
@@ -89,20 +88,7 @@ def _pair(train: Any, test: Any, key: str, num_classes: int | None = None) -> Da
 def load_target(cfg: DataConfig) -> Dataset:
     """``data._target_``: a callable returning (train, test) map-style datasets."""
     path = str(cfg._target_)
-    module, _, attr = path.rpartition(".")
-    try:
-        fn = getattr(importlib.import_module(module), attr)
-    except Exception as e:  # noqa: BLE001 - missing module, typo, import-time failure
-        raise ConfigError(f"data._target_: cannot import {path!r} ({type(e).__name__}: {first_line(e)})") from None
-    try:
-        out = fn(**cfg.kwargs)
-    except TypeError as e:
-        bad = re.search(r"unexpected keyword argument '(\w+)'", str(e))
-        if bad and bad.group(1) in cfg.kwargs:
-            raise ConfigError(f"data.{bad.group(1)}: {path} takes no argument {bad.group(1)!r}") from None
-        raise ConfigError(f"data._target_: {path}(...) raised TypeError: {first_line(e)}") from None
-    except Exception as e:  # noqa: BLE001 - the user's factory failed
-        raise ConfigError(f"data._target_: {path}(...) raised {type(e).__name__}: {first_line(e)}") from None
+    out = call_target(import_target(path, "data._target_"), path, "data", dict(cfg.kwargs), cfg.kwargs)
     if not (isinstance(out, (tuple, list)) and len(out) == 2
             and all(hasattr(d, "__getitem__") and hasattr(d, "__len__") for d in out)):
         raise ConfigError(f"data._target_: {path} must return (train, test) map-style datasets, "

@@ -7,11 +7,9 @@ Parameters and float buffers live in the flat shared buffer (shared.py); a model
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
-import re
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -19,8 +17,9 @@ from torch import Tensor, nn
 
 from hogwild.config import ModelConfig
 from hogwild.data import Dataset
-from hogwild.errors import ConfigError, first_line
+from hogwild.errors import ConfigError
 from hogwild.shared import check_dtypes
+from hogwild.targets import call_target, import_target
 
 
 class MLP(nn.Module):
@@ -100,21 +99,13 @@ def model_id(cfg: ModelConfig) -> str:
     return cfg._target_ or cfg.name
 
 
-def _import(path: str) -> Callable[..., Any]:
-    module, _, attr = path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), attr) if module else importlib.import_module(attr)
-    except Exception as e:  # noqa: BLE001 - a missing module, a typo, a module that fails to import
-        raise ConfigError(f"model._target_: cannot import {path!r} ({type(e).__name__}: {first_line(e)})") from None
-
-
 def _from_target(cfg: ModelConfig, ds: Dataset) -> nn.Module:
     """Call ``cfg._target_`` with ``cfg.kwargs``. Unless given, ``num_classes`` comes from the
     dataset when the signature names it or takes ``**kwargs`` (torchvision's builders pass
     those on to the model class), and the input channels when it names ``in_channels`` or
     ``in_chans``."""
     target = str(cfg._target_)
-    fn, kwargs = _import(target), dict(cfg.kwargs)
+    fn, kwargs = import_target(target, "model._target_"), dict(cfg.kwargs)
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -129,13 +120,7 @@ def _from_target(cfg: ModelConfig, ds: Dataset) -> nn.Module:
     unknown = [k for k in cfg.kwargs if k not in params] if not open_kw else []
     if unknown:
         raise ConfigError(f"model.{unknown[0]}: {target} takes no argument {unknown[0]!r}")
-    try:
-        model = fn(**kwargs)
-    except Exception as e:  # noqa: BLE001 - the user's factory failed: say how, in one line
-        bad = re.search(r"unexpected keyword argument '(\w+)'", str(e))
-        if isinstance(e, TypeError) and bad and bad.group(1) in cfg.kwargs:
-            raise ConfigError(f"model.{bad.group(1)}: {target} takes no argument {bad.group(1)!r}") from None
-        raise ConfigError(f"model._target_: {target}(...) raised {type(e).__name__}: {first_line(e)}") from None
+    model = call_target(fn, target, "model", kwargs, cfg.kwargs)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model._target_: {target} returned a {type(model).__name__}, not an nn.Module")
     return model
