@@ -72,10 +72,17 @@ def test_checkpoints_keep_their_cadence_when_rounds_are_rare(tmp_path: Path) -> 
     every_s = 0.5
     m, _ = _job(tmp_path, "rare", "sync.interval=1000000", f"checkpoint.every_s={every_s}",
                 "checkpoint.keep=1000", "train.epochs=200", workers=1)
-    times = sorted(checkpoint.load(p)["written_at"] for p in (tmp_path / "rare" / "checkpoints").glob("step_*.pt"))
-    assert len(times) >= 4, f"{len(times)} checkpoints in {m['train_s']:.1f}s of training"
+    cks = sorted((checkpoint.load(p) for p in (tmp_path / "rare" / "checkpoints").glob("step_*.pt")),
+                 key=lambda c: c["written_at"])
+    # Only rank 0 writes, and only its own replica between rounds. Once its workers are done it
+    # waits in the final round for the other replica (slower on a loaded machine), with nothing
+    # new to save: a gap that ends where rank 0 had already finished is not a missed checkpoint.
+    done_at = float(cks[-1]["positions"][0].sum())
+    training = [c for c in cks if float(c["positions"][0].sum()) < done_at]
+    assert len(training) >= 3, f"{len(training)} checkpoints while rank 0 trained, {m['train_s']:.1f}s of training"
+    times = [c["written_at"] for c in cks[:len(training)]]  # positions only grow: a prefix
     gaps = [b - a for a, b in zip(times, times[1:])]
-    assert max(gaps[:-1]) <= 1.25 * every_s + 0.5, gaps  # the last one is the final checkpoint
+    assert max(gaps) <= 1.25 * every_s + 0.5, gaps
 
 
 def _scalars(run_dir: Path, tag: str) -> list[float]:
