@@ -71,7 +71,7 @@ def test_checkpoints_keep_their_cadence_when_rounds_are_rare(tmp_path: Path) -> 
 
     every_s = 0.5
     m, _ = _job(tmp_path, "rare", "sync.interval=1000000", f"checkpoint.every_s={every_s}",
-                "checkpoint.keep=1000", "train.epochs=200", workers=1)
+                "checkpoint.keep=1000", "train.epochs=400", workers=1)
     cks = sorted((checkpoint.load(p) for p in (tmp_path / "rare" / "checkpoints").glob("step_*.pt")),
                  key=lambda c: c["written_at"])
     # Only rank 0 writes, and only its own replica between rounds. Once its workers are done it
