@@ -18,13 +18,13 @@ import numpy as np
 
 from hogwild.config import Config, DataConfig
 from hogwild.errors import ConfigError
+from hogwild.shared import SHM_PATH
 
 logger = logging.getLogger(__name__)
 
 # Resident memory of one spawned worker before its data: the interpreter, torch and its
 # autograd buffers (measured ~250-350 MB on CPU with torch 2.x).
 WORKER_RSS = 300 * 2**20
-SHM_DIR = "/dev/shm"
 _GB = 2**30
 
 
@@ -77,7 +77,7 @@ def mem_available() -> Optional[int]:
 
 def shm_free() -> Optional[int]:
     try:
-        return shutil.disk_usage(SHM_DIR).free
+        return shutil.disk_usage(SHM_PATH).free
     except OSError:
         return None
 
@@ -91,7 +91,7 @@ def check(cfg: Config, workers: int, replicas_here: int = 1) -> None:
     shm = shm_free()
     if data is not None and shm is not None and data * replicas_here > shm:
         raise ConfigError(f"data: {cfg.data.name} needs {data * replicas_here / _GB:.1f} GB of shared memory, "
-                          f"{SHM_DIR} has {shm / _GB:.1f} GB free; shrink data.image_size or the data, "
+                          f"{SHM_PATH} has {shm / _GB:.1f} GB free; shrink data.image_size or the data, "
                           "enlarge /dev/shm, or pass force=true")
     need = replicas_here * (workers * WORKER_RSS + 2 * (data or 0))  # data is built once, then shared
     avail = mem_available()
