@@ -53,15 +53,21 @@ def load_dataset(cfg: DataConfig) -> Dataset:
 
 
 def _split(x: Tensor, y: Tensor, fraction: float, seed: int, stratify: bool = True) -> tuple[Split, Split]:
-    from sklearn.model_selection import train_test_split
-
-    idx = np.arange(len(y))
-    strat = y.numpy() if stratify and len(y) >= 10 else None
-    try:
-        tr, te = train_test_split(idx, test_size=fraction, random_state=seed, stratify=strat)
-    except ValueError:  # a class too rare to stratify: fall back to a plain seeded split
-        tr, te = train_test_split(idx, test_size=fraction, random_state=seed)
-    tr_t, te_t = torch.from_numpy(np.sort(tr)), torch.from_numpy(np.sort(te))
+    """Seeded test split of ``ceil(fraction * n)`` samples, stratified by class: every class
+    gives its share (largest remainders first), so a small test set still sees each class."""
+    n = len(y)
+    n_test = min(n - 1, max(1, math.ceil(fraction * n))) if n > 1 else 0
+    rng = np.random.default_rng(seed)
+    labels = y.numpy() if stratify else np.zeros(n, dtype=np.int64)
+    classes, counts = np.unique(labels, return_counts=True)
+    exact = counts * (n_test / n)
+    take = np.floor(exact).astype(np.int64)
+    for i in np.argsort(-(exact - take), kind="stable")[:n_test - int(take.sum())]:
+        take[i] += 1
+    test_idx = [rng.permutation(np.flatnonzero(labels == c))[:k] for c, k in zip(classes, take)]
+    is_test = np.zeros(n, dtype=bool)
+    is_test[np.concatenate(test_idx)] = True
+    tr_t, te_t = torch.from_numpy(np.flatnonzero(~is_test)), torch.from_numpy(np.flatnonzero(is_test))
     return Split((x[tr_t],), y[tr_t]), Split((x[te_t],), y[te_t])
 
 
@@ -71,15 +77,30 @@ def _resize(x: Tensor, size: int) -> Tensor:
     return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
 
 
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's bundled 8x8 digits (1,797 images, no download), read straight from its
+    file: importing sklearn pulls in scipy, over a second of every run's start-up."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz") \
+        if spec and spec.submodule_search_locations else ""
+    if not os.path.isfile(path):  # a layout we do not know: the public API finds it
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        return d.images, d.target
+    table = np.loadtxt(path, delimiter=",")
+    return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
+
+
 @register("digits")
 def _digits(cfg: DataConfig) -> Dataset:
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    images, labels = _digits_arrays()
+    x = torch.tensor(images, dtype=torch.float32).unsqueeze(1) / 16.0
     x = _resize(x, cfg.image_size)
     x = ((x - 0.5) / 0.5).expand(-1, cfg.channels, -1, -1).contiguous()
-    y = torch.tensor(d.target, dtype=torch.int64)
+    y = torch.tensor(labels, dtype=torch.int64)
     train, test = _split(x, y, cfg.test_fraction, cfg.split_seed)
     return Dataset(train, test, 10, tuple(x.shape[1:]))
 
