@@ -19,7 +19,7 @@ MODELS = ("mlp", "convnet", "sparse_linear")
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "npz", "sparse_synthetic", "image_folder")
 OPTIMIZERS = ("sgd", "adam", "adagrad")
 OPTIM_STATES = ("worker", "shared")
-SYNC_MODES = ("average", "broadcast", "diloco", "median", "trimmed_mean")
+SYNC_MODES = ("average", "broadcast", "diloco", "slowmo", "median", "trimmed_mean")
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("cpu", "cuda")
 SYNC_DTYPES = ("fp32", "bf16", "fp16")
@@ -190,7 +190,7 @@ class CheckpointConfig:
 @dataclass
 class SyncConfig:
     mode: str = "average"
-    """Cross-replica rule: average | broadcast | diloco | median | trimmed_mean."""
+    """Cross-replica rule: average | broadcast | diloco | slowmo | median | trimmed_mean."""
     interval: int = 50
     """Sync each time a replica's own update count (all its workers) grows by this much."""
     max_lag: Optional[float] = None
@@ -200,10 +200,10 @@ class SyncConfig:
     """Process-group backend: auto (gloo on cpu, nccl on cuda) | gloo | nccl."""
     timeout_s: float = 300.0
     """Collective and rendezvous timeout; a dead peer fails the job after this long."""
-    outer_lr: float = 0.7
-    """diloco: outer learning rate."""
-    outer_momentum: float = 0.9
-    """diloco: outer Nesterov momentum."""
+    outer_lr: Optional[float] = None
+    """diloco, slowmo: outer learning rate; null = the rule's own (diloco 0.7, slowmo 1.0)."""
+    outer_momentum: Optional[float] = None
+    """diloco: Nesterov momentum (null = 0.9); slowmo: heavy-ball (null = 1 - 1/replicas)."""
     trim: int = 1
     """trimmed_mean: replicas dropped at each end, per coordinate."""
     target_drift: Optional[float] = None
@@ -222,9 +222,9 @@ class SyncConfig:
             _positive(self.max_lag, "sync.max_lag", allow_zero=True)
         _choice(self.backend, "sync.backend", BACKENDS)
         _positive(self.timeout_s, "sync.timeout_s")
-        _positive(self.outer_lr, "sync.outer_lr")
-        _require(0.0 <= self.outer_momentum < 1.0, "sync.outer_momentum",
-                 f"must be in [0, 1), got {self.outer_momentum}")
+        _positive(1.0 if self.outer_lr is None else self.outer_lr, "sync.outer_lr")
+        mu = 0.0 if self.outer_momentum is None else self.outer_momentum
+        _require(0.0 <= mu < 1.0, "sync.outer_momentum", f"must be in [0, 1), got {mu}")
         _positive(self.trim, "sync.trim", allow_zero=True)
         if self.target_drift is not None:
             _positive(self.target_drift, "sync.target_drift")
@@ -290,8 +290,6 @@ class Config:
         if self.device == "cpu":
             _require(self.sync.backend != "nccl", "sync.backend",
                      "nccl needs device=cuda (NCCL runs on GPUs only); use gloo or auto")
-        if self.sync.mode == "trimmed_mean":
-            _require(self.sync.trim >= 0, "sync.trim", "must be >= 0")
 
 
 def register() -> None:

@@ -96,6 +96,7 @@ class Rounds:
         self.last_drift = 0.0
         self.gaps: list[float] = []  # replica steps between consecutive snapshots
         self._last_snap = board.replica_pos()
+        rule.prime(flat)
         board.control["next_sync_at"] = schedule.next_sync_at
         board.control["lag_limit"] = schedule.lag_limit
 

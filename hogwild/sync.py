@@ -1,135 +1,27 @@
-"""Cross-replica sync rules: one small class each, chosen by ``sync.mode``.
+"""Cross-replica sync rules, chosen by ``sync.mode``: one small class each.
 
-A rule only computes the *target* parameters of this replica from a snapshot, using
-collectives among the leaders. The leader then moves the live buffer by
-``target - snapshot`` in place, so updates that workers applied while the collective ran
-survive (design rule 2 in docs/design.md). A rule never touches the live buffer itself.
+The shared machinery (control vector, :class:`SyncRule`, registry) is in ``rulebase.py``;
+the outer-optimizer rules (``diloco``, ``slowmo``) are in ``outer.py``.
 """
 
 from __future__ import annotations
 
 import logging
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
 
+from hogwild import outer
 from hogwild.comm import Comm
 from hogwild.config import SyncConfig
 from hogwild.errors import ConfigError
+from hogwild.rulebase import _RULES, RoundVector, SyncContext, SyncRule, context, register
+
+__all__ = ["Average", "Broadcast", "Median", "RoundVector", "SyncContext", "SyncRule", "TrimmedMean",
+           "context", "make_rule", "outer"]
 
 logger = logging.getLogger(__name__)
-
-_WIRE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class RoundVector:
-    """Layout of the control vector every round all-reduces (SUM): four job-wide flags, then
-    one "my snapshot is finite" slot per rank, then one slot per rank for the drift it
-    measured in the previous round."""
-
-    ALL_DONE, ANY_STOP, WANT_CKPT, REACHED = range(4)
-    NUM_FLAGS = 4
-
-    @staticmethod
-    def size(world: int) -> int:
-        return RoundVector.NUM_FLAGS + 2 * world
-
-    @staticmethod
-    def healthy_slot(rank: int) -> int:
-        return RoundVector.NUM_FLAGS + rank
-
-    @staticmethod
-    def drift_slot(world: int, rank: int) -> int:
-        return RoundVector.NUM_FLAGS + world + rank
-
-    @staticmethod
-    def world(ctl: Tensor) -> int:
-        return (ctl.numel() - RoundVector.NUM_FLAGS) // 2
-
-
-@dataclass(frozen=True)
-class SyncContext:
-    """What every leader agreed on in this round's control exchange."""
-
-    rank: int
-    world_size: int
-    healthy: list[bool]
-    """Per rank: its snapshot is finite. Unhealthy replicas contribute nothing."""
-
-    @property
-    def n_healthy(self) -> int:
-        return sum(self.healthy)
-
-    @property
-    def first_healthy(self) -> int:
-        return self.healthy.index(True)
-
-
-class SyncRule(ABC):
-    name: ClassVar[str]
-
-    def __init__(self, cfg: SyncConfig, comm: Comm) -> None:
-        self.cfg = cfg
-        self.comm = comm
-        self.wire = _WIRE[cfg.dtype]
-        self._residual: Optional[Tensor] = None  # error feedback of the compressed wire
-        self._scratch: dict[str, Tensor] = {}
-
-    def scratch(self, name: str, numel: int, like: Tensor) -> Tensor:
-        """A buffer kept across rounds: fresh multi-MB allocations page-fault on every sync."""
-        buf = self._scratch.get(name)
-        if buf is None or buf.numel() != numel or buf.dtype != like.dtype or buf.device != like.device:
-            buf = torch.empty(numel, dtype=like.dtype, device=like.device)
-            self._scratch[name] = buf
-        return buf
-
-    @abstractmethod
-    def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
-        """The parameters this replica should hold; ``snap`` may be reused as scratch."""
-
-    def exchange(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float) -> tuple[Tensor, Tensor]:
-        """Reduce the control vector, then compute the target: (target, reduced control).
-
-        Rules whose data collective is itself a SUM all_reduce fuse both into one call.
-        """
-        ctl = self.comm.all_reduce(ctl, timeout_s, "the sync round")
-        return self.target(snap, context(ctl, rank)), ctl
-
-    def state_dict(self) -> dict[str, Tensor]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Tensor]) -> None:
-        del state
-
-    def _all_reduce_sum(self, x: Tensor) -> Tensor:
-        return self.comm.all_reduce(x)
-
-    def _masked(self, snap: Tensor, ctx: SyncContext) -> Tensor:
-        return snap if ctx.healthy[ctx.rank] else torch.zeros_like(snap)
-
-    def _mean(self, x: Tensor, ctx: SyncContext) -> Tensor:
-        """Mean over healthy replicas of ``x``, on the configured wire dtype."""
-        x = self._masked(x, ctx)
-        if self.wire == torch.float32:
-            return self._all_reduce_sum(x.clone()).div_(ctx.n_healthy)
-        # Reduced precision: send the rounded value, keep the rounding error for next time.
-        if self._residual is None or self._residual.shape != x.shape:
-            self._residual = torch.zeros_like(x)
-        corrected = x + self._residual
-        low = corrected.to(self.wire)
-        self._residual = corrected - low.float()
-        return self._all_reduce_sum(low).float().div_(ctx.n_healthy)
-
-
-_RULES: dict[str, type[SyncRule]] = {}
-
-
-def register(cls: type[SyncRule]) -> type[SyncRule]:
-    _RULES[cls.name] = cls
-    return cls
 
 
 def make_rule(cfg: SyncConfig, comm: Comm) -> SyncRule:
@@ -176,13 +68,6 @@ class Average(SyncRule):
         return self._base.clone()
 
 
-def context(ctl: Tensor, rank: int) -> SyncContext:
-    world = RoundVector.world(ctl)
-    first = RoundVector.healthy_slot(0)
-    healthy = [bool(x > 0.5) for x in ctl[first:first + world].tolist()]
-    return SyncContext(rank, world, healthy)
-
-
 @register
 class Broadcast(SyncRule):
     """θ ← θ_0 (the lowest-ranked healthy replica's parameters)."""
@@ -191,43 +76,6 @@ class Broadcast(SyncRule):
 
     def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
         return self.comm.broadcast(snap.clone(), ctx.first_healthy)
-
-
-@register
-class DiLoCo(SyncRule):
-    """Outer Nesterov SGD on the averaged pseudo-gradient Δ = mean_r(θ_global − θ_r):
-
-    b ← μ·b + Δ;  θ_global ← θ_global − η·(Δ + μ·b);  target = θ_global.
-    """
-
-    name = "diloco"
-
-    def __init__(self, cfg: SyncConfig, comm: Comm) -> None:
-        super().__init__(cfg, comm)
-        self.global_params: Optional[Tensor] = None
-        self.momentum: Optional[Tensor] = None
-
-    def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
-        if self.global_params is None:
-            self.global_params = self.comm.broadcast(snap.clone(), ctx.first_healthy)
-            self.momentum = torch.zeros_like(snap)
-        assert self.momentum is not None
-        pseudo = self._mean(self.global_params - snap, ctx) if ctx.healthy[ctx.rank] else \
-            self._mean(torch.zeros_like(snap), ctx)
-        mu, lr = self.cfg.outer_momentum, self.cfg.outer_lr
-        self.momentum.mul_(mu).add_(pseudo)
-        self.global_params.sub_(pseudo.add(self.momentum, alpha=mu), alpha=lr)
-        return self.global_params.clone()
-
-    def state_dict(self) -> dict[str, Tensor]:
-        if self.global_params is None or self.momentum is None:
-            return {}
-        return {"global_params": self.global_params.clone(), "momentum": self.momentum.clone()}
-
-    def load_state_dict(self, state: dict[str, Tensor]) -> None:
-        if "global_params" in state:
-            self.global_params = state["global_params"].clone()
-            self.momentum = state["momentum"].clone()
 
 
 def _gather(snap: Tensor, ctx: SyncContext, comm: Comm) -> Tensor:

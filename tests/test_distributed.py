@@ -114,11 +114,12 @@ def test_target_drift_adapts_interval_to_hold_drift_near_epsilon(tmp_path: Path)
     assert adaptive["syncs"] > fixed["syncs"]
 
 
-def test_diloco_job_checkpoints_outer_state(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["diloco", "slowmo"])
+def test_outer_momentum_job_checkpoints_outer_state(tmp_path: Path, mode: str) -> None:
     from hogwild import checkpoint
 
-    m, finals = _job(tmp_path, "diloco", "sync.mode=diloco", "sync.interval=20")
-    assert m["sync_mode"] == "diloco" and m["test_accuracy"] >= 0.9
+    m, finals = _job(tmp_path, mode, f"sync.mode={mode}", "sync.interval=20", workers=1)
+    assert m["sync_mode"] == mode and m["test_accuracy"] >= 0.9
     assert torch.equal(finals[0], finals[1])
-    state = checkpoint.load(tmp_path / "diloco" / "checkpoints" / "last.pt")["sync_state"]
+    state = checkpoint.load(tmp_path / mode / "checkpoints" / "last.pt")["sync_state"]
     assert set(state) == {"global_params", "momentum"} and state["momentum"].abs().sum() > 0

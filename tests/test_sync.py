@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import pytest
 import torch
@@ -155,3 +156,55 @@ def test_compressed_average_tracks_fp32_with_error_feedback(dtype: str) -> None:
     # with its error fed back, stays at the delta's own rounding step.
     assert (low - exact).abs().max() < 5e-4
     assert not torch.equal(low, exact)  # it really went through the reduced-precision wire
+
+
+def _outer_rounds(mode: str, replicas: int, rounds: int, local: Callable[[torch.Tensor], torch.Tensor]) -> list[float]:
+    """``rounds`` sync rounds of a one-parameter model that starts at 1.0; between rounds every
+    replica moves from the agreed value by ``local(agreed)``. The agreed value after each round."""
+    def rank_fn(comm: Comm) -> list[float]:
+        rule = make_rule(SyncConfig(mode=mode), comm)
+        flat = torch.tensor([1.0])
+        rule.prime(flat)
+        seen = []
+        for _ in range(rounds):
+            flat += local(flat)
+            sync_round(flat, rule)
+            seen.append(float(flat))
+        return seen
+
+    out = run_ranks(replicas, rank_fn)
+    assert all(o == out[0] for o in out), "replicas disagree after a round"
+    return out[0]
+
+
+@pytest.mark.parametrize("replicas", [2, 3, 4])
+def test_slowmo_makes_r_replicas_progress_r_times_one(replicas: int) -> None:
+    """Every replica makes the same progress d per interval (the early phase of training, when
+    replicas move the same way): averaging keeps d per round, slowmo settles to R*d."""
+    d = 0.01
+    avg = _outer_rounds("average", replicas, 40, lambda x: torch.full_like(x, d))
+    slow = _outer_rounds("slowmo", replicas, 40, lambda x: torch.full_like(x, d))
+    assert avg[-1] - avg[-2] == pytest.approx(d, rel=1e-3)
+    assert slow[-1] - slow[-2] == pytest.approx(replicas * d, rel=0.02)
+    assert slow[0] - 1.0 == pytest.approx(d, rel=1e-3), "the first round already counts from the start"
+
+
+@pytest.mark.parametrize("replicas", [2, 3, 4, 8])
+def test_slowmo_settles_where_local_steps_settle(replicas: int) -> None:
+    """A stiff direction: between rounds every replica's local steps reach the minimum at 0.
+    Summing the replicas' changes would overshoot (to -(R-1), growing for R > 2); slowmo's
+    heavy-ball step converges to the minimum like averaging does, if more slowly for many
+    replicas (it oscillates with ratio sqrt(1 - 1/R) per round)."""
+    slow = _outer_rounds("slowmo", replicas, 150, lambda x: -x)
+    assert max(abs(v) for v in slow) <= 1.0
+    assert abs(slow[-1]) < 1e-3, slow[-5:]
+
+
+def test_slowmo_resumes_its_outer_state_instead_of_priming_over_it() -> None:
+    def rank_fn(comm: Comm) -> list[float]:
+        rule = make_rule(SyncConfig(mode="slowmo"), comm)
+        rule.load_state_dict({"global_params": torch.tensor([5.0]), "momentum": torch.tensor([0.5])})
+        rule.prime(torch.tensor([1.0]))
+        return rule.state_dict()["global_params"].tolist()
+
+    assert run_ranks(2, rank_fn) == [[5.0], [5.0]]

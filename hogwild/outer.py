@@ -1,0 +1,101 @@
+"""Outer-optimizer sync rules: the replicas' mean change since the last round is treated
+as a pseudo-gradient and fed to an outer SGD with momentum (design note in docs/sync.md).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from hogwild.comm import Comm
+from hogwild.config import SyncConfig
+from hogwild.rulebase import SyncContext, SyncRule, register
+
+
+class OuterRule(SyncRule):
+    """θ_g: the agreed parameters after the last round; b: the outer momentum.
+
+    Δ = mean_{healthy r}(θ_g − θ_r);  b ← μ·b + Δ;  θ_g ← θ_g − η·step;  target = θ_g,
+    with ``step`` from :meth:`step`. θ_g starts at the job's initial parameters (every
+    replica builds the same model from the same seed, or loads the same checkpoint), so the
+    first interval's progress counts like every other.
+    """
+
+    default_lr: float
+
+    def __init__(self, cfg: SyncConfig, comm: Comm) -> None:
+        super().__init__(cfg, comm)
+        self.global_params: Optional[Tensor] = None
+        self.momentum: Optional[Tensor] = None
+        self.lr = cfg.outer_lr if cfg.outer_lr is not None else self.default_lr
+        self.mu = cfg.outer_momentum if cfg.outer_momentum is not None else self.default_momentum(comm.world_size)
+
+    def default_momentum(self, replicas: int) -> float:
+        raise NotImplementedError
+
+    def step(self, pseudo: Tensor, momentum: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def prime(self, flat: Tensor) -> None:
+        if self.global_params is None:  # a restored outer state wins
+            self.global_params = flat.detach().clone()
+            self.momentum = torch.zeros_like(self.global_params)
+
+    def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
+        if self.global_params is None:  # never primed (a rule driven directly, as in tests)
+            self.global_params = self.comm.broadcast(snap.clone(), ctx.first_healthy)
+            self.momentum = torch.zeros_like(snap)
+        assert self.momentum is not None
+        pseudo = self._mean(self.global_params - snap, ctx) if ctx.healthy[ctx.rank] else \
+            self._mean(torch.zeros_like(snap), ctx)
+        self.momentum.mul_(self.mu).add_(pseudo)
+        self.global_params.sub_(self.step(pseudo, self.momentum), alpha=self.lr)
+        return self.global_params.clone()
+
+    def state_dict(self) -> dict[str, Tensor]:
+        if self.global_params is None or self.momentum is None:
+            return {}
+        return {"global_params": self.global_params.clone(), "momentum": self.momentum.clone()}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        if "global_params" in state:
+            self.global_params = state["global_params"].clone()
+            self.momentum = state["momentum"].clone()
+
+
+@register
+class DiLoCo(OuterRule):
+    """Nesterov outer step, ``step = Δ + μ·b``; DiLoCo's defaults η = 0.7, μ = 0.9."""
+
+    name = "diloco"
+    default_lr = 0.7
+
+    def default_momentum(self, replicas: int) -> float:
+        return 0.9
+
+    def step(self, pseudo: Tensor, momentum: Tensor) -> Tensor:
+        return pseudo.add_(momentum, alpha=self.mu)
+
+
+@register
+class SlowMo(OuterRule):
+    """Heavy-ball outer step, ``step = b``, with η = 1 and μ = 1 − 1/R for R replicas.
+
+    Where the replicas agree, Δ repeats round after round and b grows to Δ/(1−μ) = R·Δ: R
+    replicas make R times the progress of one, as if their updates had landed on one shared
+    model. Where each replica's local steps already settle (a stiff direction), Δ is the
+    distance to the settled point, and heavy-ball with η = 1 converges for any μ < 1
+    (averaging is the μ = 0 case), so the outer step never overshoots where averaging would
+    not. Noise that differs between replicas averages out in Δ before the momentum sees it.
+    """
+
+    name = "slowmo"
+    default_lr = 1.0
+
+    def default_momentum(self, replicas: int) -> float:
+        return 1.0 - 1.0 / max(replicas, 1)
+
+    def step(self, pseudo: Tensor, momentum: Tensor) -> Tensor:
+        return momentum
