@@ -43,6 +43,16 @@ class OuterRule(SyncRule):
             self.global_params = flat.detach().clone()
             self.momentum = torch.zeros_like(self.global_params)
 
+    def exchange(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float) -> tuple[Tensor, Tensor]:
+        if self.wire != torch.float32 or self.global_params is None or self.momentum is None:
+            return super().exchange(snap, ctl, rank, timeout_s)
+        # The same step as target(), on one fused collective: Δ = θ_g − sum/n.
+        total, ctl, n = self._fused_sum(snap, ctl, rank, timeout_s)
+        pseudo = total.div_(-max(n, 1)).add_(self.global_params)
+        self.momentum.mul_(self.mu).add_(pseudo)
+        self.global_params.sub_(self.step(pseudo, self.momentum), alpha=self.lr)
+        return pseudo.copy_(self.global_params), ctl  # the round may overwrite its target
+
     def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
         if self.global_params is None:  # never primed (a rule driven directly, as in tests)
             self.global_params = self.comm.broadcast(snap.clone(), ctx.first_healthy)

@@ -99,6 +99,21 @@ class SyncRule(ABC):
         ctl = self.comm.all_reduce(ctl, timeout_s, "the sync round")
         return self.target(snap, context(ctl, rank)), ctl
 
+    def _fused_sum(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float) -> tuple[Tensor, Tensor, int]:
+        """One collective for the whole round: the control flags travel in front of the
+        parameters, and an unhealthy replica sends zeros. Returns (sum of the healthy
+        snapshots, in a scratch buffer; reduced control; healthy count)."""
+        c = ctl.numel()
+        buf = self.scratch("fused", c + snap.numel(), snap)
+        buf[:c].copy_(ctl)
+        if ctl[RoundVector.healthy_slot(rank)] > 0:
+            buf[c:].copy_(snap)
+        else:
+            buf[c:].zero_()
+        self.comm.all_reduce(buf, timeout_s, "the sync round")
+        ctl = buf[:c].clone()
+        return buf[c:], ctl, context(ctl, rank).n_healthy
+
     def state_dict(self) -> dict[str, Tensor]:
         return {}
 

@@ -43,19 +43,8 @@ class Average(SyncRule):
     def exchange(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float) -> tuple[Tensor, Tensor]:
         if self.wire != torch.float32:
             return super().exchange(snap, ctl, rank, timeout_s)
-        # One collective per round: control flags travel in front of the parameters, and an
-        # unhealthy replica sends zeros, so the healthy count divides the sum.
-        c = ctl.numel()
-        buf = self.scratch("fused", c + snap.numel(), snap)
-        buf[:c].copy_(ctl)
-        if ctl[RoundVector.healthy_slot(rank)] > 0:
-            buf[c:].copy_(snap)
-        else:
-            buf[c:].zero_()
-        self.comm.all_reduce(buf, timeout_s, "the sync round")
-        ctl = buf[:c].clone()
-        n = context(ctl, rank).n_healthy
-        return buf[c:].div_(max(n, 1)), ctl
+        total, ctl, n = self._fused_sum(snap, ctl, rank, timeout_s)
+        return total.div_(max(n, 1)), ctl
 
     def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
         if self.wire == torch.float32:

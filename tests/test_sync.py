@@ -208,3 +208,27 @@ def test_slowmo_resumes_its_outer_state_instead_of_priming_over_it() -> None:
         return rule.state_dict()["global_params"].tolist()
 
     assert run_ranks(2, rank_fn) == [[5.0], [5.0]]
+
+
+@pytest.mark.parametrize("mode", ["diloco", "slowmo"])
+def test_outer_rules_fused_round_matches_their_reference_step(mode: str) -> None:
+    """The fp32 round fuses flags and parameters into one all_reduce; it must land where the
+    rule's reference target() lands, round after round, a NaN replica included."""
+    vals = [[[1.0, 2.0], [3.0, 0.5], [2.0, 2.0]], [[1.5, 2.5], [NAN, 0.0], [2.5, 1.0]],
+            [[0.5, 3.0], [3.5, 1.0], [1.0, 2.0]]]
+
+    def rank_fn(comm: Comm) -> list[tuple[list[float], list[float]]]:
+        fused, ref = make_rule(SyncConfig(mode=mode), comm), make_rule(SyncConfig(mode=mode), comm)
+        for rule in (fused, ref):
+            rule.prime(torch.tensor([1.0, 1.0]))
+        out = []
+        for rnd in vals:
+            flat = torch.tensor(rnd[comm.rank])
+            sync_round(flat, fused)
+            healthy = [bool(torch.isfinite(torch.tensor(v)).all()) for v in rnd]
+            out.append((flat.tolist(), ref.target(torch.tensor(rnd[comm.rank]), SyncContext(comm.rank, 3, healthy)).tolist()))
+        return out
+
+    for per_rank in run_ranks(3, rank_fn):
+        for got, want in per_rank:
+            assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
