@@ -250,7 +250,8 @@ def table(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(res: dict[str, Any], out: Path) -> None:
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend, or None (with a warning) where it is not installed."""
     try:
         import matplotlib
 
@@ -258,6 +259,13 @@ def plot(res: dict[str, Any], out: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         logger.warning("matplotlib not installed (pip install -e '.[bench]'): no PNG")
+        return None
+    return plt
+
+
+def plot(res: dict[str, Any], out: Path) -> None:
+    plt = pyplot()
+    if plt is None:
         return
     if "scaling" not in res or "time_to_accuracy" not in res:
         return

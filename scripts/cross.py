@@ -24,7 +24,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from baselines import CONVNET, MLP, TINY, Workload, free_port  # noqa: E402
-from bench import _run, hogwild, hogwild_torchrun  # noqa: E402
+from bench import _run, hogwild, hogwild_torchrun, pyplot  # noqa: E402
 
 logger = logging.getLogger("cross")
 SECTIONS = ("scaling", "drift")
@@ -112,13 +112,8 @@ def table(res: dict[str, Any]) -> str:
 
 
 def plot(res: dict[str, Any], out: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        logger.warning("matplotlib not installed (pip install -e '.[bench]'): no PNG")
+    plt = pyplot()
+    if plt is None:
         return
     sc = res.get("scaling", {})
     if not sc:
