@@ -49,20 +49,20 @@ class OuterRule(SyncRule):
         # The same step as target(), on one fused collective: Δ = θ_g − sum/n.
         total, ctl, n = self._fused_sum(snap, ctl, rank, timeout_s)
         pseudo = total.div_(-max(n, 1)).add_(self.global_params)
-        self.momentum.mul_(self.mu).add_(pseudo)
-        self.global_params.sub_(self.step(pseudo, self.momentum), alpha=self.lr)
-        return pseudo.copy_(self.global_params), ctl  # the round may overwrite its target
+        return pseudo.copy_(self._outer_step(pseudo)), ctl  # the round may overwrite its target
 
     def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
         if self.global_params is None:  # never primed (a rule driven directly, as in tests)
             self.global_params = self.comm.broadcast(snap.clone(), ctx.first_healthy)
             self.momentum = torch.zeros_like(snap)
-        assert self.momentum is not None
-        pseudo = self._mean(self.global_params - snap, ctx) if ctx.healthy[ctx.rank] else \
-            self._mean(torch.zeros_like(snap), ctx)
+        # _mean sends zeros for an unhealthy replica, so only the healthy ones count.
+        return self._outer_step(self._mean(self.global_params - snap, ctx)).clone()
+
+    def _outer_step(self, pseudo: Tensor) -> Tensor:
+        """b ← μ·b + Δ; θ_g ← θ_g − η·step. Returns θ_g (the rule's own state: copy it)."""
+        assert self.global_params is not None and self.momentum is not None
         self.momentum.mul_(self.mu).add_(pseudo)
-        self.global_params.sub_(self.step(pseudo, self.momentum), alpha=self.lr)
-        return self.global_params.clone()
+        return self.global_params.sub_(self.step(pseudo, self.momentum), alpha=self.lr)
 
     def state_dict(self) -> dict[str, Tensor]:
         if self.global_params is None or self.momentum is None:
