@@ -60,13 +60,13 @@ def hogwild(workers: int, w: Workload, target: float | None, run_root: Path, ext
 
 
 def hogwild_torchrun(replicas: int, workers: int, w: Workload, run_root: Path, extra: tuple[str, ...] = (),
-                     target: float | None = None) -> dict[str, Any]:
+                     target: float | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
     args = [f"workers={workers}", *w.hydra(), *extra]
     if target is not None:
         args.append(f"train.target_accuracy={target}")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={replicas}",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "hogwild.train", *args]
-    return _run(cmd, run_root)
+    return _run(cmd, run_root, env=env)
 
 
 def median_of(fn: Callable[[], dict[str, Any]], repeats: int, key: str) -> dict[str, Any]:

@@ -23,8 +23,8 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from baselines import CONVNET, MLP, TINY, Workload, free_port  # noqa: E402
-from bench import _run, hogwild, hogwild_torchrun, pyplot  # noqa: E402
+from baselines import CONVNET, MLP, TINY, Workload  # noqa: E402
+from bench import hogwild, hogwild_torchrun, pyplot  # noqa: E402
 
 logger = logging.getLogger("cross")
 SECTIONS = ("scaling", "drift")
@@ -70,14 +70,11 @@ def scaling(w: Workload, reps: int, max_r: int, runs: Path, interval: int) -> di
 def drift(w: Workload, intervals: tuple[int, ...], runs: Path) -> dict[str, Any]:
     """2 replicas x 1 worker; "slow": replica 1's worker sleeps 5 ms per step."""
     logger.info("drift against sync.interval %s, with and without a slow replica", intervals)
-    budget = dataclasses.replace(w, target=1.01)
     out: dict[str, Any] = {}
     for slow in (False, True):
         for iv in intervals:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
-                   "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "hogwild.train",
-                   "workers=1", *budget.hydra(), f"sync.interval={iv}"]
-            m = _run(cmd, runs, env={"HOGWILD_FAULT": "slow:1:5"} if slow else None)
+            m = hogwild_torchrun(2, 1, w, runs, (f"sync.interval={iv}",),
+                                 env={"HOGWILD_FAULT": "slow:1:5"} if slow else None)
             row = {k: m[k] for k in ("mean_drift", "max_drift", "steps_per_sync", "max_steps_per_sync",
                                      "lag_wait_s", "syncs")}
             out[f"{'slow' if slow else 'even'} {iv}"] = {"slow": slow, "interval": iv, **row}
