@@ -43,11 +43,16 @@ def test_broadcast_mode(tmp_path: Path) -> None:
     assert torch.equal(finals[0], finals[1])
 
 
-def test_interval_bounds_drift(tmp_path: Path) -> None:
-    small, _ = _job(tmp_path, "small", "sync.interval=5", "train.epochs=12", workers=1)
-    large, _ = _job(tmp_path, "large", "sync.interval=100000", "train.epochs=12", workers=1)
-    assert large["syncs"] < small["syncs"]
-    assert large["mean_drift"] > 2 * small["mean_drift"], (small, large)
+def test_drift_grows_with_the_interval(tmp_path: Path) -> None:
+    """Mean and max drift rise with sync.interval: 5, 40, and one round at the end only.
+    Drift is measured in parameter space, so a loaded machine changes the times, not the
+    steps between rounds (max_lag bounds those); measured ~2x from each interval to the next."""
+    jobs = [_job(tmp_path, f"i{iv}", f"sync.interval={iv}", "train.epochs=12", workers=1)[0]
+            for iv in (5, 40, 100000)]
+    assert [m["syncs"] for m in jobs] == sorted((m["syncs"] for m in jobs), reverse=True), jobs
+    for near, far in zip(jobs, jobs[1:]):
+        assert far["mean_drift"] > 1.4 * near["mean_drift"], (near, far)
+        assert far["max_drift"] > 1.4 * near["max_drift"], (near, far)
 
 
 def test_max_lag_bounds_the_real_interval_when_a_replica_is_slow(tmp_path: Path) -> None:
