@@ -14,29 +14,14 @@ from hydra.core.config_store import ConfigStore
 
 from hogwild.errors import ConfigError
 from hogwild.files import writable_dir
+from hogwild.syncconfig import SyncConfig
+from hogwild.validate import choice, positive, require
 
 MODELS = ("mlp", "convnet", "sparse_linear")
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "npz", "sparse_synthetic", "image_folder")
 OPTIMIZERS = ("sgd", "adam", "adagrad")
 OPTIM_STATES = ("worker", "shared")
-SYNC_MODES = ("average", "broadcast", "diloco", "slowmo", "median", "trimmed_mean")
-BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("cpu", "cuda")
-SYNC_DTYPES = ("fp32", "bf16", "fp16")
-
-
-def _require(cond: bool, key: str, msg: str) -> None:
-    if not cond:
-        raise ConfigError(f"{key}: {msg}")
-
-
-def _choice(value: str, key: str, choices: tuple[str, ...]) -> None:
-    _require(value in choices, key, f"unknown value {value!r}; choose one of {', '.join(choices)}")
-
-
-def _positive(value: float, key: str, allow_zero: bool = False) -> None:
-    ok = value >= 0 if allow_zero else value > 0
-    _require(ok, key, f"must be {'>= 0' if allow_zero else '> 0'}, got {value}")
 
 
 @dataclass
@@ -54,9 +39,9 @@ class ModelConfig:
     """Dropout of the convnet (the parameter-server tutorial's net)."""
 
     def __post_init__(self) -> None:
-        _choice(self.name, "model.name", MODELS)
-        _positive(self.hidden, "model.hidden")
-        _require(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
+        choice(self.name, "model.name", MODELS)
+        positive(self.hidden, "model.hidden")
+        require(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
 
 
 @dataclass
@@ -95,20 +80,20 @@ class DataConfig:
     """sparse_synthetic: classes of the hidden linear model."""
 
     def __post_init__(self) -> None:
-        _choice(self.name, "data.name", DATASETS)
-        _require(0.0 < self.test_fraction < 1.0, "data.test_fraction",
+        choice(self.name, "data.name", DATASETS)
+        require(0.0 < self.test_fraction < 1.0, "data.test_fraction",
                  f"must be in (0, 1), got {self.test_fraction}")
-        _positive(self.image_size, "data.image_size", allow_zero=True)
-        _require(self.channels in (1, 3), "data.channels", f"must be 1 or 3, got {self.channels}")
-        _positive(self.loader_workers, "data.loader_workers", allow_zero=True)
-        _positive(self.num_samples, "data.num_samples")
-        _positive(self.num_features, "data.num_features")
-        _positive(self.active_features, "data.active_features")
-        _require(self.active_features <= self.num_features, "data.active_features",
+        positive(self.image_size, "data.image_size", allow_zero=True)
+        require(self.channels in (1, 3), "data.channels", f"must be 1 or 3, got {self.channels}")
+        positive(self.loader_workers, "data.loader_workers", allow_zero=True)
+        positive(self.num_samples, "data.num_samples")
+        positive(self.num_features, "data.num_features")
+        positive(self.active_features, "data.active_features")
+        require(self.active_features <= self.num_features, "data.active_features",
                  "must not exceed data.num_features")
-        _require(self.num_classes >= 2, "data.num_classes", f"must be >= 2, got {self.num_classes}")
+        require(self.num_classes >= 2, "data.num_classes", f"must be >= 2, got {self.num_classes}")
         if self.name == "npz":
-            _require(bool(self.path), "data.path", "required for data=npz (a .npz with X and y)")
+            require(bool(self.path), "data.path", "required for data=npz (a .npz with X and y)")
 
 
 @dataclass
@@ -129,14 +114,14 @@ class OptimConfig:
     """Where momentum/Adam/Adagrad state lives: worker (private, as mnist_hogwild) or shared."""
 
     def __post_init__(self) -> None:
-        _choice(self.name, "optim.name", OPTIMIZERS)
-        _positive(self.lr, "optim.lr")
-        _require(0.0 <= self.momentum < 1.0, "optim.momentum", f"must be in [0, 1), got {self.momentum}")
-        _positive(self.weight_decay, "optim.weight_decay", allow_zero=True)
-        _require(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas), "optim.betas",
+        choice(self.name, "optim.name", OPTIMIZERS)
+        positive(self.lr, "optim.lr")
+        require(0.0 <= self.momentum < 1.0, "optim.momentum", f"must be in [0, 1), got {self.momentum}")
+        positive(self.weight_decay, "optim.weight_decay", allow_zero=True)
+        require(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas), "optim.betas",
                  f"must be two numbers in [0, 1), got {list(self.betas)}")
-        _positive(self.eps, "optim.eps")
-        _choice(self.state, "optim.state", OPTIM_STATES)
+        positive(self.eps, "optim.eps")
+        choice(self.state, "optim.state", OPTIM_STATES)
 
 
 @dataclass
@@ -155,14 +140,14 @@ class TrainConfig:
     """Progress interval when the console is not a terminal (a terminal gets one live line)."""
 
     def __post_init__(self) -> None:
-        _positive(self.epochs, "train.epochs")
+        positive(self.epochs, "train.epochs")
         if self.max_steps is not None:
-            _positive(self.max_steps, "train.max_steps")
-        _positive(self.batch_size, "train.batch_size")
-        _positive(self.seed, "train.seed", allow_zero=True)
-        _positive(self.log_every_s, "train.log_every_s")
+            positive(self.max_steps, "train.max_steps")
+        positive(self.batch_size, "train.batch_size")
+        positive(self.seed, "train.seed", allow_zero=True)
+        positive(self.log_every_s, "train.log_every_s")
         if self.target_accuracy is not None:
-            _require(0.0 < self.target_accuracy <= 1.0, "train.target_accuracy",
+            require(0.0 < self.target_accuracy <= 1.0, "train.target_accuracy",
                      f"must be in (0, 1], got {self.target_accuracy}")
 
 
@@ -172,7 +157,7 @@ class EvalConfig:
     """Evaluate the (live) shared model on the test split this often, in the rank-0 leader."""
 
     def __post_init__(self) -> None:
-        _positive(self.every_s, "eval.every_s")
+        positive(self.every_s, "eval.every_s")
 
 
 @dataclass
@@ -183,55 +168,8 @@ class CheckpointConfig:
     """How many step checkpoints to keep."""
 
     def __post_init__(self) -> None:
-        _positive(self.every_s, "checkpoint.every_s")
-        _positive(self.keep, "checkpoint.keep")
-
-
-@dataclass
-class SyncConfig:
-    mode: str = "average"
-    """Cross-replica rule: average | broadcast | diloco | slowmo | median | trimmed_mean."""
-    interval: int = 50
-    """Sync each time a replica's own update count (all its workers) grows by this much."""
-    max_lag: Optional[float] = None
-    """Steps a replica's workers may run past a round that has not completed before they wait
-    for it (stale synchronous parallel); None = one interval, inf = never wait."""
-    backend: str = "auto"
-    """Process-group backend: auto (gloo on cpu, nccl on cuda) | gloo | nccl."""
-    timeout_s: float = 300.0
-    """Collective and rendezvous timeout; a dead peer fails the job after this long."""
-    outer_lr: Optional[float] = None
-    """diloco, slowmo: outer learning rate; null = the rule's own (diloco 0.7, slowmo 1.0)."""
-    outer_momentum: Optional[float] = None
-    """diloco: Nesterov momentum (null = 0.9); slowmo: heavy-ball (null = 1 - 1/replicas)."""
-    trim: int = 1
-    """trimmed_mean: replicas dropped at each end, per coordinate."""
-    target_drift: Optional[float] = None
-    """If set, adapt the interval so the measured drift stays near this value."""
-    min_interval: int = 5
-    """Lower bound of the adaptive interval."""
-    max_interval: int = 5000
-    """Upper bound of the adaptive interval."""
-    dtype: str = "fp32"
-    """Wire precision of the synced delta: fp32 | bf16 | fp16 (with error feedback)."""
-
-    def __post_init__(self) -> None:
-        _choice(self.mode, "sync.mode", SYNC_MODES)
-        _positive(self.interval, "sync.interval")
-        if self.max_lag is not None:
-            _positive(self.max_lag, "sync.max_lag", allow_zero=True)
-        _choice(self.backend, "sync.backend", BACKENDS)
-        _positive(self.timeout_s, "sync.timeout_s")
-        _positive(1.0 if self.outer_lr is None else self.outer_lr, "sync.outer_lr")
-        mu = 0.0 if self.outer_momentum is None else self.outer_momentum
-        _require(0.0 <= mu < 1.0, "sync.outer_momentum", f"must be in [0, 1), got {mu}")
-        _positive(self.trim, "sync.trim", allow_zero=True)
-        if self.target_drift is not None:
-            _positive(self.target_drift, "sync.target_drift")
-        _positive(self.min_interval, "sync.min_interval")
-        _require(self.max_interval >= self.min_interval, "sync.max_interval",
-                 "must be >= sync.min_interval")
-        _choice(self.dtype, "sync.dtype", SYNC_DTYPES)
+        positive(self.every_s, "checkpoint.every_s")
+        positive(self.keep, "checkpoint.keep")
 
 
 @dataclass
@@ -246,10 +184,10 @@ class FaultConfig:
     """How long workers may take to spawn and build their model and shard."""
 
     def __post_init__(self) -> None:
-        _positive(self.max_worker_restarts, "fault.max_worker_restarts", allow_zero=True)
-        _positive(self.max_nonfinite, "fault.max_nonfinite", allow_zero=True)
-        _positive(self.shutdown_timeout_s, "fault.shutdown_timeout_s")
-        _positive(self.startup_timeout_s, "fault.startup_timeout_s")
+        positive(self.max_worker_restarts, "fault.max_worker_restarts", allow_zero=True)
+        positive(self.max_nonfinite, "fault.max_nonfinite", allow_zero=True)
+        positive(self.shutdown_timeout_s, "fault.shutdown_timeout_s")
+        positive(self.startup_timeout_s, "fault.startup_timeout_s")
 
 
 @dataclass
@@ -280,15 +218,15 @@ class Config:
                 w = int(w)
             except ValueError:
                 raise ConfigError(f"workers: must be a positive integer or 'auto', got {w!r}") from None
-        _require(w == "auto" or (isinstance(w, int) and not isinstance(w, bool) and w > 0),
+        require(w == "auto" or (isinstance(w, int) and not isinstance(w, bool) and w > 0),
                  "workers", f"must be a positive integer or 'auto', got {self.workers!r}")
         self.workers = w
-        _require(writable_dir(self.run_dir), "run_dir", f"cannot create {self.run_dir!r}: no writable folder on its path")
-        _choice(self.device, "device", DEVICES)
+        require(writable_dir(self.run_dir), "run_dir", f"cannot create {self.run_dir!r}: no writable folder on its path")
+        choice(self.device, "device", DEVICES)
         r = self.resume
-        _require(isinstance(r, (bool, str)), "resume", f"must be auto, true, false or a path, got {r!r}")
+        require(isinstance(r, (bool, str)), "resume", f"must be auto, true, false or a path, got {r!r}")
         if self.device == "cpu":
-            _require(self.sync.backend != "nccl", "sync.backend",
+            require(self.sync.backend != "nccl", "sync.backend",
                      "nccl needs device=cuda (NCCL runs on GPUs only); use gloo or auto")
 
 

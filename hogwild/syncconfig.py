@@ -1,0 +1,60 @@
+"""``sync.*``: how the replicas' leaders meet (rule, interval, staleness bound, timeouts),
+and, with ``sync.coordinator`` set, the elastic membership that survives a lost machine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from hogwild.validate import choice, positive, require
+
+SYNC_MODES = ("average", "broadcast", "diloco", "slowmo", "median", "trimmed_mean")
+BACKENDS = ("auto", "gloo", "nccl")
+SYNC_DTYPES = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class SyncConfig:
+    mode: str = "average"
+    """Cross-replica rule: average | broadcast | diloco | slowmo | median | trimmed_mean."""
+    interval: int = 50
+    """Sync each time a replica's own update count (all its workers) grows by this much."""
+    max_lag: Optional[float] = None
+    """Steps a replica's workers may run past a round that has not completed before they wait
+    for it (stale synchronous parallel); None = one interval, inf = never wait."""
+    backend: str = "auto"
+    """Process-group backend: auto (gloo on cpu, nccl on cuda) | gloo | nccl."""
+    timeout_s: float = 300.0
+    """Collective and rendezvous timeout; a dead peer fails the job after this long."""
+    outer_lr: Optional[float] = None
+    """diloco, slowmo: outer learning rate; null = the rule's own (diloco 0.7, slowmo 1.0)."""
+    outer_momentum: Optional[float] = None
+    """diloco: Nesterov momentum (null = 0.9); slowmo: heavy-ball (null = 1 - 1/replicas)."""
+    trim: int = 1
+    """trimmed_mean: replicas dropped at each end, per coordinate."""
+    target_drift: Optional[float] = None
+    """If set, adapt the interval so the measured drift stays near this value."""
+    min_interval: int = 5
+    """Lower bound of the adaptive interval."""
+    max_interval: int = 5000
+    """Upper bound of the adaptive interval."""
+    dtype: str = "fp32"
+    """Wire precision of the synced delta: fp32 | bf16 | fp16 (with error feedback)."""
+
+    def __post_init__(self) -> None:
+        choice(self.mode, "sync.mode", SYNC_MODES)
+        positive(self.interval, "sync.interval")
+        if self.max_lag is not None:
+            positive(self.max_lag, "sync.max_lag", allow_zero=True)
+        choice(self.backend, "sync.backend", BACKENDS)
+        positive(self.timeout_s, "sync.timeout_s")
+        positive(1.0 if self.outer_lr is None else self.outer_lr, "sync.outer_lr")
+        mu = 0.0 if self.outer_momentum is None else self.outer_momentum
+        require(0.0 <= mu < 1.0, "sync.outer_momentum", f"must be in [0, 1), got {mu}")
+        positive(self.trim, "sync.trim", allow_zero=True)
+        if self.target_drift is not None:
+            positive(self.target_drift, "sync.target_drift")
+        positive(self.min_interval, "sync.min_interval")
+        require(self.max_interval >= self.min_interval, "sync.max_interval",
+                 "must be >= sync.min_interval")
+        choice(self.dtype, "sync.dtype", SYNC_DTYPES)
