@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 FAULT_ENV = "HOGWILD_FAULT"
+DUMP_ENV = "HOGWILD_DUMP_FINAL"
 
 # Computes batch ``step``'s gradients into the parameters' ``.grad``: (loss, batch size).
 StepFn = Callable[[int], tuple[Tensor, int]]
@@ -66,3 +67,10 @@ def crash_at_start(global_index: int) -> None:
     if not marker.exists():
         marker.touch()
         os._exit(70)  # dies like an OOM-killed process: no cleanup, no traceback
+
+
+def dump_final(flat: Tensor, rank: int) -> None:
+    """``HOGWILD_DUMP_FINAL=DIR``: each replica's final parameters, to check consensus bit for bit."""
+    dump = os.environ.get(DUMP_ENV)
+    if dump:
+        torch.save(flat.cpu().clone(), Path(dump) / f"rank{rank}.pt")

@@ -13,7 +13,6 @@ waits in a collective that the others will never enter.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -34,6 +33,7 @@ from hogwild.distributed import (
     pick_backend,
 )
 from hogwild.errors import EXIT_FAILED, EXIT_FAULT
+from hogwild.faults import dump_final
 from hogwild.files import RunDirLock
 from hogwild.metrics import flatten
 from hogwild.models import model_id
@@ -52,7 +52,6 @@ from hogwild.verdict import judge, loss_bar
 
 logger = logging.getLogger(__name__)
 
-DUMP_ENV = "HOGWILD_DUMP_FINAL"
 # A due checkpoint waits this share of checkpoint.every_s for a round to carry it: a round's
 # checkpoint holds every replica's exact positions and totals, one written between rounds only
 # this replica's (the others' as last gathered).
@@ -61,19 +60,15 @@ LOCAL_GRACE = 0.25
 
 class Leader:
     def __init__(self, cfg: Config, run_dir: str, env: Optional[DistEnv] = None) -> None:
-        self.cfg = cfg
-        self.env = env or DistEnv.from_env()
-        self.run_dir = Path(run_dir)
+        self.cfg, self.env, self.run_dir = cfg, env or DistEnv.from_env(), Path(run_dir)
         self.device = torch.device("cuda", self.env.local_rank) if cfg.device == "cuda" else torch.device("cpu")
         self.is_rank0 = self.env.rank == 0
         self.stopper = Stopper()
-        self.fault: Optional[str] = None
-        self.fault_code = EXIT_FAULT
+        self.fault, self.fault_code = None, EXIT_FAULT  # type: Optional[str], int
         self.degraded = False  # a peer is gone: no more collectives
         self.restored: Optional[Restored] = None
-        self.t_start = time.monotonic()
+        self.t_start, self.next_ckpt = time.monotonic(), 0.0
         self.t_train: Optional[float] = None
-        self.next_ckpt = 0.0
         self.lock: Optional[RunDirLock] = None
 
     # ---------------------------------------------------------------- setup
@@ -112,17 +107,41 @@ class Leader:
         wait_s = min(self.cfg.fault.shutdown_timeout_s, 10.0) if stop else self.cfg.sync.timeout_s
         out = self.rounds.run(done=done, stop=stop, final=final, timeout_s=wait_s,
                               want_checkpoint=self.is_rank0 and time.monotonic() >= self.next_ckpt,
-                              reached=self.tel.time_to_target is not None)
+                              reached=self.tel.time_to_target is not None, reform=self._reform_wanted())
         self.pool.release()  # workers waiting at the lag limit may go on
         if out.checkpoint and not final:
             self._checkpoint()
+        if out.reform:
+            self._reform()
         return out.all_done or out.reached, out.any_stop
+
+    # Hooks of the elastic mode (elastic_leader.py); a torchrun job's group never changes.
+    def _reform_wanted(self) -> bool:
+        return False
+
+    def _reform(self) -> None:  # every leader calls it after the same round
+        pass
+
+    def _recover(self, e: PeerLost) -> bool:
+        """A collective failed: True if the group re-formed and the loop may go on."""
+        self.degraded = True
+        self._fail(f"{e}; keeping the last periodic checkpoint")
+        return False
+
+    def _gather_positions(self) -> torch.Tensor:  # every replica's data positions, in rank order
+        return torch.stack(self.comm.all_gather(torch.from_numpy(self.board.stats["pos"].copy()))).cpu()
+
+    def _report_extra(self) -> dict[str, Any]:
+        return {}
+
+    def _start_barrier(self) -> None:
+        self.comm.all_reduce(torch.zeros(1), self.cfg.sync.timeout_s, "the start barrier")
 
     def _checkpoint(self, write: bool = True) -> Totals:
         """Collective (positions and totals of every replica), written by rank 0 only, and
         only if the model is good. Returns the job-wide totals it reduced on the way."""
         own = self.board.totals(self.pool.restarts)
-        positions = torch.stack(self.comm.all_gather(torch.from_numpy(self.board.stats["pos"].copy()))).cpu()
+        positions = self._gather_positions()
         job = Totals.from_tensor(self.comm.all_reduce(own.to_tensor()))
         self.saver.gathered(positions, job, own)
         if write:
@@ -180,8 +199,8 @@ class Leader:
                 try:
                     all_done, any_stop = self._round(done, stop)
                 except PeerLost as e:
-                    self.degraded = True
-                    self._fail(f"{e}; keeping the last periodic checkpoint")
+                    if self._recover(e):
+                        continue
                     return
                 if any_stop and self.stopper.signal is None:
                     self._fail("another replica stopped the job")
@@ -215,7 +234,7 @@ class Leader:
                     return self._stopped_in_startup()
                 self.tel.warm_up(self.base.steps)
                 self.saver.loss_bar = loss_bar(self.tel.test_loss, self.rep.ds.num_classes)
-                self.comm.all_reduce(torch.zeros(1), self.cfg.sync.timeout_s, "the start barrier")
+                self._start_barrier()
                 self.pool.go()
                 self.t_train = time.monotonic()
                 self.next_ckpt = self.t_train + self.cfg.checkpoint.every_s
@@ -231,18 +250,17 @@ class Leader:
             if self.lock is not None:
                 self.lock.release()
 
-    def _outcome(self, **extra: Any) -> dict[str, Any]:
-        """The short result of a leader that writes no metrics.json."""
+    def _outcome(self, **extra: Any) -> dict[str, Any]:  # the result of a leader writing no metrics.json
         status = status_of(self.stopper.signal, self.fault, self.fault_code)
         return {"status": status, "exit_code": exit_code(status), "error": self.fault, **extra}
 
     def _finish(self, train_s: float) -> dict[str, Any]:
-        if self.env.distributed and not self.degraded:
+        while self.env.distributed and not self.degraded:
             try:
                 self._round(True, True, final=True)
+                break
             except PeerLost as e:
-                self.degraded = True
-                self._fail(str(e))
+                self._recover(e)  # elastic mode re-forms and the survivors retry the final round
         if self.degraded:
             # No collective can run, but rank 0's own replica (workers stopped) is still worth
             # keeping: a peer that froze before the first checkpoint must not cost everything.
@@ -250,9 +268,7 @@ class Leader:
             if self.is_rank0:
                 self._write_local()
             return self._outcome(peer_lost=True)
-        dump = os.environ.get(DUMP_ENV)
-        if dump:  # test hook: each replica's final parameters, to check consensus bit for bit
-            torch.save(self.rep.flat.cpu().clone(), Path(dump) / f"rank{self.env.rank}.pt")
+        dump_final(self.rep.flat, self.env.rank)
         tel, board = self.tel, self.board
         if self.is_rank0:  # judged before the final checkpoint: a failed run never writes one
             tel.evaluate(self.base.steps + board.applied() * self.env.world_size)
@@ -273,10 +289,9 @@ class Leader:
                               timing=timing, sync=sync_stats, workers=self.k, threads=self.specs[0].threads,
                               replicas=self.env.world_size, sync_mode=self.cfg.sync.mode,
                               schedule=self.schedule, resumed=self.restored, run_dir=self.run_dir)
-        result.update(verdict=verdict.summary, chance_accuracy=verdict.chance)
+        result.update(verdict=verdict.summary, chance_accuracy=verdict.chance, **self._report_extra())
         write_report(self.run_dir / "metrics.json", result)
-        tel.metrics.hparams(flatten("", self._config_dict()), {"test_accuracy": tel.test_acc,
-                                                                "test_loss": tel.test_loss})
+        tel.metrics.hparams(flatten("", self._config_dict()), {"test_accuracy": tel.test_acc, "test_loss": tel.test_loss})
         tel.metrics.close()
         return result
 

@@ -27,6 +27,8 @@ class RoundOutcome:
     checkpoint: bool
     reached: bool
     """Some replica reached train.target_accuracy: the whole job ends after this round."""
+    reform: bool
+    """Elastic mode: some leader saw a joiner or a newer epoch; all re-form after this round."""
     healthy: bool
     """This replica's snapshot was finite (else it was restored from the consensus)."""
     drift: float
@@ -37,7 +39,7 @@ class RoundOutcome:
 
 def sync_round(flat: Tensor, rule: SyncRule, *, done: bool = False, stop: bool = False,
                want_checkpoint: bool = False, reached: bool = False, last_drift: float = 0.0,
-               final: bool = False, timeout_s: float = 300.0) -> RoundOutcome:
+               final: bool = False, timeout_s: float = 300.0, reform: bool = False) -> RoundOutcome:
     """One round on the live buffer ``flat`` while workers may keep writing to it.
 
     ``snap = flat.clone(); target = rule(snap); flat += target - snap``: updates applied
@@ -51,7 +53,7 @@ def sync_round(flat: Tensor, rule: SyncRule, *, done: bool = False, stop: bool =
     R = RoundVector
     ctl = torch.zeros(R.size(world), dtype=flat.dtype, device=flat.device)
     ctl[R.ALL_DONE], ctl[R.ANY_STOP] = float(done), float(stop)
-    ctl[R.WANT_CKPT], ctl[R.REACHED] = float(want_checkpoint), float(reached)
+    ctl[R.WANT_CKPT], ctl[R.REACHED], ctl[R.REFORM] = float(want_checkpoint), float(reached), float(reform)
     ctl[R.healthy_slot(rank)] = float(healthy)
     ctl[R.drift_slot(world, rank)] = last_drift  # non-finite values are dropped by the reader
     target, red = rule.exchange(snap, ctl, rank, timeout_s)
@@ -70,7 +72,7 @@ def sync_round(flat: Tensor, rule: SyncRule, *, done: bool = False, stop: bool =
     f = red.cpu()
     return RoundOutcome(all_done=bool(f[R.ALL_DONE] == world), any_stop=bool(f[R.ANY_STOP] > 0),
                         checkpoint=bool(f[R.WANT_CKPT] > 0), reached=bool(f[R.REACHED] > 0),
-                        healthy=healthy, drift=drift,
+                        reform=bool(f[R.REFORM] > 0), healthy=healthy, drift=drift,
                         last_drifts=[float(x) for x in f[R.drift_slot(world, 0):]])
 
 
@@ -101,14 +103,15 @@ class Rounds:
         board.control["lag_limit"] = schedule.lag_limit
 
     def run(self, *, done: bool, stop: bool, want_checkpoint: bool, reached: bool, final: bool,
-            timeout_s: float) -> RoundOutcome:
+            timeout_s: float, reform: bool = False) -> RoundOutcome:
         t0 = time.perf_counter()
         ctl = self.board.control
         ctl["syncing"] = 1.0
         pos_at_snap = self.board.replica_pos()
         try:
             out = sync_round(self.flat, self.rule, done=done, stop=stop, want_checkpoint=want_checkpoint,
-                             reached=reached, last_drift=self.last_drift, final=final, timeout_s=timeout_s)
+                             reached=reached, last_drift=self.last_drift, final=final, timeout_s=timeout_s,
+                             reform=reform)
         finally:
             ctl["syncing"] = 0.0
         if not out.healthy:
@@ -130,6 +133,12 @@ class Rounds:
         if self.gaps:
             self.tel.metrics.scalar("sync/steps_between", self.gaps[-1], step)
         return out
+
+    def rebase(self) -> None:
+        """Positions jumped (healed from a peer): the next interval counts from here."""
+        self._last_snap = pos = self.board.replica_pos()
+        self.board.control["next_sync_at"] = self.schedule.after_round(pos)
+        self.board.control["lag_limit"] = self.schedule.lag_limit
 
     def _record_drift(self, drifts: list[float], step: int) -> None:
         rec = self.schedule.record_drift(drifts)

@@ -23,12 +23,12 @@ _WIRE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class RoundVector:
-    """Layout of the control vector every round all-reduces (SUM): four job-wide flags, then
+    """Layout of the control vector every round all-reduces (SUM): five job-wide flags, then
     one "my snapshot is finite" slot per rank, then one slot per rank for the drift it
     measured in the previous round."""
 
-    ALL_DONE, ANY_STOP, WANT_CKPT, REACHED = range(4)
-    NUM_FLAGS = 4
+    ALL_DONE, ANY_STOP, WANT_CKPT, REACHED, REFORM = range(5)
+    NUM_FLAGS = 5
 
     @staticmethod
     def size(world: int) -> int:

@@ -40,6 +40,17 @@ class SyncConfig:
     """Upper bound of the adaptive interval."""
     dtype: str = "fp32"
     """Wire precision of the synced delta: fp32 | bf16 | fp16 (with error feedback)."""
+    coordinator: Optional[str] = None
+    """host:port of a hogwild-coordinator: elastic mode, each replica launched on its own; a lost
+    replica is dropped and the others go on (null: one torchrun job, a lost peer stops it)."""
+    replicas: int = 1
+    """Elastic mode: the job's replica slots (the data is split into this many shards)."""
+    slot: Optional[int] = None
+    """Elastic mode: this replica's slot, 0..replicas-1; a restarted replica keeps its slot."""
+    peer_timeout_s: float = 10.0
+    """Elastic mode: a replica whose heartbeat stops this long is dropped from the group."""
+    min_replicas: Optional[int] = None
+    """Elastic mode: live slots a new group needs (null: a majority of the last group)."""
 
     def __post_init__(self) -> None:
         choice(self.mode, "sync.mode", SYNC_MODES)
@@ -58,3 +69,12 @@ class SyncConfig:
         require(self.max_interval >= self.min_interval, "sync.max_interval",
                  "must be >= sync.min_interval")
         choice(self.dtype, "sync.dtype", SYNC_DTYPES)
+        if self.coordinator is not None:
+            host, _, port = self.coordinator.rpartition(":")
+            require(bool(host) and port.isdigit(), "sync.coordinator", f"expected host:port, got {self.coordinator!r}")
+            require(self.replicas >= 2, "sync.replicas", f"elastic mode needs at least 2 slots, got {self.replicas}")
+            require(self.slot is not None and 0 <= self.slot < self.replicas, "sync.slot",
+                    f"must be set to 0..{self.replicas - 1} with sync.coordinator, got {self.slot}")
+            positive(self.peer_timeout_s, "sync.peer_timeout_s")
+            m = self.min_replicas
+            require(m is None or 1 <= m <= self.replicas, "sync.min_replicas", f"must be in 1..{self.replicas}, got {m}")

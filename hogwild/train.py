@@ -26,11 +26,13 @@ logger = logging.getLogger(__name__)
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def _hydra_main(dcfg: DictConfig) -> Optional[float]:
-    from hogwild.leader import run
+    from hogwild.elastic_leader import ElasticLeader
+    from hogwild.leader import Leader
 
     try:
         cfg = to_config(dcfg)
-        result = run(cfg, HydraConfig.get().runtime.output_dir)
+        leader = ElasticLeader if cfg.sync.coordinator else Leader
+        result = leader(cfg, HydraConfig.get().runtime.output_dir).run()
     except (UserError, Fault) as e:
         report(e)
     if "test_accuracy" in result:

@@ -113,7 +113,6 @@ def run_loop(step_fn: StepFn, opt: FlatOptimizer, params: list[Tensor], spec: Wo
              board: Board, wake: Optional[Connection], gate: Optional[Condition] = None) -> None:
     stats, ctrl = board.stats, board.control
     row = stats[spec.local_index]
-    step = int(row["pos"])  # a respawned worker resumes where its predecessor stopped
     parent = os.getppid()
     row["ready"] = 1.0
     if wake is not None:
@@ -123,6 +122,9 @@ def run_loop(step_fn: StepFn, opt: FlatOptimizer, params: list[Tensor], spec: Wo
         if os.getppid() != parent:
             return
         time.sleep(0.005)
+    # Read after "go": a respawned worker resumes where its predecessor stopped, and a replica
+    # that joins a running job learns its slot's positions from a peer while its workers wait.
+    step = int(row["pos"])
     loss_ema = float(row["loss"]) if row["loss"] > 0 else 0.0
     while step < spec.quota and not ctrl["stop"]:
         if os.getppid() != parent:  # leader gone (kill -9): never outlive it

@@ -1,0 +1,223 @@
+"""The leader in elastic mode (``sync.coordinator=HOST:PORT``): each replica is launched on
+its own, registers with the coordinator, and the group survives losing a replica.
+
+- A failed collective (a peer killed, stopped or dropped) does not stop the job: the
+  survivors form the next epoch's group (membership.py) and go on; their workers never stop.
+- A (re)started replica joins at the group's next round and, before its workers start,
+  receives the live model, shared optimizer state, sync-rule state and counters from the
+  lowest surviving member; its data positions come from the coordinator, where every
+  leader publishes its own each round, so its shard resumes where its slot left off.
+- The writer of checkpoints and ``metrics.json`` is the lowest slot of the current epoch,
+  and only while it holds the run_dir lock (a dropped writer that comes back holds it and
+  finds itself dropped before it writes again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from hogwild import resources
+from hogwild.board import Board
+from hogwild.checkpoint import new_lineage
+from hogwild.comm import PeerLost
+from hogwild.config import Config
+from hogwild.distributed import DistEnv
+from hogwild.elastic import ElasticComm
+from hogwild.errors import Fault, UserError
+from hogwild.files import RunDirLock
+from hogwild.leader import Leader
+from hogwild.membership import Dropped, Epoch, Membership
+from hogwild.models import model_id
+from hogwild.pool import worker_specs
+from hogwild.replica import build_replica
+from hogwild.resources import resolve_workers
+from hogwild.resume import Counters, restore, resume_path
+from hogwild.rounds import Rounds
+from hogwild.saving import Saver
+from hogwild.schedule import SyncSchedule
+from hogwild.sync import make_rule
+from hogwild.telemetry import Telemetry
+
+logger = logging.getLogger(__name__)
+
+
+class ElasticLeader(Leader):
+    def __init__(self, cfg: Config, run_dir: str, env: Optional[DistEnv] = None) -> None:
+        sc = cfg.sync
+        assert sc.slot is not None
+        base = env or DistEnv.from_env()
+        super().__init__(cfg, run_dir, dataclasses.replace(base, rank=sc.slot, world_size=sc.replicas))
+        self.is_rank0 = False  # the writer is decided by each epoch (see _became)
+        self.stalls: list[float] = []
+        self._round_t0 = time.monotonic()
+
+    # ---------------------------------------------------------------- setup
+    def _setup(self) -> None:
+        cfg, env, sc = self.cfg, self.env, self.cfg.sync
+        torch.set_num_threads(1)
+        self.k = resolve_workers(cfg.workers, env.local_world_size)
+        resources.check(cfg, self.k, env.local_world_size)
+        self.rep = rep = build_replica(cfg)
+        assert sc.coordinator is not None
+        self.m = Membership(sc.coordinator, env.rank, env.world_size, sc.peer_timeout_s, sc.min_replicas,
+                            sc.timeout_s)
+        fingerprint = (f"model={model_id(cfg.model)} params={rep.flat.numel()} sync.mode={sc.mode} "
+                       f"workers={self.k} sync.replicas={sc.replicas}")
+        self.run_dir = Path(self.m.agree_job(fingerprint, str(self.run_dir)))
+        self.comm = ElasticComm(self.m, sc.timeout_s)
+        self.rule = make_rule(sc, self.comm)
+        self.board = Board(self.k, self.run_dir / "progress" / f"rank{env.rank}.board")
+        self.schedule = SyncSchedule.from_config(sc, True)
+        self.positions = torch.zeros(env.world_size, self.k, dtype=torch.float64)
+        self.restored = r = self._restore()
+        self.base = r.counters if r else Counters()
+        self.saver = Saver(self.run_dir, cfg.checkpoint.keep, r.lineage if r else new_lineage(),
+                           model_id(cfg.model), r.path if r else None)
+        self.specs = worker_specs(cfg, env, self.k, len(rep.ds.train))
+        # Slot 0 evaluates and logs curves while it lives; the final writer evaluates anyway.
+        self.tel = Telemetry(cfg, self.run_dir, env.rank == 0, rep.model, rep.ds.test, self.device,
+                             env.world_size)
+        self.rounds = Rounds(rep.flat, self.rule, self.comm, self.board, self.schedule, self.tel, self.base.syncs)
+
+    def _restore(self) -> Any:
+        """Every slot restores the same checkpoint itself (no group exists yet); a live peer's
+        state, if any, replaces it when this slot joins."""
+        path = resume_path(self.cfg.resume, self.run_dir, True, lambda p: p)
+        if path is None:
+            return None
+        restored, sync_state = restore(path, model_id(self.cfg.model), self.rep.shapes, self.rep.flat,
+                                       self.rep.opt_state, self.board, self.env.rank, self.env.world_size)
+        self.rule.load_state_dict(sync_state)
+        return restored
+
+    def _start_barrier(self) -> None:
+        """Join the running group (or form the first one) before the workers start."""
+        t0 = time.monotonic()
+        self._enter(self.m.join(), fresh=True)
+        self.m.store.set(f"heal/{self.m.epoch.number}/{self.env.rank}", str(time.monotonic() - t0))
+
+    # ------------------------------------------------------------ membership
+    def _enter(self, ep: Epoch, fresh: bool = False) -> None:
+        self.comm.form(ep)
+        if ep.joiners and ep.source is not None:
+            self._heal(ep, fresh)
+        self._became(ep)
+        logger.info("slot %d in epoch %d: members %s, rank %d of %d%s", self.env.rank, ep.number,
+                    list(ep.members), self.comm.rank, self.comm.world_size, " (writer)" if self.is_rank0 else "")
+
+    def _heal(self, ep: Epoch, fresh: bool) -> None:
+        assert ep.source is not None
+        src = ep.members.index(ep.source)
+        mine = self.env.rank == ep.source
+        state = {"flat": self.rep.flat, "opt": self.rep.opt_state or {}, "sync": self.rule.state_dict(),
+                 "counters": dataclasses.asdict(self.base), "syncs": self.rounds.syncs} if mine else None
+        got = self.comm.send_state(state, src)
+        if self.env.rank not in ep.joiners:
+            return
+        with torch.no_grad():
+            self.rep.flat.copy_(got["flat"])
+            for name, buf in (self.rep.opt_state or {}).items():
+                buf.copy_(got["opt"][name])
+        self.rule.load_state_dict(got["sync"])
+        self.base = Counters.from_dict(got["counters"])
+        self.board.control["base_steps"] = self.base.steps
+        self.rounds.syncs = int(got["syncs"])
+        key = f"pos/{self.env.rank}"
+        if fresh and self.m.store.check([key]):  # workers not started: resume this slot's shard
+            self.board.stats["pos"] = np.frombuffer(self.m.store.get(key), dtype=np.float64).copy()
+        self.rounds.rebase()
+        logger.info("slot %d healed from slot %d (step %d, %d syncs)", self.env.rank, ep.source,
+                    self.base.steps, self.rounds.syncs)
+
+    def _became(self, ep: Epoch) -> None:
+        writer = self.comm.rank == 0
+        if writer and self.lock is None:
+            lock = RunDirLock(self.run_dir)
+            try:
+                lock.acquire()
+                self.lock = lock
+            except UserError as e:  # a dropped writer still holds it: nobody writes until it lets go
+                logger.warning("slot %d: %s", self.env.rank, e)
+        if not writer and self.lock is not None:
+            self.lock.release()
+            self.lock = None
+        self.is_rank0 = writer and self.lock is not None
+
+    def _regroup(self) -> None:
+        """Move to the next epoch, whatever the reason; rejoin if the others dropped us."""
+        while True:
+            try:
+                try:
+                    ep = self.m.advance()
+                except Dropped as d:
+                    logger.warning("%s; rejoining", d)
+                    self.is_rank0 = False
+                    ep = self.m.join()
+                self._enter(ep)
+                return
+            except PeerLost as e:  # a member died while the group formed: next epoch
+                logger.warning("slot %d: %s", self.env.rank, e)
+
+    # ----------------------------------------------------------------- hooks
+    def _round(self, done: bool, stop: bool, final: bool = False) -> tuple[bool, bool]:
+        self._round_t0 = time.monotonic()
+        self.m.store.set(f"pos/{self.env.rank}", self.board.stats["pos"].astype(np.float64).tobytes())
+        return super()._round(done, stop, final)
+
+    def _reform_wanted(self) -> bool:
+        return self.stopper.signal is None and self.fault is None and self.m.changed()
+
+    def _reform(self) -> None:
+        self._regroup()
+
+    def _recover(self, e: PeerLost) -> bool:
+        logger.warning("slot %d: %s; re-forming the group", self.env.rank, e)
+        try:
+            self._regroup()
+        except Fault as f:  # no quorum in time: a minority stops, and never writes
+            self.is_rank0 = False
+            return super()._recover(PeerLost(str(f)))
+        stall = time.monotonic() - self._round_t0
+        self.stalls.append(stall)
+        self.m.store.set(f"stall/{self.m.epoch.number}/{self.env.rank}", str(stall))
+        return True
+
+    def _gather_positions(self) -> torch.Tensor:
+        """Every slot's positions as published at its last round (a lost slot's stay put)."""
+        for s in range(self.env.world_size):
+            if self.m.store.check([f"pos/{s}"]):
+                self.positions[s] = torch.from_numpy(np.frombuffer(self.m.store.get(f"pos/{s}"), dtype=np.float64))
+        self.positions[self.env.rank] = torch.from_numpy(self.board.stats["pos"].astype(np.float64))
+        return self.positions.clone()
+
+    def _report_extra(self) -> dict[str, Any]:
+        history = self.m.history()
+        lost = sum(len(set(a.members) - set(b.members)) + len(set(b.joiners) & set(a.members))
+                   for a, b in zip(history, history[1:]))
+        joined = sum(len(ep.joiners) for ep in history[1:])
+        heal = [self._float(f"heal/{ep.number}/{s}") for ep in history[1:] for s in ep.joiners]
+        stall = [self._float(f"stall/{ep.number}/{s}") for ep in history[1:] for s in ep.members
+                 if s not in ep.joiners]
+        return {"elastic": True, "epochs": len(history), "replicas_lost": lost, "replicas_joined": joined,
+                "heal_s": max((h for h in heal if h is not None), default=0.0),
+                "survivor_stall_s": max((s for s in stall if s is not None), default=0.0),
+                "slot_positions": self.positions.sum(dim=1).tolist()}
+
+    def _float(self, key: str) -> Optional[float]:
+        return float(self.m.store.get(key)) if self.m.store.check([key]) else None
+
+    def run(self) -> dict[str, Any]:
+        try:
+            return super().run()
+        finally:
+            if isinstance(getattr(self, "comm", None), ElasticComm):
+                self.comm.abandon()
+            if hasattr(self, "m"):
+                self.m.close()

@@ -1,0 +1,219 @@
+"""Elastic membership: which replica slots form the leaders' group now, kept in the
+coordinator's ``TCPStore`` (``hogwild-coordinator``).
+
+The group lives in numbered *epochs*. Every epoch has its own Gloo group, so a dead peer
+never poisons the next one. Keys in the coordinator's store:
+
+    job, run_dir     the first replica's fingerprint and output folder; later ones must match
+    hb/<slot>        a counter a thread bumps every ``peer_timeout_s / 5``: the slot is alive
+    want/<slot>      the slot (re)started and asks to join; the formation that admits it deletes it
+    epoch            the newest epoch (0: none formed yet)
+    members/<e>      "0,1,2|2": epoch e's slots, then those among them that must be healed
+    form/<e>         "slot:time": first writer forms epoch e+1 (compare_set); stale after peer_timeout_s
+
+Split brain is ruled out by the epoch counter living in one place and by quorum: a new epoch
+needs a majority of the last one's slots alive (or ``sync.min_replicas``). A minority waits
+and never writes; a replica that finds a newer epoch without itself is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Optional
+
+import torch.distributed as dist
+
+from hogwild.errors import Fault, UserError, first_line
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.05
+
+
+class Dropped(Fault):
+    """A newer epoch exists without this replica: it was silent too long. It must not write."""
+
+
+@dataclass(frozen=True)
+class Epoch:
+    number: int
+    members: tuple[int, ...]
+    """Slots, ascending; a slot's rank in the epoch's group is its index here."""
+    joiners: tuple[int, ...] = ()
+    """Members that (re)started and receive the live state from :attr:`source`."""
+
+    @property
+    def source(self) -> Optional[int]:
+        """The lowest member that is not joining: it sends the live state to the joiners."""
+        return next((s for s in self.members if s not in self.joiners), None)
+
+    def encode(self) -> str:
+        return ",".join(map(str, self.members)) + "|" + ",".join(map(str, self.joiners))
+
+    @classmethod
+    def decode(cls, number: int, raw: str) -> "Epoch":
+        members, _, joiners = raw.partition("|")
+        ints = lambda s: tuple(int(x) for x in s.split(",") if x)  # noqa: E731
+        return cls(number, ints(members), ints(joiners))
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"sync.coordinator: expected host:port, got {endpoint!r}")
+    return host, int(port)
+
+
+def connect(endpoint: str, timeout_s: float) -> dist.TCPStore:
+    host, port = split_endpoint(endpoint)
+    try:
+        return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+    except (RuntimeError, TimeoutError, dist.DistError) as e:
+        raise UserError(f"sync.coordinator: no coordinator reachable at {endpoint} within {timeout_s:.0f}s "
+                        f"(sync.timeout_s; start one with hogwild-coordinator): {first_line(e)}") from None
+
+
+class Heartbeat:
+    """Bumps ``hb/<slot>`` from its own thread and store connection, so a leader blocked in a
+    collective still counts as alive, and a killed or stopped one does not."""
+
+    def __init__(self, endpoint: str, slot: int, period_s: float, timeout_s: float) -> None:
+        self._store = connect(endpoint, timeout_s)
+        self._key, self._period = f"hb/{slot}", period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hogwild-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._store.add(self._key, 1)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._period):
+            try:
+                self._store.add(self._key, 1)
+            except Exception:  # noqa: BLE001 - a coordinator gone for good is noticed by the leader
+                logger.debug("heartbeat failed", exc_info=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class Membership:
+    def __init__(self, endpoint: str, slot: int, slots: int, peer_timeout_s: float,
+                 min_replicas: Optional[int], timeout_s: float) -> None:
+        self.endpoint, self.slot, self.slots = endpoint, slot, slots
+        self.peer_timeout_s, self.min_replicas, self.timeout_s = peer_timeout_s, min_replicas, timeout_s
+        self.store = connect(endpoint, timeout_s)
+        self.heartbeat = Heartbeat(endpoint, slot, peer_timeout_s / 5, timeout_s)
+        self.epoch = Epoch(0, ())
+        self._seen: dict[int, tuple[int, float]] = {}  # slot -> (last heartbeat count, when it changed)
+
+    def agree_job(self, fingerprint: str, run_dir: str) -> str:
+        """Refuse a replica of another job; return the job's run_dir (the first replica's)."""
+        theirs = self.store.compare_set("job", "", fingerprint).decode()
+        if theirs != fingerprint:
+            raise UserError(f"sync.coordinator {self.endpoint}: this replica's {fingerprint} differs from "
+                            f"the running job's {theirs}; start it with the job's settings")
+        self.heartbeat.start()
+        return self.store.compare_set("run_dir", "", run_dir).decode()
+
+    def current(self) -> int:
+        return int(self.store.add("epoch", 0))
+
+    def read(self, number: int) -> Epoch:
+        return Epoch.decode(number, self.store.get(f"members/{number}").decode())
+
+    def wanting(self) -> list[int]:
+        return [s for s in range(self.slots) if self.store.check([f"want/{s}"])]
+
+    def changed(self) -> bool:
+        """A newer epoch exists, or some slot asks to join: the group should re-form."""
+        return self.current() > self.epoch.number or bool(self.wanting())
+
+    # -------------------------------------------------------------- liveness
+    def stale(self, slots: tuple[int, ...]) -> list[int]:
+        """The slots whose heartbeat has not moved for ``peer_timeout_s`` (as seen from here)."""
+        now, out = time.monotonic(), []
+        for s in slots:
+            count = int(self.store.add(f"hb/{s}", 0))
+            last = self._seen.get(s)
+            if last is None or last[0] != count:
+                self._seen[s] = (count, now)
+            elif now - last[1] > self.peer_timeout_s:
+                out.append(s)
+        return out
+
+    def _alive(self, slots: list[int]) -> list[int]:
+        """Slots whose heartbeat moves within a window of a few heartbeat periods."""
+        before = {s: int(self.store.add(f"hb/{s}", 0)) for s in slots}
+        time.sleep(self.peer_timeout_s / 2)
+        return [s for s in slots if int(self.store.add(f"hb/{s}", 0)) != before[s]]
+
+    # ------------------------------------------------------------- formation
+    def join(self) -> Epoch:
+        """Ask to join (first start or restart) and wait until an epoch admits this slot."""
+        self.store.set(f"want/{self.slot}", str(time.time()))
+        return self.advance()
+
+    def advance(self) -> Epoch:
+        """Move to the next epoch: learn it if another slot formed it, else form it. Raises
+        :class:`Dropped` if it leaves this slot out, :class:`Fault` if no quorum forms in time."""
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            newest = self.current()
+            if newest > self.epoch.number:
+                ep = self.read(newest)
+                if self.slot in ep.members and not self.store.check([f"want/{self.slot}"]):
+                    self.epoch = ep
+                    return ep
+                if self.slot not in ep.members and not self.store.check([f"want/{self.slot}"]):
+                    raise Dropped(f"sync: replica {self.slot} was dropped from the group (epoch {newest}); "
+                                  "it stops without writing")
+                # This slot is waiting to be admitted: the live group forms the next epoch.
+                if not self._group_alive(ep):
+                    self._try_form(newest)
+            else:
+                self._try_form(newest)
+            time.sleep(POLL_S)
+        raise Fault(f"sync: no group with a quorum formed within {self.timeout_s:.0f}s (sync.timeout_s); "
+                    f"slots alive: {self._alive(list(range(self.slots)))}")
+
+    def _group_alive(self, ep: Epoch) -> bool:
+        return bool(set(ep.members) - set(self.stale(ep.members)))
+
+    def _try_form(self, number: int) -> None:
+        key, mine = f"form/{number}", f"{self.slot}:{time.time()}"
+        held = self.store.compare_set(key, "", mine).decode()
+        if held != mine:
+            if time.time() - float(held.split(":")[1]) < 2 * self.peer_timeout_s:
+                return  # another slot is forming it
+            if self.store.compare_set(key, held, mine).decode() != mine:
+                return  # the former died mid-way; another slot took over first
+        old = self.read(number) if number > 0 else Epoch(0, ())
+        wanting = self.wanting()
+        alive = self._alive(sorted(set(old.members) | set(wanting)))
+        need = self.min_replicas or (len(old.members) // 2 + 1 if old.members else self.slots)
+        kept = [s for s in alive if s in old.members] if old.members else alive
+        if len(kept) < need:
+            logger.warning("slot %d: %d of the last group's slots alive, %d needed: waiting (no writes)",
+                           self.slot, len(kept), need)
+            self.store.delete_key(key)
+            time.sleep(self.peer_timeout_s / 5)
+            return
+        ep = Epoch(number + 1, tuple(alive), tuple(s for s in alive if s in wanting))
+        self.store.set(f"members/{ep.number}", ep.encode())
+        for s in ep.joiners:
+            self.store.delete_key(f"want/{s}")
+        self.store.set("epoch", str(ep.number))  # last: whoever reads the epoch finds its members
+        logger.info("slot %d formed epoch %d: members %s, joining %s", self.slot, ep.number,
+                    list(ep.members), list(ep.joiners))
+
+    def history(self) -> list[Epoch]:
+        return [self.read(e) for e in range(1, self.current() + 1)]
+
+    def close(self) -> None:
+        self.heartbeat.stop()

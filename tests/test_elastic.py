@@ -1,0 +1,132 @@
+"""Elastic mode: 3 replicas x 1 worker, each its own process, meeting at a coordinator on
+loopback. A replica is killed with SIGKILL mid-run; the other two go on, the killed one is
+restarted, heals from a live peer, and the job ends with one writer and one consensus."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hogwild.board import previous_attempt
+from hogwild.coordinator import serve
+from tests.conftest import clean_env, free_port, metrics, run_cli
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+SLOTS = 3
+PEER_TIMEOUT_S = 2.0
+
+
+class Job:
+    def __init__(self, tmp_path: Path, *args: str) -> None:
+        self.tmp, self.run_dir, self.dump = tmp_path, tmp_path / "run", tmp_path / "finals"
+        self.dump.mkdir()
+        self.port = free_port()
+        self.stop = threading.Event()
+        ready = threading.Event()
+        self.coordinator = threading.Thread(target=serve, args=("127.0.0.1", self.port, ready, self.stop), daemon=True)
+        self.coordinator.start()
+        assert ready.wait(30)
+        self.args = [f"sync.coordinator=127.0.0.1:{self.port}", f"sync.replicas={SLOTS}", "workers=1",
+                     f"run_dir={self.run_dir}", f"sync.peer_timeout_s={PEER_TIMEOUT_S}", "sync.interval=20",
+                     "train.log_every_s=1", *args]
+        self.procs: dict[int, subprocess.Popen[str]] = {}
+        self.logs: dict[int, list[Path]] = {s: [] for s in range(SLOTS)}
+
+    def start(self, slot: int) -> None:
+        log = self.tmp / f"slot{slot}_{len(self.logs[slot])}.log"
+        self.logs[slot].append(log)
+        env = clean_env(OMP_NUM_THREADS="1", HOGWILD_DUMP_FINAL=str(self.dump))
+        self.procs[slot] = subprocess.Popen([sys.executable, "-m", "hogwild.train", f"sync.slot={slot}", *self.args],
+                                            cwd=self.tmp, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                                            text=True)
+
+    def applied(self, slot: int) -> float:
+        seen = previous_attempt(self.run_dir / "progress" / f"rank{slot}.board")
+        return seen[1] if seen else 0.0
+
+    def wait_applied(self, slot: int, steps: float, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while self.applied(slot) < steps:
+            assert self.procs[slot].poll() is None, self.tail(slot)
+            assert time.monotonic() < deadline, f"slot {slot} made no {steps} steps in {timeout}s"
+            time.sleep(0.05)
+
+    def wait_all(self, timeout: float = 300) -> dict[int, int]:
+        return {s: p.wait(timeout) for s, p in self.procs.items()}
+
+    def tail(self, slot: int) -> str:
+        return "\n".join(log.read_text()[-3000:] for log in self.logs[slot])
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+        self.stop.set()
+
+
+@pytest.fixture
+def job_factory(tmp_path: Path):  # type: ignore[no-untyped-def]
+    jobs: list[Job] = []
+
+    def make(*args: str) -> Job:
+        jobs.append(Job(tmp_path, *args))
+        return jobs[-1]
+    yield make
+    for j in jobs:
+        j.close()
+
+
+def test_a_killed_replica_is_dropped_the_others_go_on_and_it_heals_on_restart(job_factory) -> None:  # type: ignore[no-untyped-def]
+    # slowmo: its outer parameters and momentum are state that the restarted slot must receive.
+    job = job_factory("train.epochs=40", "sync.mode=slowmo")
+    for s in range(SLOTS):
+        job.start(s)
+    job.wait_applied(2, 100)
+    job.procs[2].send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    survivors_at = {s: job.applied(s) for s in (0, 1)}
+    # The survivors keep training while slot 2 is gone.
+    for s in (0, 1):
+        job.wait_applied(s, survivors_at[s] + 60)
+    assert job.procs[2].wait(10) == -signal.SIGKILL
+    job.start(2)
+    codes = job.wait_all()
+    assert codes == {0: 0, 1: 0, 2: 0}, {s: job.tail(s) for s in range(SLOTS)}
+    m = metrics(job.run_dir)
+    assert m["replicas_lost"] >= 1 and m["replicas_joined"] >= 1, m
+    assert m["survivor_stall_s"] <= PEER_TIMEOUT_S + 2 + 3, m  # + the heartbeat window, on a busy machine
+    assert m["test_accuracy"] >= 0.95, m
+    finals = [torch.load(job.dump / f"rank{s}.pt", weights_only=True) for s in range(SLOTS)]
+    assert all(torch.equal(finals[0], f) for f in finals[1:]), "replicas differ after the final sync"
+    # Every slot's shard was read to the end: the survivors lost nothing, the restarted slot went on
+    # from where it last reported instead of dropping or restarting its shard.
+    quota = m["slot_positions"][0]
+    assert all(p == quota for p in m["slot_positions"]), m["slot_positions"]
+    assert "healed from slot" in job.tail(2)
+    assert time.monotonic() - killed_at < 300
+
+
+def test_an_unreachable_coordinator_fails_in_one_line(tmp_path: Path) -> None:
+    port = free_port()
+    proc = run_cli([f"sync.coordinator=127.0.0.1:{port}", "sync.replicas=2", "sync.slot=0", "sync.timeout_s=2",
+                    f"run_dir={tmp_path / 'r'}"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"127.0.0.1:{port}" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "r" / "metrics.json").exists()
+
+
+def test_a_replica_of_another_job_is_refused(job_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    job = job_factory()
+    job.start(0)
+    time.sleep(0.5)
+    proc = run_cli([*job.args, "sync.slot=1", "model.hidden=64"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "differs from the running job" in proc.stderr and "Traceback" not in proc.stderr
