@@ -56,6 +56,7 @@ class ElasticLeader(Leader):
         super().__init__(cfg, run_dir, dataclasses.replace(base, rank=sc.slot, world_size=sc.replicas))
         self.is_rank0 = False  # the writer is decided by each epoch (see _became)
         self.stalls: list[float] = []
+        self._lock_refused = False
         self._round_t0 = time.monotonic()
 
     # ---------------------------------------------------------------- setup
@@ -144,7 +145,9 @@ class ElasticLeader(Leader):
                 lock.acquire()
                 self.lock = lock
             except UserError as e:  # a dropped writer still holds it: nobody writes until it lets go
-                logger.warning("slot %d: %s", self.env.rank, e)
+                if not self._lock_refused:
+                    logger.warning("slot %d: %s", self.env.rank, e)
+                self._lock_refused = True
         if not writer and self.lock is not None:
             self.lock.release()
             self.lock = None
@@ -157,7 +160,7 @@ class ElasticLeader(Leader):
                 try:
                     ep = self.m.advance()
                 except Dropped as d:
-                    logger.warning("%s; rejoining", d)
+                    logger.warning("%s; rejoining as a new member (no writes until then)", d)
                     self.is_rank0 = False
                     ep = self.m.join()
                 self._enter(ep)
@@ -172,6 +175,7 @@ class ElasticLeader(Leader):
         return super()._round(done, stop, final)
 
     def _reform_wanted(self) -> bool:
+        self._became(self.m.epoch)  # the writer may take the lock a dropped writer has let go
         return self.stopper.signal is None and self.fault is None and self.m.changed()
 
     def _reform(self) -> None:
@@ -188,6 +192,24 @@ class ElasticLeader(Leader):
         self.stalls.append(stall)
         self.m.store.set(f"stall/{self.m.epoch.number}/{self.env.rank}", str(stall))
         return True
+
+    def _finish(self, train_s: float) -> dict[str, Any]:
+        result = super()._finish(train_s)
+        if not self.degraded:
+            self.m.store.set("finished", str(self.m.epoch.number))  # a replica that wakes later exits
+            if self.comm.rank == 0 and not self.is_rank0:
+                logger.error("slot %d: no metrics.json and no final checkpoint: the run_dir lock is held by a "
+                             "dropped writer (its pid is in %s/.hogwild.lock)", self.env.rank, self.run_dir)
+        return result
+
+    def _write(self, positions: torch.Tensor, job: Any) -> None:
+        # A writer that was stopped past the timeout wakes up believing it still writes; the
+        # others have moved on. One look at the epoch before each write keeps it out.
+        if self.is_rank0 and self.m.current() != self.m.epoch.number:
+            logger.warning("slot %d: a newer group exists; not writing", self.env.rank)
+            self.next_ckpt = time.monotonic() + self.cfg.checkpoint.every_s
+            return
+        super()._write(positions, job)
 
     def _gather_positions(self) -> torch.Tensor:
         """Every slot's positions as published at its last round (a lost slot's stay put)."""

@@ -148,10 +148,17 @@ class Membership:
         return out
 
     def _alive(self, slots: list[int]) -> list[int]:
-        """Slots whose heartbeat moves within a window of a few heartbeat periods."""
+        """Slots whose heartbeat moves within a window of a few heartbeat periods. The window
+        ends early once every slot not already known silent has moved (a stopped peer is known
+        after the timeout; a killed one is not, so its absence takes the whole window)."""
         before = {s: int(self.store.add(f"hb/{s}", 0)) for s in slots}
-        time.sleep(self.peer_timeout_s / 2)
-        return [s for s in slots if int(self.store.add(f"hb/{s}", 0)) != before[s]]
+        expect = set(slots) - set(self.stale(tuple(slots)))
+        moved: set[int] = set()
+        deadline = time.monotonic() + self.peer_timeout_s / 2
+        while time.monotonic() < deadline and not expect <= moved:
+            time.sleep(POLL_S)
+            moved |= {s for s in slots if s not in moved and int(self.store.add(f"hb/{s}", 0)) != before[s]}
+        return sorted(moved)
 
     # ------------------------------------------------------------- formation
     def join(self) -> Epoch:
@@ -164,6 +171,9 @@ class Membership:
         :class:`Dropped` if it leaves this slot out, :class:`Fault` if no quorum forms in time."""
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
+            if self.store.check(["finished"]):
+                raise Fault(f"sync: the job at {self.endpoint} finished while replica {self.slot} was away; "
+                            "nothing left for it to do (start a new coordinator for a new job)")
             newest = self.current()
             if newest > self.epoch.number:
                 ep = self.read(newest)
@@ -171,8 +181,8 @@ class Membership:
                     self.epoch = ep
                     return ep
                 if self.slot not in ep.members and not self.store.check([f"want/{self.slot}"]):
-                    raise Dropped(f"sync: replica {self.slot} was dropped from the group (epoch {newest}); "
-                                  "it stops without writing")
+                    raise Dropped(f"sync: replica {self.slot} was dropped from the group (epoch {newest}) "
+                                  "while it was silent")
                 # This slot is waiting to be admitted: the live group forms the next epoch.
                 if not self._group_alive(ep):
                     self._try_form(newest)
@@ -199,8 +209,8 @@ class Membership:
         need = self.min_replicas or (len(old.members) // 2 + 1 if old.members else self.slots)
         kept = [s for s in alive if s in old.members] if old.members else alive
         if len(kept) < need:
-            logger.warning("slot %d: %d of the last group's slots alive, %d needed: waiting (no writes)",
-                           self.slot, len(kept), need)
+            logger.warning("slot %d: %d of %s slots alive, %d needed: waiting (no writes)", self.slot, len(kept),
+                           "the last group's" if old.members else "the job's", need)
             self.store.delete_key(key)
             time.sleep(self.peer_timeout_s / 5)
             return
