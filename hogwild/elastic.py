@@ -65,7 +65,9 @@ class ElasticComm(Comm):
     def _wait(self, work: Any, timeout_s: Optional[float], what: str) -> None:
         t0 = time.monotonic()
         check_at, nap = t0 + CHECK_EVERY_S, 0.0002
-        limit = self.timeout_s if timeout_s is None else timeout_s
+        # Heartbeats tell a lost peer from a slow one, so a short caller timeout (a stopping
+        # leader's) is not needed here and would drop peers that are merely still training.
+        limit = max(self.timeout_s, timeout_s or 0.0)
         while not work.is_completed():
             now = time.monotonic()
             if now >= check_at:

@@ -1,0 +1,148 @@
+"""Losing a replica: elastic mode (survivors go on, the replica heals on restart) against a
+torchrun job (everyone restarts from the last checkpoint), side by side in one run.
+
+    python scripts/failover.py --repeats 3 --out bench_results     # the run behind BENCHMARKS.md §8
+    python scripts/failover.py --repeats 1 --out /tmp/f            # quick look
+
+3 replicas x 1 worker on this host (Gloo on loopback), mlp on digits, every worker slowed 10 ms a
+step so a run lasts long enough to kill one leader (SIGKILL) at a chosen step. Per scenario: job
+wall time from launch to the last exit, and steps lost. Results: ``<out>/failover.json``/``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from baselines import free_port  # noqa: E402
+
+from hogwild.board import previous_attempt  # noqa: E402
+from hogwild.coordinator import serve  # noqa: E402
+
+logger = logging.getLogger("failover")
+REPLICAS, KILL_AT = 3, 200
+COMMON = ["workers=1", "train.epochs=40", "sync.interval=20", "checkpoint.every_s=2", "eval.every_s=5",
+          "train.log_every_s=5"]
+# LOCAL_WORLD_SIZE: the elastic replicas share this host's cores (torchrun tells its ranks itself).
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "LOCAL_WORLD_SIZE": str(REPLICAS),
+       "HOGWILD_FAULT": ",".join(f"slow:{g}:10" for g in range(REPLICAS))}
+
+
+def _applied(run_dir: Path, slot: int) -> float:
+    seen = previous_attempt(run_dir / "progress" / f"rank{slot}.board")
+    return seen[1] if seen else 0.0
+
+
+def _wait_step(run_dir: Path, slot: int, steps: float, procs: list[subprocess.Popen[str]]) -> None:
+    deadline = time.monotonic() + 300
+    while _applied(run_dir, slot) < steps:
+        if time.monotonic() > deadline or all(p.poll() is not None for p in procs):
+            raise RuntimeError(f"slot {slot} never reached step {steps}")
+        time.sleep(0.02)
+
+
+def _children_with_rank(pid: int, rank: int) -> Optional[int]:
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        for child in (task / "children").read_text().split():
+            env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            if f"RANK={rank}".encode() in env and b"TORCHELASTIC_RUN_ID" in b"".join(env):
+                return int(child)
+    return None
+
+
+def torchrun_job(kill: bool, root: Path) -> dict[str, Any]:
+    run_dir = Path(tempfile.mkdtemp(dir=root))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={REPLICAS}",
+           "--max-restarts=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+           "-m", "hogwild.train", *COMMON, f"run_dir={run_dir}"]
+    t0 = time.monotonic()
+    agent = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+    if kill:
+        _wait_step(run_dir, 2, KILL_AT, [agent])
+        leader = _children_with_rank(agent.pid, 2)
+        assert leader is not None, "rank 2's leader not found"
+        os.kill(leader, signal.SIGKILL)
+    agent.wait(600)
+    m = json.loads((run_dir / "metrics.json").read_text())
+    return {"wall_s": time.monotonic() - t0, "steps_lost": m.get("steps_lost_on_resume") or 0,
+            "test_accuracy": m["test_accuracy"], "stall_s": float("nan")}
+
+
+def elastic_job(kill: bool, root: Path) -> dict[str, Any]:
+    run_dir = Path(tempfile.mkdtemp(dir=root))
+    port, stop, ready = free_port(), threading.Event(), threading.Event()
+    threading.Thread(target=serve, args=("127.0.0.1", port, ready, stop), daemon=True).start()
+    ready.wait(30)
+    args = [*COMMON, f"sync.coordinator=127.0.0.1:{port}", f"sync.replicas={REPLICAS}", f"run_dir={run_dir}",
+            "sync.peer_timeout_s=2"]
+
+    def start(slot: int) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "hogwild.train", f"sync.slot={slot}", *args], env=ENV,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+    t0 = time.monotonic()
+    procs = [start(s) for s in range(REPLICAS)]
+    lost = 0.0
+    if kill:
+        _wait_step(run_dir, 2, KILL_AT, procs)
+        procs[2].kill()
+        procs[2].wait()
+        store = dist.TCPStore("127.0.0.1", port, is_master=False)
+        published = np.frombuffer(store.get("pos/2"), dtype=np.float64).sum() if store.check(["pos/2"]) else 0.0
+        lost = _applied(run_dir, 2) - published  # made after its last round: redone after the heal
+        procs[2] = start(2)
+    for p in procs:
+        p.wait(600)
+    stop.set()
+    m = json.loads((run_dir / "metrics.json").read_text())
+    return {"wall_s": time.monotonic() - t0, "steps_lost": lost, "test_accuracy": m["test_accuracy"],
+            "stall_s": m.get("survivor_stall_s", 0.0), "heal_s": m.get("heal_s", 0.0)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path("bench_results"))
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="[failover] %(message)s")
+    root = args.out / "runs"
+    root.mkdir(parents=True, exist_ok=True)
+    configs = {"torchrun, no failure": (torchrun_job, False), "elastic, no failure": (elastic_job, False),
+               "torchrun, leader 2 killed": (torchrun_job, True), "elastic, leader 2 killed": (elastic_job, True)}
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in configs}
+    for rep in range(args.repeats):  # interleaved: slow phases of a shared host hit all alike
+        for label, (fn, kill) in configs.items():
+            r = fn(kill, root)
+            runs[label].append(r)
+            logger.info("rep %d %-26s %6.1f s, %5.0f steps lost, accuracy %.3f", rep + 1, label, r["wall_s"],
+                        r["steps_lost"], r["test_accuracy"])
+    med = {k: {f: statistics.median(r[f] for r in v) for f in v[0]} for k, v in runs.items()}
+    lines = [f"3 replicas x 1 worker, mlp on digits, workers slowed 10 ms/step, leader of slot 2 SIGKILLed at its "
+             f"step {KILL_AT}; medians of {args.repeats}", "",
+             "| scenario | job wall s | steps lost | survivor stall s | heal s | accuracy |", "|---|---|---|---|---|---|"]
+    for k, v in med.items():
+        lines.append(f"| {k} | {v['wall_s']:.1f} | {v['steps_lost']:.0f} | {v['stall_s']:.2f} | "
+                     f"{v.get('heal_s', float('nan')):.2f} | {v['test_accuracy']:.3f} |")
+    text = "\n".join(lines) + "\n"
+    (args.out / "failover.json").write_text(json.dumps({"runs": runs, "median": med}, indent=2) + "\n")
+    (args.out / "failover.md").write_text(text)
+    sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main()
