@@ -110,6 +110,7 @@ class Membership:
         self.store = connect(endpoint, timeout_s)
         self.heartbeat = Heartbeat(endpoint, slot, peer_timeout_s / 5, timeout_s)
         self.epoch = Epoch(0, ())
+        self._joining, self._asked_at = False, 0
         self._seen: dict[int, tuple[int, float]] = {}  # slot -> (last heartbeat count, when it changed)
 
     def agree_job(self, fingerprint: str, run_dir: str) -> str:
@@ -162,32 +163,38 @@ class Membership:
 
     # ------------------------------------------------------------- formation
     def join(self) -> Epoch:
-        """Ask to join (first start or restart) and wait until an epoch admits this slot."""
+        """Ask to join (first start, restart, or back after being dropped) and wait until an
+        epoch formed after the request lists this slot among its joiners."""
+        self._asked_at = self.current()
         self.store.set(f"want/{self.slot}", str(time.time()))
+        self._joining = True
         return self.advance()
 
     def advance(self) -> Epoch:
         """Move to the next epoch: learn it if another slot formed it, else form it. Raises
-        :class:`Dropped` if it leaves this slot out, :class:`Fault` if no quorum forms in time."""
+        :class:`Dropped` if it leaves this member out, :class:`Fault` if no quorum forms in time."""
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
             if self.store.check(["finished"]):
                 raise Fault(f"sync: the job at {self.endpoint} finished while replica {self.slot} was away; "
                             "nothing left for it to do (start a new coordinator for a new job)")
             newest = self.current()
-            if newest > self.epoch.number:
+            if newest <= self.epoch.number:
+                self._try_form(newest)
+            elif self._joining:
                 ep = self.read(newest)
-                if self.slot in ep.members and not self.store.check([f"want/{self.slot}"]):
-                    self.epoch = ep
+                if newest > self._asked_at and self.slot in ep.joiners:
+                    self._joining, self.epoch = False, ep
                     return ep
-                if self.slot not in ep.members and not self.store.check([f"want/{self.slot}"]):
-                    raise Dropped(f"sync: replica {self.slot} was dropped from the group (epoch {newest}) "
-                                  "while it was silent")
-                # This slot is waiting to be admitted: the live group forms the next epoch.
-                if not self._group_alive(ep):
+                if not self._group_alive(ep):  # nobody left to admit it: form the next epoch itself
                     self._try_form(newest)
             else:
-                self._try_form(newest)
+                ep = self.read(newest)
+                if self.slot not in ep.members:
+                    raise Dropped(f"sync: replica {self.slot} was dropped from the group (epoch {newest}) "
+                                  "while it was silent")
+                self.epoch = ep
+                return ep
             time.sleep(POLL_S)
         raise Fault(f"sync: no group with a quorum formed within {self.timeout_s:.0f}s (sync.timeout_s); "
                     f"slots alive: {self._alive(list(range(self.slots)))}")
