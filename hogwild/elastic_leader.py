@@ -30,7 +30,7 @@ from hogwild.comm import PeerLost
 from hogwild.config import Config
 from hogwild.distributed import DistEnv
 from hogwild.elastic import ElasticComm
-from hogwild.errors import Fault, UserError
+from hogwild.errors import EXIT_FAULT, Fault, UserError
 from hogwild.files import RunDirLock
 from hogwild.leader import Leader
 from hogwild.membership import Dropped, Epoch, Membership
@@ -198,8 +198,9 @@ class ElasticLeader(Leader):
         if not self.degraded:
             self.m.store.set("finished", str(self.m.epoch.number))  # a replica that wakes later exits
             if self.comm.rank == 0 and not self.is_rank0:
-                logger.error("slot %d: no metrics.json and no final checkpoint: the run_dir lock is held by a "
-                             "dropped writer (its pid is in %s/.hogwild.lock)", self.env.rank, self.run_dir)
+                result.update(status="failed", exit_code=EXIT_FAULT,
+                              error=f"no metrics.json and no final checkpoint: the run_dir lock is held by a dropped "
+                                    f"writer (its pid is in {self.run_dir}/.hogwild.lock)")
         return result
 
     def _write(self, positions: torch.Tensor, job: Any) -> None:
