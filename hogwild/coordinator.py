@@ -26,8 +26,8 @@ def serve(host: str, port: int, ready: threading.Event | None = None, stop: thre
     stop = stop or threading.Event()
     if ready is not None:
         ready.set()
-    while not stop.wait(5.0):
-        logger.debug("epoch %s", store.add("epoch", 0))
+    while not stop.wait(1.0):  # a timeout, so SIGINT/SIGTERM handlers get to run promptly
+        pass
     del store
 
 

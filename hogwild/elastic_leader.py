@@ -38,7 +38,7 @@ from hogwild.models import model_id
 from hogwild.pool import worker_specs
 from hogwild.replica import build_replica
 from hogwild.resources import resolve_workers
-from hogwild.resume import Counters, restore, resume_path
+from hogwild.resume import Counters, Restored, restore, resume_path
 from hogwild.rounds import Rounds
 from hogwild.saving import Saver
 from hogwild.schedule import SyncSchedule
@@ -55,7 +55,6 @@ class ElasticLeader(Leader):
         base = env or DistEnv.from_env()
         super().__init__(cfg, run_dir, dataclasses.replace(base, rank=sc.slot, world_size=sc.replicas))
         self.is_rank0 = False  # the writer is decided by each epoch (see _became)
-        self.stalls: list[float] = []
         self._lock_refused = False
         self._round_t0 = time.monotonic()
 
@@ -87,7 +86,7 @@ class ElasticLeader(Leader):
                              env.world_size)
         self.rounds = Rounds(rep.flat, self.rule, self.comm, self.board, self.schedule, self.tel, self.base.syncs)
 
-    def _restore(self) -> Any:
+    def _restore(self) -> Optional[Restored]:
         """Every slot restores the same checkpoint itself (no group exists yet); a live peer's
         state, if any, replaces it when this slot joins."""
         path = resume_path(self.cfg.resume, self.run_dir, True, lambda p: p)
@@ -189,7 +188,6 @@ class ElasticLeader(Leader):
             self.is_rank0 = False
             return super()._recover(PeerLost(str(f)))
         stall = time.monotonic() - self._round_t0
-        self.stalls.append(stall)
         self.m.store.set(f"stall/{self.m.epoch.number}/{self.env.rank}", str(stall))
         return True
 
