@@ -10,12 +10,14 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from datetime import timedelta
 from typing import Mapping, Optional
 
 import torch
 import torch.distributed as dist
 
+from hogwild.comm import Comm, DistComm, LocalComm
 from hogwild.errors import ConfigError, UserError, first_line
 
 logger = logging.getLogger(__name__)
@@ -118,6 +120,17 @@ def init_group(env: DistEnv, backend: str, timeout_s: float, device: str) -> Non
         raise UserError(
             f"sync: could not join the process group at {env.endpoint} within {timeout_s:.0f}s "
             f"(sync.timeout_s): {first_line(e)}") from None
+
+
+def join_torchrun_group(env: DistEnv, backend: str, timeout_s: float, device: str, run_dir: Path, workers: int,
+                        wire: torch.device) -> tuple[Comm, Path]:
+    """The leaders' collectives and the job's agreed run_dir; a lone replica gets the identity."""
+    if not env.distributed:
+        return LocalComm(), run_dir
+    init_group(env, pick_backend(backend, device), timeout_s, device)
+    run_dir = Path(agree_on_path(str(run_dir)))
+    agree_on_workers(workers)
+    return DistComm(wire), run_dir
 
 
 def destroy_group() -> None:

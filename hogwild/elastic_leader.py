@@ -23,9 +23,6 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from hogwild import resources
-from hogwild.board import Board
-from hogwild.checkpoint import new_lineage
 from hogwild.comm import PeerLost
 from hogwild.config import Config
 from hogwild.distributed import DistEnv
@@ -35,15 +32,7 @@ from hogwild.files import RunDirLock
 from hogwild.leader import Leader
 from hogwild.membership import Dropped, Epoch, Membership
 from hogwild.models import model_id
-from hogwild.pool import worker_specs
-from hogwild.replica import build_replica
-from hogwild.resources import resolve_workers
 from hogwild.resume import Counters, Restored, restore, resume_path
-from hogwild.rounds import Rounds
-from hogwild.saving import Saver
-from hogwild.schedule import SyncSchedule
-from hogwild.sync import make_rule
-from hogwild.telemetry import Telemetry
 
 logger = logging.getLogger(__name__)
 
@@ -59,36 +48,22 @@ class ElasticLeader(Leader):
         self._round_t0 = time.monotonic()
 
     # ---------------------------------------------------------------- setup
-    def _setup(self) -> None:
-        cfg, env, sc = self.cfg, self.env, self.cfg.sync
-        torch.set_num_threads(1)
-        self.k = resolve_workers(cfg.workers, env.local_world_size)
-        resources.check(cfg, self.k, env.local_world_size)
-        self.rep = rep = build_replica(cfg)
+    def _connect(self) -> None:
+        """Register with the coordinator (the group itself forms in _start_barrier)."""
+        sc, rep = self.cfg.sync, self.rep
         assert sc.coordinator is not None
-        self.m = Membership(sc.coordinator, env.rank, env.world_size, sc.peer_timeout_s, sc.min_replicas,
-                            sc.timeout_s)
-        fingerprint = (f"model={model_id(cfg.model)} params={rep.flat.numel()} sync.mode={sc.mode} "
+        self.m = Membership(sc.coordinator, self.env.rank, self.env.world_size, sc.peer_timeout_s,
+                            sc.min_replicas, sc.timeout_s)
+        fingerprint = (f"model={model_id(self.cfg.model)} params={rep.flat.numel()} sync.mode={sc.mode} "
                        f"workers={self.k} sync.replicas={sc.replicas}")
         self.run_dir = Path(self.m.agree_job(fingerprint, str(self.run_dir)))
         self.comm = ElasticComm(self.m, sc.timeout_s)
-        self.rule = make_rule(sc, self.comm)
-        self.board = Board(self.k, self.run_dir / "progress" / f"rank{env.rank}.board")
-        self.schedule = SyncSchedule.from_config(sc, True)
-        self.positions = torch.zeros(env.world_size, self.k, dtype=torch.float64)
-        self.restored = r = self._restore()
-        self.base = r.counters if r else Counters()
-        self.saver = Saver(self.run_dir, cfg.checkpoint.keep, r.lineage if r else new_lineage(),
-                           model_id(cfg.model), r.path if r else None)
-        self.specs = worker_specs(cfg, env, self.k, len(rep.ds.train))
-        # Slot 0 evaluates and logs curves while it lives; the final writer evaluates anyway.
-        self.tel = Telemetry(cfg, self.run_dir, env.rank == 0, rep.model, rep.ds.test, self.device,
-                             env.world_size)
-        self.rounds = Rounds(rep.flat, self.rule, self.comm, self.board, self.schedule, self.tel, self.base.syncs)
+        self.positions = torch.zeros(self.env.world_size, self.k, dtype=torch.float64)
 
-    def _restore(self) -> Optional[Restored]:
+    def _resume(self, previous: Optional[tuple[float, float]]) -> Optional[Restored]:
         """Every slot restores the same checkpoint itself (no group exists yet); a live peer's
         state, if any, replaces it when this slot joins."""
+        del previous  # steps lost on resume need a collective over every slot; not reported here
         path = resume_path(self.cfg.resume, self.run_dir, True, lambda p: p)
         if path is None:
             return None

@@ -22,16 +22,9 @@ from omegaconf import OmegaConf
 
 from hogwild import checkpoint, resources
 from hogwild.board import Board, Totals, previous_attempt
-from hogwild.comm import Comm, DistComm, LocalComm, PeerLost
+from hogwild.comm import Comm, PeerLost
 from hogwild.config import Config
-from hogwild.distributed import (
-    DistEnv,
-    agree_on_path,
-    agree_on_workers,
-    destroy_group,
-    init_group,
-    pick_backend,
-)
+from hogwild.distributed import DistEnv, destroy_group, join_torchrun_group
 from hogwild.errors import EXIT_FAILED, EXIT_FAULT
 from hogwild.faults import dump_final
 from hogwild.files import RunDirLock
@@ -70,6 +63,7 @@ class Leader:
         self.t_start, self.next_ckpt = time.monotonic(), 0.0
         self.t_train: Optional[float] = None
         self.lock: Optional[RunDirLock] = None
+        self.comm: Comm  # set by _connect
 
     # ---------------------------------------------------------------- setup
     def _setup(self) -> None:
@@ -78,28 +72,30 @@ class Leader:
         self.k = resolve_workers(cfg.workers, env.local_world_size)
         resources.check(cfg, self.k, env.local_world_size)  # before anything is allocated
         self.rep = rep = build_replica(cfg)
-        self.comm: Comm = LocalComm()
-        if env.distributed:
-            init_group(env, pick_backend(cfg.sync.backend, cfg.device), cfg.sync.timeout_s, cfg.device)
-            self.run_dir = Path(agree_on_path(str(self.run_dir)))
-            agree_on_workers(self.k)
-            self.comm = DistComm(rep.flat.device)
-        if self.is_rank0:  # the one writer of this run_dir (design rule 17 in docs/design.md)
-            self.lock = RunDirLock(self.run_dir)
-            self.lock.acquire()
+        self._connect()
         self.rule = make_rule(cfg.sync, self.comm)
         board_file = self.run_dir / "progress" / f"rank{env.rank}.board"
         previous = previous_attempt(board_file)  # read before this attempt overwrites it
         self.board = Board(self.k, board_file)
         self.schedule = SyncSchedule.from_config(cfg.sync, env.distributed)
-        self.restored = r = resume(cfg, self.run_dir, rep, self.board, self.rule, self.comm, env, previous)
+        self.restored = r = self._resume(previous)
         self.base = r.counters if r else Counters()
         self.saver = Saver(self.run_dir, cfg.checkpoint.keep, r.lineage if r else checkpoint.new_lineage(),
                            model_id(cfg.model), r.path if r else None)
         self.specs = worker_specs(cfg, env, self.k, len(rep.ds.train))
-        self.tel = Telemetry(cfg, self.run_dir, self.is_rank0, rep.model, rep.ds.test, self.device,
-                             env.world_size)
+        self.tel = Telemetry(cfg, self.run_dir, env.rank == 0, rep.model, rep.ds.test, self.device, env.world_size)
         self.rounds = Rounds(rep.flat, self.rule, self.comm, self.board, self.schedule, self.tel, self.base.syncs)
+
+    def _connect(self) -> None:  # the group, the agreed run_dir, and its one writer's lock (design rule 17)
+        sc = self.cfg.sync
+        self.comm, self.run_dir = join_torchrun_group(self.env, sc.backend, sc.timeout_s, self.cfg.device,
+                                                      self.run_dir, self.k, self.rep.flat.device)
+        if self.is_rank0:
+            self.lock = RunDirLock(self.run_dir)
+            self.lock.acquire()
+
+    def _resume(self, previous: Optional[tuple[float, float]]) -> Optional[Restored]:
+        return resume(self.cfg, self.run_dir, self.rep, self.board, self.rule, self.comm, self.env, previous)
 
     # ---------------------------------------------------------------- rounds
     def _round(self, done: bool, stop: bool, final: bool = False) -> tuple[bool, bool]:
