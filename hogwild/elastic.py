@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from hogwild.comm import Comm, PeerLost
+from hogwild.coordlink import CoordinatorAway
 from hogwild.errors import first_line
 from hogwild.membership import Epoch, Membership
 
@@ -46,7 +47,7 @@ class ElasticComm(Comm):
     def form(self, ep: Epoch) -> None:
         """Build epoch ``ep``'s group; blocks until all its members arrive."""
         self.abandon()
-        store = dist.PrefixStore(f"pg/{ep.number}", self.m.store)
+        store = dist.PrefixStore(f"pg/{ep.number}", self.m.link.store)
         try:
             self.pg = dist.ProcessGroupGloo(store, ep.members.index(self.m.slot), len(ep.members),
                                             timedelta(seconds=self.timeout_s))
@@ -72,12 +73,7 @@ class ElasticComm(Comm):
             now = time.monotonic()
             if now >= check_at:
                 check_at = now + CHECK_EVERY_S
-                if self.m.current() > self.m.epoch.number:
-                    raise PeerLost(f"sync: the others formed a newer group during {what}")
-                dead = self.m.stale(tuple(s for s in self.m.epoch.members if s != self.m.slot))
-                if dead:
-                    raise PeerLost(f"sync: replica(s) {dead} silent for {self.m.peer_timeout_s:.0f}s "
-                                   f"(sync.peer_timeout_s) during {what}")
+                self._check_peers(what)
             if now - t0 > limit:
                 raise PeerLost(f"sync: peers did not join {what} within {limit:.0f}s")
             time.sleep(nap)
@@ -86,6 +82,17 @@ class ElasticComm(Comm):
             work.wait()
         except (RuntimeError, dist.DistError) as e:
             raise PeerLost(f"sync: {what} failed: {first_line(e)}") from None
+
+    def _check_peers(self, what: str) -> None:
+        try:
+            if self.m.current() > self.m.epoch.number:
+                raise PeerLost(f"sync: the others formed a newer group during {what}")
+            dead = self.m.stale(tuple(s for s in self.m.epoch.members if s != self.m.slot))
+        except CoordinatorAway:
+            return  # no heartbeats to read: the collective's own limit still holds
+        if dead:
+            raise PeerLost(f"sync: replica(s) {dead} silent for {self.m.peer_timeout_s:.0f}s "
+                           f"(sync.peer_timeout_s) during {what}")
 
     def _group(self) -> Any:
         if self.pg is None:

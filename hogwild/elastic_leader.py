@@ -25,6 +25,7 @@ import torch
 
 from hogwild.comm import PeerLost
 from hogwild.config import Config
+from hogwild.coordlink import CoordinatorAway
 from hogwild.distributed import DistEnv
 from hogwild.elastic import ElasticComm
 from hogwild.errors import EXIT_FAULT, Fault, UserError
@@ -76,7 +77,7 @@ class ElasticLeader(Leader):
         """Join the running group (or form the first one) before the workers start."""
         t0 = time.monotonic()
         self._enter(self.m.join(), fresh=True)
-        self.m.store.set(f"heal/{self.m.epoch.number}/{self.env.rank}", str(time.monotonic() - t0))
+        self.m.put(f"heal/{self.m.epoch.number}/{self.env.rank}", str(time.monotonic() - t0))
 
     # ------------------------------------------------------------ membership
     def _enter(self, ep: Epoch, fresh: bool = False) -> None:
@@ -104,9 +105,9 @@ class ElasticLeader(Leader):
         self.base = Counters.from_dict(got["counters"])
         self.board.control["base_steps"] = self.base.steps
         self.rounds.syncs = int(got["syncs"])
-        key = f"pos/{self.env.rank}"
-        if fresh and self.m.store.check([key]):  # workers not started: resume this slot's shard
-            self.board.stats["pos"] = np.frombuffer(self.m.store.get(key), dtype=np.float64).copy()
+        pos = self.m.link.fetch(f"pos/{self.env.rank}") if fresh else None
+        if pos is not None:  # workers not started: resume this slot's shard
+            self.board.stats["pos"] = np.frombuffer(pos, dtype=np.float64).copy()
         self.rounds.rebase()
         logger.info("slot %d healed from slot %d (step %d, %d syncs)", self.env.rank, ep.source,
                     self.base.steps, self.rounds.syncs)
@@ -145,11 +146,15 @@ class ElasticLeader(Leader):
     # ----------------------------------------------------------------- hooks
     def _round(self, done: bool, stop: bool, final: bool = False) -> tuple[bool, bool]:
         self._round_t0 = time.monotonic()
-        self.m.store.set(f"pos/{self.env.rank}", self.board.stats["pos"].astype(np.float64).tobytes())
+        self.m.put(f"pos/{self.env.rank}", self.board.stats["pos"].astype(np.float64).tobytes())
         return super()._round(done, stop, final)
 
     def _reform_wanted(self) -> bool:
         self._became(self.m.epoch)  # the writer may take the lock a dropped writer has let go
+        away = self.m.memory.away_for()
+        if away > self.cfg.sync.timeout_s:  # the group could not change any more: stop while it is whole
+            self._fail(f"sync.coordinator {self.m.endpoint} unreachable for {away:.0f}s (sync.timeout_s); "
+                       "stopping with a final sync and checkpoint")
         return self.stopper.signal is None and self.fault is None and self.m.changed()
 
     def _reform(self) -> None:
@@ -163,13 +168,13 @@ class ElasticLeader(Leader):
             self.is_rank0 = False
             return super()._recover(PeerLost(str(f)))
         stall = time.monotonic() - self._round_t0
-        self.m.store.set(f"stall/{self.m.epoch.number}/{self.env.rank}", str(stall))
+        self.m.put(f"stall/{self.m.epoch.number}/{self.env.rank}", str(stall))
         return True
 
     def _finish(self, train_s: float) -> dict[str, Any]:
         result = super()._finish(train_s)
         if not self.degraded:
-            self.m.store.set("finished", str(self.m.epoch.number))  # a replica that wakes later exits
+            self.m.put("finished", str(self.m.epoch.number))  # a replica that wakes later exits
             if self.comm.rank == 0 and not self.is_rank0:
                 result.update(status="failed", exit_code=EXIT_FAULT,
                               error=f"no metrics.json and no final checkpoint: the run_dir lock is held by a dropped "
@@ -179,17 +184,30 @@ class ElasticLeader(Leader):
     def _write(self, positions: torch.Tensor, job: Any) -> None:
         # A writer that was stopped past the timeout wakes up believing it still writes; the
         # others have moved on. One look at the epoch before each write keeps it out.
-        if self.is_rank0 and self.m.current() != self.m.epoch.number:
+        # While the coordinator is away, the collective that gathered ``job`` just now is the proof
+        # that this group is whole and current (_write_local, which has none, waits).
+        try:
+            newer = self.m.current() != self.m.epoch.number
+        except CoordinatorAway:
+            newer = False
+        if self.is_rank0 and newer:
             logger.warning("slot %d: a newer group exists; not writing", self.env.rank)
             self.next_ckpt = time.monotonic() + self.cfg.checkpoint.every_s
             return
         super()._write(positions, job)
 
+    def _write_local(self) -> None:
+        if self.m.memory.away_since is None:
+            super()._write_local()
+        else:
+            self.next_ckpt = time.monotonic() + self.cfg.checkpoint.every_s
+
     def _gather_positions(self) -> torch.Tensor:
         """Every slot's positions as published at its last round (a lost slot's stay put)."""
         for s in range(self.env.world_size):
-            if self.m.store.check([f"pos/{s}"]):
-                self.positions[s] = torch.from_numpy(np.frombuffer(self.m.store.get(f"pos/{s}"), dtype=np.float64))
+            raw = self.m.link.fetch(f"pos/{s}")
+            if raw is not None:
+                self.positions[s] = torch.from_numpy(np.frombuffer(raw, dtype=np.float64))
         self.positions[self.env.rank] = torch.from_numpy(self.board.stats["pos"].astype(np.float64))
         return self.positions.clone()
 
@@ -207,7 +225,8 @@ class ElasticLeader(Leader):
                 "slot_positions": self.positions.sum(dim=1).tolist()}
 
     def _float(self, key: str) -> Optional[float]:
-        return float(self.m.store.get(key)) if self.m.store.check([key]) else None
+        raw = self.m.link.fetch(key)
+        return None if raw is None else float(raw)
 
     def run(self) -> dict[str, Any]:
         try:

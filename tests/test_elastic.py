@@ -4,7 +4,9 @@ restarted, heals from a live peer, and the job ends with one writer and one cons
 
 from __future__ import annotations
 
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hogwild import checkpoint
 from hogwild.board import previous_attempt
 from hogwild.coordinator import serve
 from tests.conftest import clean_env, free_port, metrics, run_cli
@@ -25,21 +28,48 @@ PEER_TIMEOUT_S = 2.0
 
 
 class Job:
-    def __init__(self, tmp_path: Path, *args: str, fault: str = "") -> None:
+    def __init__(self, tmp_path: Path, *args: str, fault: str = "", coordinator_process: bool = False) -> None:
         self.fault = fault
         self.tmp, self.run_dir, self.dump = tmp_path, tmp_path / "run", tmp_path / "finals"
         self.dump.mkdir()
         self.port = free_port()
         self.stop = threading.Event()
-        ready = threading.Event()
-        self.coordinator = threading.Thread(target=serve, args=("127.0.0.1", self.port, ready, self.stop), daemon=True)
-        self.coordinator.start()
-        assert ready.wait(30)
+        self.coordinator_proc: subprocess.Popen[str] | None = None
+        if coordinator_process:  # one that can be killed and started again
+            self.start_coordinator()
+        else:
+            ready = threading.Event()
+            threading.Thread(target=serve, args=("127.0.0.1", self.port, ready, self.stop), daemon=True).start()
+            assert ready.wait(30)
         self.args = [f"sync.coordinator=127.0.0.1:{self.port}", f"sync.replicas={SLOTS}", "workers=1",
                      f"run_dir={self.run_dir}", f"sync.peer_timeout_s={PEER_TIMEOUT_S}", "sync.interval=20",
                      "train.log_every_s=1", *args]
         self.procs: dict[int, subprocess.Popen[str]] = {}
         self.logs: dict[int, list[Path]] = {s: [] for s in range(SLOTS)}
+
+    def start_coordinator(self) -> None:
+        log = (self.tmp / "coordinator.log").open("a")
+        self.coordinator_proc = subprocess.Popen(
+            [sys.executable, "-m", "hogwild.coordinator", "--host", "127.0.0.1", "--port", str(self.port)],
+            env=clean_env(), stdout=log, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                assert self.coordinator_proc.poll() is None and time.monotonic() < deadline, "no coordinator"
+                time.sleep(0.1)
+
+    def kill_coordinator(self) -> None:
+        assert self.coordinator_proc is not None
+        self.coordinator_proc.kill()
+        self.coordinator_proc.wait(10)
+
+    def formed(self) -> list[tuple[int, str]]:
+        """(epoch, members) for every "formed epoch" line in every replica's log."""
+        return [(int(n), members) for slot in range(SLOTS)
+                for n, members in re.findall(r"formed epoch (\d+): members (\[[^\]]*\])", self.log(slot))]
 
     def epoch(self) -> int:
         import torch.distributed as dist
@@ -77,7 +107,7 @@ class Job:
         return "\n".join(log.read_text() for log in self.logs[slot])
 
     def close(self) -> None:
-        for p in self.procs.values():
+        for p in [*self.procs.values(), *([self.coordinator_proc] if self.coordinator_proc else [])]:
             if p.poll() is None:
                 p.kill()
         self.stop.set()
@@ -87,8 +117,8 @@ class Job:
 def job_factory(tmp_path: Path):  # type: ignore[no-untyped-def]
     jobs: list[Job] = []
 
-    def make(*args: str, fault: str = "") -> Job:
-        jobs.append(Job(tmp_path, *args, fault=fault))
+    def make(*args: str, fault: str = "", coordinator_process: bool = False) -> Job:
+        jobs.append(Job(tmp_path, *args, fault=fault, coordinator_process=coordinator_process))
         return jobs[-1]
     yield make
     for j in jobs:
@@ -170,3 +200,64 @@ def test_a_replica_of_another_job_is_refused(job_factory, tmp_path: Path) -> Non
     proc = run_cli([*job.args, "sync.slot=1", "model.hidden=64"], cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "differs from the running job" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def assert_consensus(job: Job) -> dict:  # type: ignore[type-arg]
+    """One metrics.json at the accuracy bar, every replica's final model the same, every shard read."""
+    m = metrics(job.run_dir)
+    assert m["test_accuracy"] >= 0.95, m
+    finals = [torch.load(job.dump / f"rank{s}.pt", weights_only=True) for s in range(SLOTS)]
+    assert all(torch.equal(finals[0], f) for f in finals[1:]), "replicas differ after the final sync"
+    assert all(p == m["slot_positions"][0] for p in m["slot_positions"]), m["slot_positions"]
+    return m
+
+
+def test_a_coordinator_killed_and_restarted_mid_run_splits_nothing(job_factory) -> None:  # type: ignore[no-untyped-def]
+    job = job_factory("train.epochs=60", fault="slow:0:20,slow:1:20,slow:2:20", coordinator_process=True)
+    for s in range(SLOTS):
+        job.start(s)
+    job.wait_applied(0, 100)
+    before = job.epoch()
+    job.kill_coordinator()
+    at_kill = {s: job.applied(s) for s in range(SLOTS)}
+    for s in range(SLOTS):  # no coordinator: the group goes on training and syncing
+        job.wait_applied(s, at_kill[s] + 40)
+    job.start_coordinator()
+    deadline = time.monotonic() + 30
+    while job.epoch() < before:  # the replicas put their epoch back
+        assert time.monotonic() < deadline, f"epoch {job.epoch()} after the restart, {before} before"
+        time.sleep(0.1)
+    # A membership change on the new coordinator: its epochs must go on from the old numbering.
+    job.wait_applied(2, job.applied(2) + 20)
+    job.procs[2].send_signal(signal.SIGKILL)
+    assert job.procs[2].wait(10) == -signal.SIGKILL
+    job.start(2)
+    codes = job.wait_all()
+    assert codes == {0: 0, 1: 0, 2: 0}, {s: job.tail(s) for s in range(SLOTS)}
+    assert_consensus(job)
+    formed = job.formed()
+    numbers = [n for n, _ in formed]
+    assert len(numbers) == len(set(numbers)), f"an epoch was formed twice: {formed}"
+    assert max(numbers) > before, formed
+    assert all("is back after" in job.log(s) for s in (0, 1)), job.tail(0)
+    assert "healed from slot" in job.log(2)
+
+
+def test_a_coordinator_that_stays_away_stops_the_job_with_a_checkpoint(job_factory) -> None:  # type: ignore[no-untyped-def]
+    job = job_factory("train.epochs=100", "sync.timeout_s=15", "checkpoint.every_s=1",
+                      fault="slow:0:20,slow:1:20,slow:2:20", coordinator_process=True)
+    for s in range(SLOTS):
+        job.start(s)
+    job.wait_applied(0, 100)
+    job.kill_coordinator()
+    killed_at = time.monotonic()
+    codes = job.wait_all(timeout=120)
+    assert codes == {0: 3, 1: 3, 2: 3}, {s: job.tail(s) for s in range(SLOTS)}
+    assert time.monotonic() - killed_at < 90
+    m = metrics(job.run_dir)
+    assert m["status"] == "failed" and f"127.0.0.1:{job.port} unreachable" in m["error"], m
+    # The group stopped together: one last sync, so the checkpoint holds every replica's model.
+    finals = [torch.load(job.dump / f"rank{s}.pt", weights_only=True) for s in range(SLOTS)]
+    assert all(torch.equal(finals[0], f) for f in finals[1:])
+    ckpt = checkpoint.load(checkpoint.ckpt_dir(job.run_dir) / "last.pt")
+    assert torch.equal(ckpt["flat"], finals[0])
