@@ -23,6 +23,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from hogwild.board import Totals
 from hogwild.comm import PeerLost
 from hogwild.config import Config
 from hogwild.coordlink import CoordinatorAway
@@ -47,6 +48,7 @@ class ElasticLeader(Leader):
         self.is_rank0 = False  # the writer is decided by each epoch (see _became)
         self._lock_refused = False
         self._round_t0 = time.monotonic()
+        self.carried: Optional[torch.Tensor] = None  # earlier processes' totals of this slot (_heal)
 
     # ---------------------------------------------------------------- setup
     def _connect(self) -> None:
@@ -108,6 +110,9 @@ class ElasticLeader(Leader):
         pos = self.m.link.fetch(f"pos/{self.env.rank}") if fresh else None
         if pos is not None:  # workers not started: resume this slot's shard
             self.board.stats["pos"] = np.frombuffer(pos, dtype=np.float64).copy()
+        done = self.m.link.fetch(f"done/{self.env.rank}") if fresh else None
+        if done is not None:  # and count on from its earlier processes' totals at their last round
+            self.carried = torch.from_numpy(np.frombuffer(done, dtype=np.float64).copy())
         self.rounds.rebase()
         logger.info("slot %d healed from slot %d (step %d, %d syncs)", self.env.rank, ep.source,
                     self.base.steps, self.rounds.syncs)
@@ -147,6 +152,7 @@ class ElasticLeader(Leader):
     def _round(self, done: bool, stop: bool, final: bool = False) -> tuple[bool, bool]:
         self._round_t0 = time.monotonic()
         self.m.put(f"pos/{self.env.rank}", self.board.stats["pos"].astype(np.float64).tobytes())
+        self.m.put(f"done/{self.env.rank}", self._own().to_tensor().numpy().tobytes())
         return super()._round(done, stop, final)
 
     def _reform_wanted(self) -> bool:
@@ -195,6 +201,10 @@ class ElasticLeader(Leader):
             self.next_ckpt = time.monotonic() + self.cfg.checkpoint.every_s
             return
         super()._write(positions, job)
+
+    def _own(self) -> Totals:
+        own = super()._own()
+        return own if self.carried is None else Totals.from_tensor(own.to_tensor() + self.carried)
 
     def _write_local(self) -> None:
         if self.m.memory.away_since is None:

@@ -136,7 +136,7 @@ class Leader:
     def _checkpoint(self, write: bool = True) -> Totals:
         """Collective (positions and totals of every replica), written by rank 0 only, and
         only if the model is good. Returns the job-wide totals it reduced on the way."""
-        own = self.board.totals(self.pool.restarts)
+        own = self._own()
         positions = self._gather_positions()
         job = Totals.from_tensor(self.comm.all_reduce(own.to_tensor()))
         self.saver.gathered(positions, job, own)
@@ -155,8 +155,10 @@ class Leader:
 
     def _write_local(self) -> None:
         """A checkpoint of this replica alone, without a collective (see Saver.local_view)."""
-        own = self.board.totals(self.pool.restarts)
-        self._write(*self.saver.local_view(self.board, self.env.rank, self.env.world_size, own))
+        self._write(*self.saver.local_view(self.board, self.env.rank, self.env.world_size, self._own()))
+
+    def _own(self) -> Totals:  # this replica's counters (elastic mode adds its slot's earlier processes')
+        return self.board.totals(self.pool.restarts)
 
     def _fail(self, msg: str, code: int = EXIT_FAULT) -> None:
         if self.fault is None:

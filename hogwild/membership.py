@@ -10,8 +10,10 @@ never poisons the next one. Keys in the coordinator's store:
     epoch            the newest epoch (0: none formed yet)
     members/<e>      "0,1,2|2": epoch e's slots, then those among them that must be healed
     form/<e>         "slot:time": first writer forms epoch e+1 (compare_set); stale after peer_timeout_s
-    pos/<slot>, heal/<e>/<slot>, stall/<e>/<slot>, finished
-                     a slot's data position at its last round, metrics, the end of the job
+    pos/<slot>, done/<slot>
+                     a slot's data position and totals (steps, samples, ...) at its last round
+    heal/<e>/<slot>, stall/<e>/<slot>, finished
+                     metrics, and the end of the job
 
 The coordinator may die and come back: coordlink.py puts the keys back, epoch number included.
 
