@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Elastic mode: one line per machine, each replica on its own, meeting at a coordinator.
-#   on one host:      hogwild-coordinator --port 29400
+#   on one host:      while :; do hogwild-coordinator --port 29400; sleep 1; done   # survives its own restart
 #   on each machine:  COORDINATOR=node0:29400 REPLICAS=3 SLOT=<0..2> RUN_DIR=/shared/exp1 launch/elastic.sh [overrides...]
 # A replica that dies is restarted here on its own; it rejoins the running job at the next round
 # and heals from a live peer, while the other machines keep training. Exit code 2 (a bad setting)
