@@ -1,4 +1,4 @@
-"""The package's shape: no import cycle, workers never reach the leader, small modules (fast tier)."""
+"""The package's shape: no import cycle, workers never reach the leader, small modules, launch scripts that parse (fast tier)."""
 
 from __future__ import annotations
 
@@ -58,3 +58,13 @@ def test_the_layout_detector_sees_a_cycle(tmp_path: Path) -> None:
     (tmp_path / "b.py").write_text("def f():\n    from hogwild import a\n")
     graph = {p.stem: _imports(p) for p in tmp_path.glob("*.py")}
     assert graph == {"a": {"b"}, "b": {"a"}} and "a" in _reachable(graph, "a")
+
+
+def test_launch_scripts_parse() -> None:
+    import subprocess
+
+    scripts = sorted((REPO / "launch").glob("*.s*"))
+    assert {p.name for p in scripts} >= {"elastic.sh", "elastic.sbatch", "slurm.sbatch", "local.sh"}
+    for script in scripts:
+        proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{script.name}: {proc.stderr}"
