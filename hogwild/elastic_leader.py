@@ -49,6 +49,8 @@ class ElasticLeader(Leader):
         self._lock_refused = False
         self._round_t0 = time.monotonic()
         self.carried: Optional[torch.Tensor] = None  # earlier processes' totals of this slot (_heal)
+        self._members: tuple[int, ...] = ()
+        self._tally = {"replicas_lost": 0, "replicas_joined": 0}  # as this slot saw them, for TensorBoard
 
     # ---------------------------------------------------------------- setup
     def _connect(self) -> None:
@@ -80,6 +82,7 @@ class ElasticLeader(Leader):
         t0 = time.monotonic()
         self._enter(self.m.join(), fresh=True)
         self.m.put(f"heal/{self.m.epoch.number}/{self.env.rank}", str(time.monotonic() - t0))
+        self._tb("heal_s", time.monotonic() - t0)
 
     # ------------------------------------------------------------ membership
     def _enter(self, ep: Epoch, fresh: bool = False) -> None:
@@ -87,6 +90,12 @@ class ElasticLeader(Leader):
         if ep.joiners and ep.source is not None:
             self._heal(ep, fresh)
         self._became(ep)
+        if self._members:
+            self._tally["replicas_lost"] += len(set(self._members) - set(ep.members)) + len(set(ep.joiners) & set(self._members))
+            self._tally["replicas_joined"] += len(ep.joiners)
+        self._members = ep.members
+        for tag, value in (("epoch", ep.number), ("members", len(ep.members)), *self._tally.items()):
+            self._tb(tag, value)
         logger.info("slot %d in epoch %d: members %s, rank %d of %d%s", self.env.rank, ep.number,
                     list(ep.members), self.comm.rank, self.comm.world_size, " (writer)" if self.is_rank0 else "")
 
@@ -175,7 +184,12 @@ class ElasticLeader(Leader):
             return super()._recover(PeerLost(str(f)))
         stall = time.monotonic() - self._round_t0
         self.m.put(f"stall/{self.m.epoch.number}/{self.env.rank}", str(stall))
+        self._tb("survivor_stall_s", stall)
         return True
+
+    def _tb(self, tag: str, value: float) -> None:
+        """TensorBoard's ``elastic/*`` as they happen (from slot 0's leader, the TensorBoard writer)."""
+        self.tel.metrics.scalar(f"elastic/{tag}", value, self.base.steps + self.board.applied())
 
     def _finish(self, train_s: float) -> dict[str, Any]:
         result = super()._finish(train_s)

@@ -78,3 +78,12 @@ def compose_cfg(overrides: list[str]) -> Any:
 def tmp_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+def tb_scalars(run_dir: Path, tag: str) -> list[float]:
+    """The values TensorBoard holds for ``tag`` in ``run_dir/tb``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [e.value for e in acc.Scalars(tag)]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import clean_env, metrics, torchrun
+from tests.conftest import clean_env, metrics, tb_scalars, torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -90,14 +90,6 @@ def test_checkpoints_keep_their_cadence_when_rounds_are_rare(tmp_path: Path) -> 
     assert max(gaps) <= 1.25 * every_s + 0.5, gaps
 
 
-def _scalars(run_dir: Path, tag: str) -> list[float]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run_dir / "tb"))
-    acc.Reload()
-    return [e.value for e in acc.Scalars(tag)]
-
-
 def test_target_drift_adapts_interval_to_hold_drift_near_epsilon(tmp_path: Path) -> None:
     eps = 0.02
     common = ("sync.interval=300", "train.epochs=60")
@@ -111,11 +103,11 @@ def test_target_drift_adapts_interval_to_hold_drift_near_epsilon(tmp_path: Path)
         settled = sorted(drifts[len(drifts) // 2:])
         return settled[len(settled) // 2]
 
-    fixed_drifts = _scalars(tmp_path / "fixed", "sync/drift_max")[:-1]
-    drifts = _scalars(tmp_path / "adaptive", "sync/drift_max")[:-1]
+    fixed_drifts = tb_scalars(tmp_path / "fixed", "sync/drift_max")[:-1]
+    drifts = tb_scalars(tmp_path / "adaptive", "sync/drift_max")[:-1]
     assert settled_median(fixed_drifts) > 1.5 * eps, fixed_drifts  # the fixed interval overshoots
     assert eps / 2 <= settled_median(drifts) <= 1.5 * eps, drifts
-    assert adaptive["final_interval"] != 300 and _scalars(tmp_path / "adaptive", "sync/interval")
+    assert adaptive["final_interval"] != 300 and tb_scalars(tmp_path / "adaptive", "sync/interval")
     assert adaptive["syncs"] > fixed["syncs"]
 
 

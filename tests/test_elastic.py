@@ -20,7 +20,7 @@ import torch
 from hogwild import checkpoint
 from hogwild.board import previous_attempt
 from hogwild.coordinator import serve
-from tests.conftest import clean_env, free_port, metrics, run_cli
+from tests.conftest import clean_env, free_port, metrics, run_cli, tb_scalars
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -169,6 +169,10 @@ def test_a_killed_replica_is_dropped_the_others_go_on_and_it_heals_on_restart(jo
     assert m["replicas_lost"] >= 1 and m["replicas_joined"] >= 1, m
     assert m["survivor_stall_s"] <= PEER_TIMEOUT_S + 2, m
     assert "healed from slot" in job.log(2)
+    # TensorBoard (slot 0's) saw the group shrink to two and grow back, and the loss counted.
+    assert 2 in tb_scalars(job.run_dir, "elastic/members") and tb_scalars(job.run_dir, "elastic/members")[-1] == 3
+    assert tb_scalars(job.run_dir, "elastic/replicas_lost")[-1] >= 1
+    assert max(tb_scalars(job.run_dir, "elastic/survivor_stall_s")) <= PEER_TIMEOUT_S + 2
     assert time.monotonic() - killed_at < 300
 
 
