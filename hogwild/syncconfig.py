@@ -25,7 +25,8 @@ class SyncConfig:
     backend: str = "auto"
     """Process-group backend: auto (gloo on cpu, nccl on cuda) | gloo | nccl."""
     timeout_s: float = 300.0
-    """Collective and rendezvous timeout; a dead peer fails the job after this long."""
+    """Collective and rendezvous timeout; a dead peer fails the job after this long. Elastic
+    mode: also the longest a new group may take to form, and a coordinator may stay away."""
     outer_lr: Optional[float] = None
     """diloco, slowmo: outer learning rate; null = the rule's own (diloco 0.7, slowmo 1.0)."""
     outer_momentum: Optional[float] = None
