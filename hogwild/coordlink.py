@@ -37,7 +37,11 @@ from hogwild.errors import UserError, first_line
 
 logger = logging.getLogger(__name__)
 
-RETRY_S = 0.5  # between reconnection attempts while the coordinator is away
+# Between the leader's reconnection attempts while the coordinator is away: a connect to a host
+# that drops packets blocks its main loop for CONNECT_S. The heartbeat thread tries at each beat
+# (it blocks nobody), so it is usually the one that puts the keys back.
+RETRY_S = 2.0
+CONNECT_S = 0.5
 
 
 class CoordinatorAway(PeerLost):
@@ -63,7 +67,7 @@ def connect(endpoint: str, timeout_s: float) -> dist.TCPStore:
 def _listening(host: str, port: int) -> bool:
     # A plain socket first: a TCPStore client that cannot connect logs C++ stack traces.
     try:
-        with socket.create_connection((host, port), timeout=1.0):
+        with socket.create_connection((host, port), timeout=CONNECT_S):
             return True
     except OSError:
         return False
@@ -100,8 +104,8 @@ class Memory:
 class Link:
     """One TCPStore client that reconnects (and restores, see the module) after an outage."""
 
-    def __init__(self, endpoint: str, timeout_s: float, memory: Memory) -> None:
-        self.endpoint, self.timeout_s, self.memory = endpoint, timeout_s, memory
+    def __init__(self, endpoint: str, timeout_s: float, memory: Memory, retry_s: float = RETRY_S) -> None:
+        self.endpoint, self.timeout_s, self.memory, self.retry_s = endpoint, timeout_s, memory, retry_s
         self.host, self.port = split_endpoint(endpoint)
         self._store: Optional[dist.TCPStore] = connect(endpoint, timeout_s)
         self._next_try = 0.0
@@ -138,7 +142,7 @@ class Link:
         now = time.monotonic()
         if now < self._next_try:
             raise CoordinatorAway(f"sync.coordinator {self.endpoint} unreachable")
-        self._next_try = now + RETRY_S
+        self._next_try = now + self.retry_s
         if not _listening(self.host, self.port):
             raise CoordinatorAway(f"sync.coordinator {self.endpoint} unreachable")
         try:

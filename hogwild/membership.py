@@ -70,7 +70,7 @@ class Heartbeat:
     collective still counts as alive, and a killed or stopped one does not."""
 
     def __init__(self, endpoint: str, slot: int, period_s: float, timeout_s: float, memory: Memory) -> None:
-        self._link = Link(endpoint, timeout_s, memory)
+        self._link = Link(endpoint, timeout_s, memory, retry_s=period_s)
         self._key, self._period = f"hb/{slot}", period_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hogwild-heartbeat", daemon=True)
