@@ -5,7 +5,8 @@ function back untouched, so the training loop carries no test code.
 
 Kinds: ``nan`` poisons the first gradient of that step, ``crash`` raises in that step,
 ``slow:W:MS`` makes every step of worker W MS milliseconds longer (a slow or loaded machine),
-and ``start:W:0`` kills worker W's first start during its warm-up, before it is ready.
+``start:W:0`` kills worker W's first start during its warm-up, before it is ready, and
+``warm:W:MS`` makes that warm-up MS milliseconds longer (a signal that lands in it).
 """
 
 from __future__ import annotations
@@ -58,13 +59,16 @@ def inject_faults(step_fn: StepFn, params: list[Tensor], global_index: int) -> S
     return faulty
 
 
-def crash_at_start(global_index: int) -> None:
-    """``start:W:0``: the first process of worker W dies in warm-up; its respawn lives (a
-    marker file, named by the leader's pid, tells the two apart)."""
-    if "start" not in planned_faults(global_index):
-        return
+def startup_faults(global_index: int) -> None:
+    """In worker W's warm-up, before it is ready. ``start:W:0``: its first process dies; its
+    respawn lives (a marker file named by the leader's pid tells the two apart). ``warm:W:MS``:
+    it touches ``<marker>.warm`` (for a test to wait on), then takes MS ms longer."""
+    faults = planned_faults(global_index)
     marker = Path(tempfile.gettempdir()) / f"hogwild-fault-{os.getppid()}-{global_index}"
-    if not marker.exists():
+    if "warm" in faults:
+        marker.with_suffix(".warm").touch()
+        time.sleep(sum(faults["warm"]) / 1000.0)
+    if "start" in faults and not marker.exists():
         marker.touch()
         os._exit(70)  # dies like an OOM-killed process: no cleanup, no traceback
 

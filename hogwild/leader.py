@@ -214,11 +214,7 @@ class Leader:
     def run(self) -> dict[str, Any]:
         try:
             self.stopper.install()  # a SIGTERM during start-up stops it at once
-            try:
-                self._setup()
-            except StopNow:
-                self.fault = "stopped during start-up: nothing trained, no checkpoint written"
-                return self._outcome()
+            self._setup()
             self.pool = WorkerPool(self.cfg, self.specs, self.rep, self.board)
             self.stopper.workers_started(self.pool.kill)
             logger.info("replica %d/%d: %d workers x %d threads, %d steps each, run dir %s",
@@ -229,7 +225,7 @@ class Leader:
                 fault = self.cfg.fault
                 if not self.pool.wait_ready(fault.startup_timeout_s, fault.max_worker_restarts,
                                             lambda: self.stopper.signal is not None):
-                    return self._stopped_in_startup()
+                    raise StopNow()  # a signal while the workers warmed up: nothing trained yet
                 self.tel.warm_up(self.base.steps)
                 self.saver.loss_bar = loss_bar(self.tel.test_loss, self.rep.ds.num_classes)
                 self._start_barrier()
@@ -242,6 +238,9 @@ class Leader:
                 self.pool.stop(self.cfg.fault.shutdown_timeout_s)
                 self.tel.close()
             return self._finish(time.monotonic() - self.t_train)
+        except StopNow:
+            self.fault = "stopped during start-up: nothing trained, no checkpoint written"
+            return self._outcome()
         finally:
             if not self.degraded:
                 destroy_group()

@@ -24,7 +24,7 @@ from torch import Tensor
 from hogwild.board import Board
 from hogwild.config import Config
 from hogwild.data import Dataset, ShardSampler, shard
-from hogwild.faults import StepFn, crash_at_start, inject_faults
+from hogwild.faults import StepFn, inject_faults, startup_faults
 from hogwild.mapdata import MapSplit, Prefetcher
 from hogwild.models import build_model
 from hogwild.optim import FlatOptimizer, grads_finite
@@ -74,7 +74,7 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
     step_fn = make_step_fn(model, params, ds, sampler, flat.device, cfg.data.loader_workers)
     # One throw-away forward/backward: the allocator's and autograd's first-call costs land
     # in startup (reported as such), not in the first training steps.
-    crash_at_start(spec.global_index)
+    startup_faults(spec.global_index)
     model.eval()  # a training-mode forward would move BatchNorm's shared running statistics
     step_fn(int(board.row(spec.local_index)["pos"]))
     model.train()

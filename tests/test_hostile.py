@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -72,6 +73,16 @@ def _sigterm_in_startup(proc: subprocess.Popen, d: Path) -> None:
     proc.send_signal(signal.SIGTERM)
 
 
+def _sigterm_in_warm_up(proc: subprocess.Popen, d: Path) -> None:
+    # HOGWILD_FAULT=warm:0:MS: worker 0 touches this marker, then warms up MS ms longer.
+    marker = Path(tempfile.gettempdir()) / f"hogwild-fault-{proc.pid}-0.warm"
+    try:
+        _wait_for(marker, proc)
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        marker.unlink(missing_ok=True)
+
+
 def _second_job(proc: subprocess.Popen, d: Path) -> None:
     wait_training(d / "first", proc)  # a live job holds the run_dir
     second = subprocess.run([sys.executable, "-m", "hogwild.train", *QUICK, f"run_dir={d / 'first'}"],
@@ -102,6 +113,8 @@ CASES = [
     Case("metrics.json cannot be written", ["train.max_steps=200"], 5, "metrics.json", prepare=_metrics_is_a_dir),
     Case("SIGTERM during start-up", ["workers=2", "train.max_steps=200"], 143, "during start-up",
          act=_sigterm_in_startup),
+    Case("SIGTERM while the workers warm up", ["workers=2", "train.max_steps=200"], 143, "during start-up",
+         env={"HOGWILD_FAULT": "warm:0:3000"}, act=_sigterm_in_warm_up),
     Case("a worker dies during warm-up", ["workers=2", "train.max_steps=200"], 0, None,
          env={"HOGWILD_FAULT": "start:1:0"}),
     Case("a damaged progress board on resume", ["train.max_steps=300", "resume=true"], 0, None,
@@ -188,7 +201,7 @@ def test_hostile_case(tmp_path: Path, good_run: Path, case: Case) -> None:
     if case.code in (4, 5) and case.module == "hogwild.train":
         m = json.loads((tmp_path / "run" / "metrics.json").read_text()) if case.code == 4 else None
         assert m is None or (m["exit_code"] == 4 and m["status"] == "training_failed"), m
-    if case.name == "SIGTERM during start-up":
+    if case.name in ("SIGTERM during start-up", "SIGTERM while the workers warm up"):
         assert not list((tmp_path / "run").glob("checkpoints/*.pt")), "nothing trained, nothing to write"
     time.sleep(0.5)
     assert not _ours(tag.split("=")[1]), "a process of the run outlived it"
