@@ -35,6 +35,7 @@ from hogwild.leader import Leader
 from hogwild.membership import Dropped, Epoch, Membership
 from hogwild.models import model_id
 from hogwild.resume import Counters, Restored, restore, resume_path
+from hogwild.stopping import StopNow
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class ElasticLeader(Leader):
         sc, rep = self.cfg.sync, self.rep
         assert sc.coordinator is not None
         self.m = Membership(sc.coordinator, self.env.rank, self.env.world_size, sc.peer_timeout_s,
-                            sc.min_replicas, sc.timeout_s)
+                            sc.min_replicas, sc.timeout_s, lambda: self.stopper.signal is not None)
         fingerprint = (f"model={model_id(self.cfg.model)} params={rep.flat.numel()} sync.mode={sc.mode} "
                        f"workers={self.k} sync.replicas={sc.replicas}")
         self.run_dir = Path(self.m.agree_job(fingerprint, str(self.run_dir)))
@@ -173,15 +174,18 @@ class ElasticLeader(Leader):
         return self.stopper.signal is None and self.fault is None and self.m.changed()
 
     def _reform(self) -> None:
-        self._regroup()
+        try:
+            self._regroup()
+        except StopNow:  # stopped while the group re-formed: the lost-group path stops it cleanly
+            raise PeerLost("sync: stopped by a signal while the group re-formed") from None
 
     def _recover(self, e: PeerLost) -> bool:
         logger.warning("slot %d: %s; re-forming the group", self.env.rank, e)
         try:
             self._regroup()
-        except Fault as f:  # no quorum in time: a minority stops, and never writes
+        except (Fault, StopNow) as f:  # no quorum in time, or a signal: a minority stops, never writes
             self.is_rank0 = False
-            return super()._recover(PeerLost(str(f)))
+            return super()._recover(PeerLost(str(f) or "sync: stopped by a signal while waiting for a group"))
         stall = time.monotonic() - self._round_t0
         self.m.put(f"stall/{self.m.epoch.number}/{self.env.rank}", str(stall))
         self._tb("survivor_stall_s", stall)
@@ -231,7 +235,7 @@ class ElasticLeader(Leader):
         for s in range(self.env.world_size):
             raw = self.m.link.fetch(f"pos/{s}")
             if raw is not None:
-                self.positions[s] = torch.from_numpy(np.frombuffer(raw, dtype=np.float64))
+                self.positions[s] = torch.from_numpy(np.frombuffer(raw, dtype=np.float64).copy())
         self.positions[self.env.rank] = torch.from_numpy(self.board.stats["pos"].astype(np.float64))
         return self.positions.clone()
 

@@ -107,7 +107,9 @@ class Leader:
         self.pool.release()  # workers waiting at the lag limit may go on
         if out.checkpoint and not final:
             self._checkpoint()
-        if out.reform:
+        # A round that ends the job admits nobody: the members go on to their final collectives,
+        # which a joiner just healed would never enter. It finds the job finished and leaves.
+        if out.reform and not (final or out.all_done or out.any_stop or out.reached):
             self._reform()
         return out.all_done or out.reached, out.any_stop
 
@@ -261,7 +263,8 @@ class Leader:
         if self.degraded:
             # No collective can run, but rank 0's own replica (workers stopped) is still worth
             # keeping: a peer that froze before the first checkpoint must not cost everything.
-            logger.error("a peer replica is gone: no final sync; rank 0 checkpoints its own replica")
+            logger.error("a peer replica is gone: no final sync%s",
+                         "; rank 0 checkpoints its own replica" if self.is_rank0 else "")
             if self.is_rank0:
                 self._write_local()
             return self._outcome(peer_lost=True)

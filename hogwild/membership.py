@@ -28,10 +28,11 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 from hogwild.coordlink import CoordinatorAway, Link, Memory
 from hogwild.errors import Fault, UserError
+from hogwild.stopping import StopNow
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +96,8 @@ class Heartbeat:
 
 class Membership:
     def __init__(self, endpoint: str, slot: int, slots: int, peer_timeout_s: float,
-                 min_replicas: Optional[int], timeout_s: float) -> None:
-        self.endpoint, self.slot, self.slots = endpoint, slot, slots
+                 min_replicas: Optional[int], timeout_s: float, stopped: Callable[[], bool] = lambda: False) -> None:
+        self.endpoint, self.slot, self.slots, self.stopped = endpoint, slot, slots, stopped
         self.peer_timeout_s, self.min_replicas, self.timeout_s = peer_timeout_s, min_replicas, timeout_s
         self.memory = Memory()
         self.link = Link(endpoint, timeout_s, self.memory)
@@ -185,9 +186,12 @@ class Membership:
 
     def advance(self) -> Epoch:
         """Move to the next epoch: learn it if another slot formed it, else form it. Raises
-        :class:`Dropped` if it leaves this member out, :class:`Fault` if no quorum forms in time."""
+        :class:`Dropped` if it leaves this member out, :class:`Fault` if no quorum forms in time,
+        :class:`StopNow` if a signal asks this replica to stop meanwhile."""
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
+            if self.stopped():  # SIGTERM/SIGINT: a replica waiting for a group never writes
+                raise StopNow()
             try:
                 ep = self._step()
             except CoordinatorAway:  # a new epoch needs the coordinator: wait for it to come back

@@ -150,8 +150,9 @@ def assert_consensus(job: Job) -> dict:  # type: ignore[type-arg]
 
 def test_a_killed_replica_is_dropped_the_others_go_on_and_it_heals_on_restart(job_factory) -> None:  # type: ignore[no-untyped-def]
     # slowmo: its outer parameters and momentum are state that the restarted slot must receive.
-    # 20 ms a step: the survivors are still training when the restarted slot arrives.
-    job = job_factory("train.epochs=40", "sync.mode=slowmo", fault="slow:0:20,slow:1:20,slow:2:20")
+    # 20 ms a step, 900 steps: the survivors are still training when the restarted slot arrives
+    # (under a CPU hog its restart takes ~10-20 s to the heal).
+    job = job_factory("train.epochs=60", "sync.mode=slowmo", fault="slow:0:20,slow:1:20,slow:2:20")
     for s in range(SLOTS):
         job.start(s)
     job.wait_applied(2, 100)
@@ -162,6 +163,7 @@ def test_a_killed_replica_is_dropped_the_others_go_on_and_it_heals_on_restart(jo
     for s in (0, 1):  # the survivors keep training while slot 2 is gone
         job.wait_applied(s, survivors_at[s] + 20)
     job.start(2)
+    job.wait_healed(2)
     codes = job.wait_all()
     assert codes == {0: 0, 1: 0, 2: 0}, {s: job.tail(s) for s in range(SLOTS)}
     # The restarted slot went on from where it last reported instead of dropping or restarting its shard.
@@ -201,6 +203,31 @@ def test_a_writer_stopped_past_the_timeout_is_dropped_rejoins_and_never_writes_b
     assert "was dropped from the group" in job.log(0) and "healed from slot" in job.log(0)
 
 
+def test_a_minority_waits_writes_nothing_and_stops_at_once_on_sigterm(job_factory) -> None:  # type: ignore[no-untyped-def]
+    job = job_factory("train.epochs=60", "checkpoint.every_s=0.5", fault="slow:0:20,slow:1:20,slow:2:20")
+    for s in range(SLOTS):
+        job.start(s)
+    job.wait_applied(0, 100)
+    for s in (1, 2):  # the writer, slot 0, is left alone: 1 of 3 is no majority
+        job.procs[s].send_signal(signal.SIGKILL)
+        assert job.procs[s].wait(10) == -signal.SIGKILL
+    deadline = time.monotonic() + 60
+    while "waiting (no writes)" not in job.log(0):
+        assert job.procs[0].poll() is None and time.monotonic() < deadline, job.tail(0)
+        time.sleep(0.1)
+    ckpts = job.run_dir / "checkpoints"
+    written = {p.name: p.stat().st_mtime for p in ckpts.glob("step_*.pt")}
+    time.sleep(3)  # six checkpoint intervals: a writer that still wrote would have
+    job.procs[0].send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    assert job.procs[0].wait(60) == 143, job.tail(0)
+    assert time.monotonic() - t0 < 15, "a waiting minority must stop at once, not after sync.timeout_s"
+    assert {p.name: p.stat().st_mtime for p in ckpts.glob("step_*.pt")} == written, "the minority wrote"
+    assert not (job.run_dir / "metrics.json").exists()
+    errors = [ln for ln in job.log(0).splitlines() if ln.startswith("hogwild: error:")]
+    assert len(errors) == 1 and "Traceback" not in job.log(0), job.tail(0)
+
+
 def test_an_unreachable_coordinator_fails_in_one_line(tmp_path: Path) -> None:
     port = free_port()
     proc = run_cli([f"sync.coordinator=127.0.0.1:{port}", "sync.replicas=2", "sync.slot=0", "sync.timeout_s=2",
@@ -220,7 +247,9 @@ def test_a_replica_of_another_job_is_refused(job_factory, tmp_path: Path) -> Non
 
 
 def test_a_coordinator_killed_and_restarted_mid_run_splits_nothing(job_factory) -> None:  # type: ignore[no-untyped-def]
-    job = job_factory("train.epochs=60", fault="slow:0:20,slow:1:20,slow:2:20", coordinator_process=True)
+    # 1,500 steps of 20 ms: the survivors still train when slot 2, killed after the coordinator's
+    # restart, is back and healed (under a CPU hog its restart takes ~10-20 s).
+    job = job_factory("train.epochs=100", fault="slow:0:20,slow:1:20,slow:2:20", coordinator_process=True)
     for s in range(SLOTS):
         job.start(s)
     job.wait_applied(0, 100)
@@ -239,6 +268,7 @@ def test_a_coordinator_killed_and_restarted_mid_run_splits_nothing(job_factory) 
     job.procs[2].send_signal(signal.SIGKILL)
     assert job.procs[2].wait(10) == -signal.SIGKILL
     job.start(2)
+    job.wait_healed(2)
     codes = job.wait_all()
     assert codes == {0: 0, 1: 0, 2: 0}, {s: job.tail(s) for s in range(SLOTS)}
     assert_consensus(job)
