@@ -1,7 +1,6 @@
 """The leader: one per replica. Builds the shared model, runs its Hogwild workers, and is
-the replica's only member of the ``torch.distributed`` group.
-
-Flow: config -> shared model + data -> workers (pool.py) | sync rounds (sync.py) -> metrics.
+the replica's only member of the ``torch.distributed`` group. Flow: config -> shared model +
+data -> workers (pool.py) | sync rounds (sync.py) -> metrics.
 
 A *sync round* is the leaders' only meeting point. Every leader enters round k when its
 replica has made ``sync.interval`` more steps since round k-1 (schedule.py), when its
@@ -283,7 +282,7 @@ class Leader:
         counters = self.base.plus(job, self.rounds.syncs)
         assert self.t_train is not None
         timing = Timing(wall_s=time.monotonic() - self.t_start, train_s=train_s, startup_s=self.t_train - self.t_start,
-                        time_to_target_s=tel.time_to_target)
+                        time_to_target_s=tel.time_to_target, worker_steps_to_target=tel.worker_steps_to_target)
         result = final_report(status=status, error=self.fault, counters=counters, job=job,
                               test_loss=tel.test_loss, test_acc=tel.test_acc, train_loss=board.loss(),
                               timing=timing, sync=sync_stats, workers=self.k, threads=self.specs[0].threads,

@@ -30,7 +30,12 @@ class OuterRule(SyncRule):
         self.global_params: Optional[Tensor] = None
         self.momentum: Optional[Tensor] = None
         self.lr = cfg.outer_lr if cfg.outer_lr is not None else self.default_lr
-        self.mu = cfg.outer_momentum if cfg.outer_momentum is not None else self.default_momentum(comm.world_size)
+
+    @property
+    def mu(self) -> float:
+        """Read at every round: in elastic mode the group, and so the rule's default, changes."""
+        m = self.cfg.outer_momentum
+        return m if m is not None else self.default_momentum(self.comm.world_size)
 
     def default_momentum(self, replicas: int) -> float:
         raise NotImplementedError
@@ -46,22 +51,28 @@ class OuterRule(SyncRule):
     def exchange(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float) -> tuple[Tensor, Tensor]:
         if self.wire != torch.float32 or self.global_params is None or self.momentum is None:
             return super().exchange(snap, ctl, rank, timeout_s)
-        # The same step as target(), on one fused collective: Δ = θ_g − sum/n.
+        # The same step as target(), on one fused collective: Δ = θ_g − sum/n. Every line is one
+        # pass over the buffer, and passes are what a round costs beyond its collective.
         total, ctl, n = self._fused_sum(snap, ctl, rank, timeout_s)
-        pseudo = total.div_(-max(n, 1)).add_(self.global_params)
-        return pseudo.copy_(self._outer_step(pseudo)), ctl  # the round may overwrite its target
+        n = max(n, 1)
+        gap = torch.sub(total, snap, alpha=n, out=self.scratch("spread", snap.numel(), snap))  # n·(mean − snap)
+        self.spread = float(gap.norm()) / n
+        pseudo = torch.sub(self.global_params, total, alpha=1.0 / n, out=total)
+        return self._outer_step(pseudo), ctl  # θ_g itself: the round reads its target, never writes it
 
     def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
         if self.global_params is None:  # never primed (a rule driven directly, as in tests)
             self.global_params = self.comm.broadcast(snap.clone(), ctx.first_healthy)
             self.momentum = torch.zeros_like(snap)
         # _mean sends zeros for an unhealthy replica, so only the healthy ones count.
-        return self._outer_step(self._mean(self.global_params - snap, ctx)).clone()
+        pseudo = self._mean(self.global_params - snap, ctx)
+        self.spread = float((snap - self.global_params).add_(pseudo).norm())  # ‖snap − mean‖
+        return self._outer_step(pseudo).clone()
 
     def _outer_step(self, pseudo: Tensor) -> Tensor:
-        """b ← μ·b + Δ; θ_g ← θ_g − η·step. Returns θ_g (the rule's own state: copy it)."""
+        """b ← μ·b + Δ; θ_g ← θ_g − η·step. Returns θ_g (the rule's own state)."""
         assert self.global_params is not None and self.momentum is not None
-        self.momentum.mul_(self.mu).add_(pseudo)
+        torch.add(pseudo, self.momentum, alpha=self.mu, out=self.momentum)  # b ← Δ + μ·b in one pass
         return self.global_params.sub_(self.step(pseudo, self.momentum), alpha=self.lr)
 
     def state_dict(self) -> dict[str, Tensor]:

@@ -50,6 +50,7 @@ class Timing:
     train_s: float
     startup_s: Optional[float]
     time_to_target_s: Optional[float]
+    worker_steps_to_target: Optional[float] = None
 
 
 def final_report(*, status: str, error: Optional[str], counters: Counters, job: Totals,
@@ -71,6 +72,7 @@ def final_report(*, status: str, error: Optional[str], counters: Counters, job: 
         "wall_s": timing.wall_s,
         "train_s": timing.train_s,
         "time_to_target_s": nan_if_none(timing.time_to_target_s),
+        "worker_steps_to_target": nan_if_none(timing.worker_steps_to_target),
         "startup_s": nan_if_none(timing.startup_s),
         "workers": workers,
         "threads_per_worker": threads,

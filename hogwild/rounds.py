@@ -4,6 +4,7 @@ replica's bookkeeping of its rounds (count, timings, drift, next sync point)."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -48,8 +49,10 @@ def sync_round(flat: Tensor, rule: SyncRule, *, done: bool = False, stop: bool =
     """
     rank, world = rule.comm.rank, rule.comm.world_size
     snap = rule.scratch("snapshot", flat.numel(), flat).copy_(flat)
-    # One reduction instead of an isfinite mask: NaN/Inf anywhere make the sum non-finite.
-    healthy = bool(torch.isfinite(snap.sum()))
+    # One reduction instead of an isfinite mask: NaN/Inf anywhere make the norm non-finite. The
+    # same pass gives the scale of the drift, so the round reads the buffer once less.
+    scale = float(snap.norm())
+    healthy = math.isfinite(scale)
     R = RoundVector
     ctl = torch.zeros(R.size(world), dtype=flat.dtype, device=flat.device)
     ctl[R.ALL_DONE], ctl[R.ANY_STOP] = float(done), float(stop)
@@ -60,14 +63,15 @@ def sync_round(flat: Tensor, rule: SyncRule, *, done: bool = False, stop: bool =
     if context(red, rank).n_healthy == 0:
         raise Fault("sync: every replica holds non-finite parameters; nothing to sync from "
                     "(lower optim.lr, or resume from the last good checkpoint)")
-    tnorm = target.norm().clamp_min(1e-12)
     with torch.no_grad():
+        delta = torch.sub(target, snap, out=snap)  # the snapshot's last use: its memory takes the change
+        # Drift: this replica's distance to the consensus, relative to its size. A rule that steps
+        # past the replicas' mean (outer momentum) measured it to that mean on the way.
+        gap = rule.spread if rule.spread is not None else float(delta.norm())
+        drift = gap / max(scale, 1e-12) if healthy else math.inf
         if final or not healthy:
-            drift = float((snap - target).norm() / tnorm) if healthy else float("inf")
             flat.copy_(target)
         else:
-            delta = target.sub_(snap)  # reuse the target's memory: one pass fewer
-            drift = float(delta.norm() / tnorm)
             flat.add_(delta)
     f = red.cpu()
     return RoundOutcome(all_done=bool(f[R.ALL_DONE] == world), any_stop=bool(f[R.ANY_STOP] > 0),

@@ -74,6 +74,10 @@ class SyncRule(ABC):
         self.wire = _WIRE[cfg.dtype]
         self._residual: Optional[Tensor] = None  # error feedback of the compressed wire
         self._scratch: dict[str, Tensor] = {}
+        self.spread: Optional[float] = None
+        """Set by rules whose target is not the replicas' consensus (the outer-momentum rules
+        step past their mean): this replica's ``||snap - mean||`` in the round just made. Drift
+        measures how far replicas moved apart, not how far the outer step went."""
 
     def scratch(self, name: str, numel: int, like: Tensor) -> Tensor:
         """A buffer kept across rounds: fresh multi-MB allocations page-fault on every sync."""
@@ -89,12 +93,13 @@ class SyncRule(ABC):
 
     @abstractmethod
     def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
-        """The parameters this replica should hold; ``snap`` may be reused as scratch."""
+        """The parameters this replica should hold. ``snap`` must be left as it is."""
 
     def exchange(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float) -> tuple[Tensor, Tensor]:
         """Reduce the control vector, then compute the target: (target, reduced control).
 
-        Rules whose data collective is itself a SUM all_reduce fuse both into one call.
+        Rules whose data collective is itself a SUM all_reduce fuse both into one call. The
+        target may be the rule's own state: the round only reads it.
         """
         ctl = self.comm.all_reduce(ctl, timeout_s, "the sync round")
         return self.target(snap, context(ctl, rank)), ctl

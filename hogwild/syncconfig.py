@@ -15,8 +15,10 @@ SYNC_DTYPES = ("fp32", "bf16", "fp16")
 
 @dataclass
 class SyncConfig:
-    mode: str = "average"
-    """Cross-replica rule: average | broadcast | diloco | slowmo | median | trimmed_mean."""
+    mode: str = "slowmo"
+    """Cross-replica rule: slowmo | average | broadcast | diloco | median | trimmed_mean. The
+    default, slowmo, keeps every replica's progress (R replicas advance about R times as far
+    per round as one); average keeps one replica's (docs/sync.md)."""
     interval: int = 50
     """Sync each time a replica's own update count (all its workers) grows by this much."""
     max_lag: Optional[float] = None

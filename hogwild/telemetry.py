@@ -36,6 +36,9 @@ class Telemetry:
         self.metrics = Metrics(run_dir, is_rank0)
         self.test_loss, self.test_acc = math.nan, math.nan
         self.time_to_target: Optional[float] = None
+        self.worker_steps_to_target: Optional[float] = None
+        """Steps one worker of this replica had made (mean) when the target was first seen. R
+        machines make their steps at the same time, so a cluster's time to the target follows it."""
         self._t0 = time.monotonic()
         self._next_tb = self._next_eval = self._eval_ok_at = self._t0
         self._tb_pos = self._eval_pos = self._initial = 0.0
@@ -98,7 +101,7 @@ class Telemetry:
             self._eval_pos, self._next_eval = self._grid_after(pos, self._eval_every), t0 + self.cfg.eval.every_s
             self._eval_ok_at = t0 + EVAL_COST_FACTOR * (time.monotonic() - t0)
             self._eval_pending = False
-            self._check_target()
+            self._check_target((pos - self._initial) / len(board.stats))
         # Workers wake the leader when the replica crosses this position; a point already
         # passed would wake nobody, so a pending evaluation waits on next_due() instead.
         eval_at = self._eval_pos if self.is_rank0 and not self._eval_pending else math.inf
@@ -112,10 +115,11 @@ class Telemetry:
         every later point back, so the run gets its planned number of points."""
         return self._initial + (math.floor((pos - self._initial) / every) + 1) * every
 
-    def _check_target(self) -> None:
+    def _check_target(self, worker_steps: float) -> None:
         target = self.cfg.train.target_accuracy
         if target is not None and self.test_acc >= target and self.time_to_target is None:
             self.time_to_target = time.monotonic() - self._t0
+            self.worker_steps_to_target = worker_steps
             logger.info("test accuracy %.4f reached train.target_accuracy=%.4f after %.2fs",
                         self.test_acc, target, self.time_to_target)
 

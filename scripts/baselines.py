@@ -207,8 +207,8 @@ def mnist_hogwild(procs: int, w: Workload) -> dict[str, float]:
     return {"time_to_target_s": elapsed if acc >= w.target else float("nan"), "test_accuracy": acc}
 
 
-def _sync_cost_rank(rank: int, world: int, port: int, out: Any, n: int, reps: int) -> None:
-    """Bare all_reduce of an n-float buffer vs hogwild's sync round on one, same processes."""
+def _sync_cost_rank(rank: int, world: int, port: int, out: Any, n: int, reps: int, mode: str) -> None:
+    """Bare all_reduce of an n-float buffer vs hogwild's sync round (rule ``mode``) on one, same processes."""
     from hogwild.comm import DistComm
     from hogwild.config import SyncConfig
     from hogwild.rounds import sync_round
@@ -217,7 +217,8 @@ def _sync_cost_rank(rank: int, world: int, port: int, out: Any, n: int, reps: in
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     flat = torch.randn(n)
-    rule = make_rule(SyncConfig(), DistComm(flat.device))
+    rule = make_rule(SyncConfig(mode=mode), DistComm(flat.device))
+    rule.prime(flat)  # as the leader does before training: outer rules start from the initial model
     buf = flat.clone()
     bare, ours = [], []
     for _ in range(reps):
@@ -235,8 +236,8 @@ def _sync_cost_rank(rank: int, world: int, port: int, out: Any, n: int, reps: in
     dist.destroy_process_group()
 
 
-def sync_cost(n: int, world: int = 2, reps: int = 100) -> dict[str, float]:
-    return dict(spawn_ranks(_sync_cost_rank, world, n, reps)["r"])
+def sync_cost(n: int, world: int = 2, reps: int = 100, mode: str = "average") -> dict[str, float]:
+    return dict(spawn_ranks(_sync_cost_rank, world, n, reps, mode)["r"])
 
 
 def _tree(root: int) -> list[int]:

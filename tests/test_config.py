@@ -11,7 +11,7 @@ from tests.conftest import compose_cfg
 
 def test_defaults_compose_to_digits_mlp_sgd(tmp_cwd) -> None:
     cfg = compose_cfg([])
-    assert (cfg.model.name, cfg.data.name, cfg.optim.name, cfg.sync.mode) == ("mlp", "digits", "sgd", "average")
+    assert (cfg.model.name, cfg.data.name, cfg.optim.name, cfg.sync.mode) == ("mlp", "digits", "sgd", "slowmo")
     assert cfg.workers == "auto" and cfg.optim.state == "worker"
 
 

@@ -92,7 +92,11 @@ def test_checkpoints_keep_their_cadence_when_rounds_are_rare(tmp_path: Path) -> 
 
 def test_target_drift_adapts_interval_to_hold_drift_near_epsilon(tmp_path: Path) -> None:
     eps = 0.02
-    common = ("sync.interval=300", "train.epochs=60")
+    # Averaging: its drift at a fixed interval stays put over this run, so the controller has a
+    # level to hold. slowmo trains this small problem so fast that its drift falls by 6x within
+    # the run whatever the interval (0.10 -> 0.016 at a fixed 300), which tests the data, not
+    # the controller; the controller is the same code for every rule.
+    common = ("sync.interval=300", "train.epochs=60", "sync.mode=average")
     fixed, _ = _job(tmp_path, "fixed", *common, workers=1)
     adaptive, _ = _job(tmp_path, "adaptive", *common, f"sync.target_drift={eps}", workers=1)
     # Drop the final round (measured after training ends) and compare the medians of the

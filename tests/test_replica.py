@@ -116,6 +116,16 @@ def test_resume_continues_from_checkpoint(tmp_cwd: Path) -> None:
     assert again["steps_lost_on_resume"] == 0  # the first run ended with a final checkpoint
 
 
+def test_a_run_to_a_target_reports_the_time_and_steps_per_worker_it_took(tmp_cwd: Path) -> None:
+    out = tmp_cwd / "run"
+    m = run(compose_cfg(["workers=2", "train.target_accuracy=0.9", "eval.every_s=0.05", f"run_dir={out}"]), str(out))
+    assert m["time_to_target_s"] > 0 and m["test_accuracy"] >= 0.85
+    quota = 40 * len(load_dataset(compose_cfg([]).data).train) // (2 * 32)  # 40 epochs of a half shard
+    # Stopped at the target, long before the epochs ran out, and counted per worker: two workers
+    # made about the job's steps at that moment, half each.
+    assert 0 < m["worker_steps_to_target"] <= m["steps"] / 2 < quota
+
+
 def test_steps_lost_on_resume_is_exact(tmp_cwd: Path) -> None:
     """The newest checkpoint is gone (as if the crash came before it was written): the resumed
     run counts exactly the steps the previous attempt made beyond the one it resumes."""

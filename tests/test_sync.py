@@ -8,7 +8,7 @@ from typing import Callable
 import pytest
 import torch
 
-from hogwild.comm import Comm, PeerLost
+from hogwild.comm import Comm, LocalComm, PeerLost
 from hogwild.config import SyncConfig
 from hogwild.errors import Fault
 from hogwild.rounds import RoundOutcome, sync_round
@@ -198,6 +198,35 @@ def test_slowmo_settles_where_local_steps_settle(replicas: int) -> None:
     slow = _outer_rounds("slowmo", replicas, 150, lambda x: -x)
     assert max(abs(v) for v in slow) <= 1.0
     assert abs(slow[-1]) < 1e-3, slow[-5:]
+
+
+@pytest.mark.parametrize("mode", ["average", "slowmo", "diloco"])
+def test_drift_is_the_distance_to_the_replicas_mean_whatever_the_outer_step(mode: str) -> None:
+    """Drift says how far replicas moved apart, ``‖θ_r − mean‖ / ‖θ_r‖``; an outer step past
+    their mean must not count."""
+    vals = [[1.0, 2.0], [3.0, 4.0], [5.0, 3.0]]
+    mean = torch.tensor(vals).mean(0)
+
+    def rank_fn(comm: Comm) -> float:
+        rule = make_rule(SyncConfig(mode=mode), comm)
+        rule.prime(torch.tensor([0.0, 0.0]))  # far from the replicas: the momentum builds up
+        sync_round(torch.tensor(vals[comm.rank]), rule)
+        return sync_round(torch.tensor(vals[comm.rank]), rule).drift  # momentum steps past the mean
+
+    want = [float((torch.tensor(v) - mean).norm() / torch.tensor(v).norm()) for v in vals]
+    assert run_ranks(3, rank_fn) == pytest.approx(want, rel=1e-5)
+
+
+def test_slowmo_momentum_follows_the_live_group_size() -> None:
+    """Elastic mode shrinks and grows the group: R-fold progress needs mu = 1 - 1/R of today's R."""
+    comm = LocalComm()
+    rule = make_rule(SyncConfig(mode="slowmo"), comm)
+    seen = []
+    for r in (3, 2, 4):
+        comm.world_size = r
+        seen.append(rule.mu)  # type: ignore[attr-defined]
+    assert seen == pytest.approx([2 / 3, 1 / 2, 3 / 4])
+    assert make_rule(SyncConfig(mode="slowmo", outer_momentum=0.3), comm).mu == 0.3  # type: ignore[attr-defined]
 
 
 def test_slowmo_resumes_its_outer_state_instead_of_priming_over_it() -> None:
