@@ -22,10 +22,12 @@ def _job(tmp_path: Path, name: str, *args: str, workers: int = 2, fault: str = "
     return metrics(out), finals
 
 
-def test_two_replicas_average_reach_bar_and_agree_bit_for_bit(tmp_path: Path) -> None:
+def test_two_replicas_reach_bar_and_agree_bit_for_bit(tmp_path: Path) -> None:
+    """The default rule (slowmo) with 2 replicas x 2 workers."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     m, finals = _job(tmp_path, "avg", "sync.interval=20")
+    assert m["sync_mode"] == "slowmo"
     assert m["replicas"] == 2 and m["workers"] == 2
     assert m["test_accuracy"] >= 0.95
     assert m["syncs"] > 0 and m["max_drift"] > 0
