@@ -59,7 +59,7 @@ def sync_round(flat: Tensor, rule: SyncRule, *, done: bool = False, stop: bool =
     ctl[R.WANT_CKPT], ctl[R.REACHED], ctl[R.REFORM] = float(want_checkpoint), float(reached), float(reform)
     ctl[R.healthy_slot(rank)] = float(healthy)
     ctl[R.drift_slot(world, rank)] = last_drift  # non-finite values are dropped by the reader
-    target, red = rule.exchange(snap, ctl, rank, timeout_s)
+    target, red = rule.exchange(snap, ctl, rank, timeout_s, final)
     if context(red, rank).n_healthy == 0:
         raise Fault("sync: every replica holds non-finite parameters; nothing to sync from "
                     "(lower optim.lr, or resume from the last good checkpoint)")

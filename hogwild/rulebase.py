@@ -46,6 +46,13 @@ class RoundVector:
     def world(ctl: Tensor) -> int:
         return (ctl.numel() - RoundVector.NUM_FLAGS) // 2
 
+    @staticmethod
+    def ends_job(ctl: Tensor) -> bool:
+        """The reduced flags end the job after this round: every replica done, a stop, or the
+        target accuracy reached (the leaders' loop leaves on exactly these)."""
+        R = RoundVector
+        return bool(ctl[R.ALL_DONE] >= R.world(ctl) or ctl[R.ANY_STOP] > 0 or ctl[R.REACHED] > 0)
+
 
 @dataclass(frozen=True)
 class SyncContext:
@@ -74,6 +81,9 @@ class SyncRule(ABC):
         self.wire = _WIRE[cfg.dtype]
         self._residual: Optional[Tensor] = None  # error feedback of the compressed wire
         self._scratch: dict[str, Tensor] = {}
+        self.ending = False
+        """The job ends with the round being made (its flags say so, or it is the final one):
+        its target is the model the job ends with."""
         self.spread: Optional[float] = None
         """Set by rules whose target is not the replicas' consensus (the outer-momentum rules
         step past their mean): this replica's ``||snap - mean||`` in the round just made. Drift
@@ -95,16 +105,20 @@ class SyncRule(ABC):
     def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
         """The parameters this replica should hold. ``snap`` must be left as it is."""
 
-    def exchange(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float) -> tuple[Tensor, Tensor]:
+    def exchange(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float,
+                 final: bool = False) -> tuple[Tensor, Tensor]:
         """Reduce the control vector, then compute the target: (target, reduced control).
 
         Rules whose data collective is itself a SUM all_reduce fuse both into one call. The
-        target may be the rule's own state: the round only reads it.
+        target may be the rule's own state: the round only reads it. ``final``: the job's last
+        round (workers stopped, every leader in it); its target is the model the job ends with.
         """
         ctl = self.comm.all_reduce(ctl, timeout_s, "the sync round")
+        self.ending = final or RoundVector.ends_job(ctl)
         return self.target(snap, context(ctl, rank)), ctl
 
-    def _fused_sum(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float) -> tuple[Tensor, Tensor, int]:
+    def _fused_sum(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float,
+                   final: bool = False) -> tuple[Tensor, Tensor, int]:
         """One collective for the whole round: the control flags travel in front of the
         parameters, and an unhealthy replica sends zeros. Returns (sum of the healthy
         snapshots, in a scratch buffer; reduced control; healthy count)."""
@@ -117,6 +131,7 @@ class SyncRule(ABC):
             buf[c:].zero_()
         self.comm.all_reduce(buf, timeout_s, "the sync round")
         ctl = buf[:c].clone()
+        self.ending = final or RoundVector.ends_job(ctl)
         return buf[c:], ctl, context(ctl, rank).n_healthy
 
     def state_dict(self) -> dict[str, Tensor]:

@@ -40,10 +40,11 @@ class Average(SyncRule):
         super().__init__(cfg, comm)
         self._base: Optional[Tensor] = None
 
-    def exchange(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float) -> tuple[Tensor, Tensor]:
+    def exchange(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float,
+                 final: bool = False) -> tuple[Tensor, Tensor]:
         if self.wire != torch.float32:
-            return super().exchange(snap, ctl, rank, timeout_s)
-        total, ctl, n = self._fused_sum(snap, ctl, rank, timeout_s)
+            return super().exchange(snap, ctl, rank, timeout_s, final)
+        total, ctl, n = self._fused_sum(snap, ctl, rank, timeout_s, final)
         return total.div_(max(n, 1)), ctl
 
     def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
