@@ -17,6 +17,7 @@ from hogwild.compose import to_config
 from hogwild.config import Config
 from hogwild.data import Split
 from hogwild.errors import ConfigError, UserError, first_line, report
+from hogwild.targets import TRUST_FLAG, refuse_stored_targets
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,13 @@ def config_from_checkpoint(ckpt: dict, overrides: list[str]) -> Config:
     return to_config(merged)
 
 
+def _flag(arg: str) -> bool:
+    key, _, value = arg.partition("=")
+    if value.lower() not in ("true", "false"):
+        raise ConfigError(f"{key}: must be true or false, got {value!r}")
+    return value.lower() == "true"
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     # A user's model module next to where the command runs (model._target_=mynets.Net) must
     # import here and in every spawned worker, which inherits this sys.path.
@@ -68,10 +76,15 @@ def main(argv: Optional[list[str]] = None) -> None:
     try:
         ck = [a for a in args if a.startswith("checkpoint=")]
         if len(ck) != 1:
-            raise ConfigError("checkpoint: usage: hogwild-eval checkpoint=PATH [data.root=...]")
+            raise ConfigError("checkpoint: usage: hogwild-eval checkpoint=PATH [data.root=...] "
+                              "[model._target_=...] [trust_targets=true]")
         path = ck[0].split("=", 1)[1]
+        trust = [a for a in args if a.startswith(f"{TRUST_FLAG}=")]
+        trusted = _flag(trust[-1]) if trust else False
+        overrides = [a for a in args if a not in ck and a not in trust]
         ckpt = checkpoint.load(path)
-        cfg = config_from_checkpoint(ckpt, [a for a in args if a not in ck])
+        refuse_stored_targets(ckpt.get("config"), overrides, trusted, f"checkpoint {path}")
+        cfg = config_from_checkpoint(ckpt, overrides)
         ds = load_dataset(cfg.data)
         model = build_model(cfg.model, ds, cfg.train.seed)
         checkpoint.check_compatible(ckpt, path, model_id(cfg.model), [s.shape for s in layout(model)])

@@ -29,3 +29,37 @@ def call_target(fn: Callable[..., Any], path: str, group: str, kwargs: dict[str,
         if isinstance(e, TypeError) and bad and bad.group(1) in given:
             raise ConfigError(f"{group}.{bad.group(1)}: {path} takes no argument {bad.group(1)!r}") from None
         raise ConfigError(f"{group}._target_: {path}(...) raised {type(e).__name__}: {first_line(e)}") from None
+
+
+TRUST_FLAG = "trust_targets"
+
+
+def stored_targets(config: Any, prefix: str = "") -> dict[str, str]:
+    """Every non-empty ``..._target_`` in a config stored in a file, by dotted key."""
+    found: dict[str, str] = {}
+    if isinstance(config, dict):
+        for key, value in config.items():
+            name = f"{prefix}{key}"
+            if key == "_target_" and value:
+                found[name] = str(value)
+            elif isinstance(value, (dict, list)):
+                found.update(stored_targets(value, f"{name}."))
+    elif isinstance(config, list):
+        for i, value in enumerate(config):
+            found.update(stored_targets(value, f"{prefix}{i}."))
+    return found
+
+
+def refuse_stored_targets(config: Any, overrides: list[str], trusted: bool, source: str) -> None:
+    """A checkpoint names callables in its stored config; calling them would run whatever code the
+    file's author chose (``model._target_=os.system``). ``weights_only=True`` does not help: the
+    config is plain strings. So a stored ``_target_`` is used only when the command line sets
+    that key itself (the user names the code to run) or passes ``trust_targets=true``; this
+    check runs before anything is imported, since importing a module already runs its code."""
+    if trusted:
+        return
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+    for key, path in stored_targets(config).items():
+        if key not in given:
+            raise ConfigError(f"{key}: {source} asks to call {path!r}; name it yourself ({key}={path}) "
+                              f"or pass {TRUST_FLAG}=true if you trust the file")

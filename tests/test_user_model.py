@@ -54,8 +54,10 @@ def test_batchnorm_statistics_train_checkpoint_resume_and_evaluate(tmp_path: Pat
     assert again.returncode == 0, again.stderr[-3000:]
     assert torch.equal(checkpoint.load(d / "run" / "checkpoints" / "last.pt")["flat"], ck["flat"])
 
-    # hogwild-eval rebuilds the user's model from the checkpoint's config, in eval() mode.
-    ev = subprocess.run([sys.executable, "-m", "hogwild.evaluate", f"checkpoint={d / 'run' / 'checkpoints' / 'last.pt'}"],
+    # hogwild-eval rebuilds the user's model from the checkpoint's config, in eval() mode; the
+    # user names the model's code on the command line (a stored _target_ alone is never called).
+    ev = subprocess.run([sys.executable, "-m", "hogwild.evaluate", f"checkpoint={d / 'run' / 'checkpoints' / 'last.pt'}",
+                         NET[0]],
                         cwd=d, capture_output=True, text=True, timeout=120, env=clean_env())
     assert ev.returncode == 0, ev.stderr[-3000:]
     assert json.loads(ev.stdout.strip().splitlines()[-1])["test_accuracy"] == pytest.approx(m["test_accuracy"])
