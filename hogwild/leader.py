@@ -72,7 +72,7 @@ class Leader:
         resources.check(cfg, self.k, env.local_world_size)  # before anything is allocated
         self.rep = rep = build_replica(cfg)
         self._connect()
-        self.rule = make_rule(cfg.sync, self.comm)
+        self.rule = make_rule(cfg.sync, self.comm, rep.param_numel)
         board_file = self.run_dir / "progress" / f"rank{env.rank}.board"
         previous = previous_attempt(board_file)  # read before this attempt overwrites it
         self.board = Board(self.k, board_file)

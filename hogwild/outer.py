@@ -25,8 +25,8 @@ class OuterRule(SyncRule):
 
     default_lr: float
 
-    def __init__(self, cfg: SyncConfig, comm: Comm) -> None:
-        super().__init__(cfg, comm)
+    def __init__(self, cfg: SyncConfig, comm: Comm, params: Optional[int] = None) -> None:
+        super().__init__(cfg, comm, params)
         self.global_params: Optional[Tensor] = None
         self.momentum: Optional[Tensor] = None
         self.lr = cfg.outer_lr if cfg.outer_lr is not None else self.default_lr
@@ -79,10 +79,18 @@ class OuterRule(SyncRule):
         return self._outer_step(pseudo).clone()
 
     def _outer_step(self, pseudo: Tensor) -> Tensor:
-        """b ← μ·b + Δ; θ_g ← θ_g − η·step. Returns θ_g (the rule's own state)."""
+        """b ← μ·b + Δ; θ_g ← θ_g − η·step on the parameters; the float buffers take the
+        replicas' mean. Returns θ_g (the rule's own state)."""
         assert self.global_params is not None and self.momentum is not None
-        torch.add(pseudo, self.momentum, alpha=self.mu, out=self.momentum)  # b ← Δ + μ·b in one pass
-        return self.global_params.sub_(self.step(pseudo, self.momentum), alpha=self.lr)
+        n = pseudo.numel() if self.params is None else self.params
+        g, p, b = self.global_params[:n], pseudo[:n], self.momentum[:n]
+        torch.add(p, b, alpha=self.mu, out=b)  # b ← Δ + μ·b in one pass
+        g.sub_(self.step(p, b), alpha=self.lr)
+        # BatchNorm's running mean and variance are averages of what the replicas saw, not a
+        # direction to extrapolate: a momentum step (or η > 1) past their mean can push a running
+        # variance below zero, and evaluation in eval() mode then returns NaN. θ_g − Δ is the mean.
+        self.global_params[n:].sub_(pseudo[n:])
+        return self.global_params
 
     def state_dict(self) -> dict[str, Tensor]:
         if self.global_params is None or self.momentum is None:

@@ -15,7 +15,7 @@ from hogwild.data import Dataset, load_dataset
 from hogwild.errors import ConfigError
 from hogwild.models import build_model
 from hogwild.optim import FlatOptimizer
-from hogwild.shared import alloc, layout, share_model
+from hogwild.shared import alloc, layout, param_slots, share_model
 
 
 @dataclass
@@ -30,6 +30,11 @@ class Replica:
     @property
     def shapes(self) -> list[tuple[int, ...]]:
         return [s.shape for s in layout(self.model)]
+
+    @property
+    def param_numel(self) -> int:
+        """The flat buffer's parameter prefix; float buffers follow it."""
+        return sum(s.numel for s in param_slots(self.model))
 
 
 def build_replica(cfg: Config) -> Replica:

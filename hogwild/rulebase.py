@@ -75,9 +75,13 @@ class SyncContext:
 class SyncRule(ABC):
     name: ClassVar[str]
 
-    def __init__(self, cfg: SyncConfig, comm: Comm) -> None:
+    def __init__(self, cfg: SyncConfig, comm: Comm, params: Optional[int] = None) -> None:
         self.cfg = cfg
         self.comm = comm
+        self.params = params
+        """How many leading values of the flat buffer are parameters; the rest are float buffers
+        (BatchNorm's running statistics), which rules that step past the replicas' mean must
+        not extrapolate. None: all of it is parameters."""
         self.wire = _WIRE[cfg.dtype]
         self._residual: Optional[Tensor] = None  # error feedback of the compressed wire
         self._scratch: dict[str, Tensor] = {}

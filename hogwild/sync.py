@@ -24,10 +24,12 @@ __all__ = ["Average", "Broadcast", "Median", "RoundVector", "SyncContext", "Sync
 logger = logging.getLogger(__name__)
 
 
-def make_rule(cfg: SyncConfig, comm: Comm) -> SyncRule:
+def make_rule(cfg: SyncConfig, comm: Comm, params: Optional[int] = None) -> SyncRule:
+    """The rule ``sync.mode`` names; ``params``: the flat buffer's parameter prefix (the rest
+    are float buffers)."""
     if cfg.mode not in _RULES:
         raise ConfigError(f"sync.mode: unknown rule {cfg.mode!r}; choose one of {', '.join(_RULES)}")
-    return _RULES[cfg.mode](cfg, comm)
+    return _RULES[cfg.mode](cfg, comm, params)
 
 
 @register
@@ -36,8 +38,8 @@ class Average(SyncRule):
 
     name = "average"
 
-    def __init__(self, cfg: SyncConfig, comm: Comm) -> None:
-        super().__init__(cfg, comm)
+    def __init__(self, cfg: SyncConfig, comm: Comm, params: Optional[int] = None) -> None:
+        super().__init__(cfg, comm, params)
         self._base: Optional[Tensor] = None
 
     def exchange(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float,
