@@ -21,6 +21,8 @@ MODELS = ("mlp", "convnet", "sparse_linear")
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "npz", "sparse_synthetic", "image_folder")
 OPTIMIZERS = ("sgd", "adam", "adagrad")
 OPTIM_STATES = ("worker", "shared")
+TASKS = ("auto", "classification", "regression", "language_model")
+TARGET_MODES = ("auto", "max", "min")
 DEVICES = ("cpu", "cuda")
 
 
@@ -125,6 +127,32 @@ class OptimConfig:
 
 
 @dataclass
+class LossConfig:
+    _target_: Optional[str] = None
+    """Import path of any callable ``(output, target) -> scalar tensor`` (a function, or a class
+    such as torch.nn.SmoothL1Loss that is built first); its keyword arguments are the other keys
+    under loss (+loss.beta=0.5). None: the task's own loss (cross-entropy, MSE, token cross-entropy)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """The loss _target_'s keyword arguments, gathered from the keys under loss."""
+
+
+@dataclass
+class TargetConfig:
+    metric: Optional[str] = None
+    """Stop once the rank-0 evaluation reaches ``value`` on this test metric (any the task
+    reports: loss, accuracy, mse, rmse, r2, token_ce, perplexity)."""
+    value: Optional[float] = None
+    """The value to reach."""
+    mode: str = "auto"
+    """max (higher is better) | min | auto (the metric's own direction)."""
+
+    def __post_init__(self) -> None:
+        choice(self.mode, "train.target.mode", TARGET_MODES)
+        require((self.metric is None) == (self.value is None), "train.target",
+                "set both train.target.metric and train.target.value, or neither")
+
+
+@dataclass
 class TrainConfig:
     epochs: int = 40
     """Passes of each worker over its own shard (ignored when max_steps is set)."""
@@ -135,7 +163,10 @@ class TrainConfig:
     seed: int = 0
     """Model init seed; worker w of the job is seeded with seed + w."""
     target_accuracy: Optional[float] = None
-    """Stop once the rank-0 evaluation reaches this test accuracy (time-to-accuracy runs)."""
+    """Stop once the rank-0 evaluation reaches this test accuracy (time-to-accuracy runs); the
+    same as train.target.metric=accuracy train.target.value=X."""
+    target: TargetConfig = field(default_factory=TargetConfig)
+    """Stop on any reported test metric (time-to-quality runs)."""
     log_every_s: float = 10.0
     """Progress interval when the console is not a terminal (a terminal gets one live line)."""
 
@@ -149,6 +180,9 @@ class TrainConfig:
         if self.target_accuracy is not None:
             require(0.0 < self.target_accuracy <= 1.0, "train.target_accuracy",
                      f"must be in (0, 1], got {self.target_accuracy}")
+            require(self.target.metric in (None, "accuracy"), "train.target_accuracy",
+                    f"conflicts with train.target.metric={self.target.metric}; set one of them")
+            self.target = TargetConfig("accuracy", self.target_accuracy, "max")
 
 
 @dataclass
@@ -202,8 +236,13 @@ class Config:
     """Output folder; shared by all ranks of one torchrun job (one id per job)."""
     resume: Any = "auto"
     """auto (resume if run_dir has checkpoints) | true (must resume) | false | a checkpoint path."""
+    task: str = "auto"
+    """classification | regression | language_model | auto (from the labels: float labels are a
+    regression, a sequence of integer labels per sample language modelling, one integer
+    classification). Picks the default loss, the test metrics and the baseline of the verdict."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -223,6 +262,7 @@ class Config:
         self.workers = w
         require(writable_dir(self.run_dir), "run_dir", f"cannot create {self.run_dir!r}: no writable folder on its path")
         choice(self.device, "device", DEVICES)
+        choice(self.task, "task", TASKS)
         r = self.resume
         require(isinstance(r, (bool, str)), "resume", f"must be auto, true, false or a path, got {r!r}")
         if self.device == "cpu":

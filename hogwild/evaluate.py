@@ -1,4 +1,4 @@
-"""Test-set evaluation, and the ``hogwild-eval checkpoint=PATH`` command."""
+"""``hogwild-eval checkpoint=PATH``: a saved model's test metrics, as JSON (the task's own: see task.py)."""
 
 from __future__ import annotations
 
@@ -9,35 +9,14 @@ import sys
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from omegaconf import OmegaConf
-from torch import nn
 
 from hogwild.compose import to_config
 from hogwild.config import Config
-from hogwild.data import Split
 from hogwild.errors import ConfigError, UserError, first_line, report
 from hogwild.targets import TRUST_FLAG, refuse_stored_targets
 
 logger = logging.getLogger(__name__)
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, split: Split, device: torch.device, batch_size: int = 2048) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) of ``model`` on ``split``; reads live shared weights."""
-    was_training = model.training
-    model.eval()
-    total_loss, correct, n = 0.0, 0, len(split)
-    for start in range(0, n, batch_size):
-        idx = torch.arange(start, min(start + batch_size, n))
-        inputs, y = split.batch(idx)
-        inputs = tuple(t.to(device) for t in inputs)
-        y = y.to(device)
-        logits = model(*inputs)
-        total_loss += float(F.cross_entropy(logits, y, reduction="sum"))
-        correct += int((logits.argmax(1) == y).sum())
-    model.train(was_training)
-    return total_loss / n, correct / n
 
 
 def config_from_checkpoint(ckpt: dict, overrides: list[str]) -> Config:
@@ -70,6 +49,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     from hogwild.data import load_dataset
     from hogwild.models import build_model, model_id
     from hogwild.shared import bind, layout
+    from hogwild.task import build_task, evaluate
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
     args = sys.argv[1:] if argv is None else argv
@@ -89,10 +69,12 @@ def main(argv: Optional[list[str]] = None) -> None:
         model = build_model(cfg.model, ds, cfg.train.seed)
         checkpoint.check_compatible(ckpt, path, model_id(cfg.model), [s.shape for s in layout(model)])
         bind(model, ckpt["flat"].float())
-        loss, acc = evaluate(model, ds.test, torch.device("cpu"))
+        task = build_task(cfg, ds)
+        scores = evaluate(model, ds.test, torch.device("cpu"), task)
     except UserError as e:
         report(e)
-    result = {"checkpoint": path, "test_loss": loss, "test_accuracy": acc, "test_samples": len(ds.test)}
+    result = {"checkpoint": path, "task": task.kind, **{f"test_{k}": v for k, v in scores.items()},
+              **{f"baseline_{k}": v for k, v in task.baseline.items()}, "test_samples": len(ds.test)}
     sys.stdout.write(json.dumps(result) + "\n")
 
 

@@ -82,7 +82,7 @@ class Leader:
         self.saver = Saver(self.run_dir, cfg.checkpoint.keep, r.lineage if r else checkpoint.new_lineage(),
                            model_id(cfg.model), r.path if r else None)
         self.specs = worker_specs(cfg, env, self.k, len(rep.ds.train))
-        self.tel = Telemetry(cfg, self.run_dir, env.rank == 0, rep.model, rep.ds.test, self.device, env.world_size)
+        self.tel = Telemetry(cfg, self.run_dir, env.rank == 0, rep.model, rep.ds.test, self.device, rep.task)
         self.rounds = Rounds(rep.flat, self.rule, self.comm, self.board, self.schedule, self.tel, self.base.syncs)
 
     def _connect(self) -> None:  # the group, the agreed run_dir, and its one writer's lock (design rule 17)
@@ -228,7 +228,7 @@ class Leader:
                                             lambda: self.stopper.signal is not None):
                     raise StopNow()  # a signal while the workers warmed up: nothing trained yet
                 self.tel.warm_up(self.base.steps)
-                self.saver.loss_bar = loss_bar(self.tel.test_loss, self.rep.ds.num_classes)
+                self.saver.loss_bar = loss_bar(self.tel.test_loss, self.rep.task.classes)
                 self._start_barrier()
                 self.pool.go()
                 self.t_train = time.monotonic()
@@ -271,7 +271,7 @@ class Leader:
         tel, board = self.tel, self.board
         if self.is_rank0:  # judged before the final checkpoint: a failed run never writes one
             tel.evaluate(self.base.steps + board.applied() * self.env.world_size)
-            verdict = judge(self.rep, tel.test_loss, tel.test_acc, self.saver.loss_bar, board.applied(), board.skipped())
+            verdict = judge(self.rep, tel.scores, self.saver.loss_bar, board.applied(), board.skipped())
             if verdict.failure:
                 self._fail(f"{verdict.failure}; {self.saver.kept()}", EXIT_FAILED)
         job = self._checkpoint(write=self.fault_code != EXIT_FAILED)  # workers are stopped: final totals
@@ -284,13 +284,13 @@ class Leader:
         timing = Timing(wall_s=time.monotonic() - self.t_start, train_s=train_s, startup_s=self.t_train - self.t_start,
                         time_to_target_s=tel.time_to_target, worker_steps_to_target=tel.worker_steps_to_target)
         result = final_report(status=status, error=self.fault, counters=counters, job=job,
-                              test_loss=tel.test_loss, test_acc=tel.test_acc, train_loss=board.loss(),
+                              task=self.rep.task, scores=tel.scores, train_loss=board.loss(),
                               timing=timing, sync=sync_stats, workers=self.k, threads=self.specs[0].threads,
                               replicas=self.env.world_size, sync_mode=self.cfg.sync.mode,
                               schedule=self.schedule, resumed=self.restored, run_dir=self.run_dir)
-        result.update(verdict=verdict.summary, chance_accuracy=verdict.chance, **self._report_extra())
+        result.update(verdict=verdict.summary, **self._report_extra())
         write_report(self.run_dir / "metrics.json", result)
-        tel.metrics.hparams(flatten("", self._config_dict()), {"test_accuracy": tel.test_acc, "test_loss": tel.test_loss})
+        tel.metrics.hparams(flatten("", self._config_dict()), {f"test_{k}": v for k, v in tel.scores.items()})
         tel.metrics.close()
         return result
 

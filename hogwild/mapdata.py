@@ -41,7 +41,8 @@ class MapSplit:
     @staticmethod
     def collate(items: list[Any]) -> tuple[tuple[Tensor, ...], Tensor]:
         *inputs, y = default_collate(items)
-        return tuple(inputs), torch.as_tensor(y).long()
+        y = torch.as_tensor(y)
+        return tuple(inputs), y if y.is_floating_point() else y.long()
 
     @property
     def targets(self) -> Tensor:
@@ -49,25 +50,35 @@ class MapSplit:
         if self._targets is None:
             known = getattr(self.dataset, "targets", None)
             labels = known if known is not None else [self.dataset[i][-1] for i in range(len(self))]
-            self._targets = torch.as_tensor([int(t) for t in labels], dtype=torch.int64)
+            self._targets = _stack_labels(labels)
         return self._targets
 
     def share_memory_(self) -> "MapSplit":
         return self  # items are read on demand in each worker: nothing to share
 
 
+def _stack_labels(labels: Any) -> Tensor:
+    """Labels as one tensor: int64 for class labels and token sequences, float32 for regression."""
+    if isinstance(labels, Tensor):
+        y = labels
+    else:
+        y = torch.stack([torch.as_tensor(t) for t in labels]) if len(labels) else torch.zeros(0, dtype=torch.int64)
+    return y.float() if y.is_floating_point() else y.long()
+
+
 def _check_item(split: MapSplit, key: str) -> tuple[int, ...]:
-    """The input shape of item 0, after checking that items are (inputs..., integer label)."""
+    """The input shape of item 0, after checking that items are (inputs..., label), where a
+    label is an integer (a class), a float or float tensor (regression targets) or an integer
+    tensor (a sequence of tokens)."""
     try:
         item = split.dataset[0]
     except Exception as e:  # noqa: BLE001 - the user's __getitem__ failed
         raise ConfigError(f"{key}: reading item 0 of the {split.name} set raised {type(e).__name__}: {first_line(e)}") from None
     ok = isinstance(item, (tuple, list)) and len(item) >= 2 and all(isinstance(t, Tensor) for t in item[:-1])
     label = item[-1] if ok else None
-    if not ok or not (isinstance(label, int) or (isinstance(label, Tensor) and label.dim() == 0
-                                                  and not label.is_floating_point())):
+    if not ok or isinstance(label, bool) or not isinstance(label, (int, float, Tensor)):
         raise ConfigError(f"{key}: items must be (input, label) or (inputs..., label) with tensor inputs and an "
-                          f"integer label; item 0 of the {split.name} set is {_describe(item)}")
+                          f"integer, float or tensor label; item 0 of the {split.name} set is {_describe(item)}")
     return tuple(item[0].shape)
 
 
@@ -81,7 +92,11 @@ def _pair(train: Any, test: Any, key: str, num_classes: int | None = None) -> Da
     splits = [MapSplit(d, name) for d, name in ((train, "train"), (test, "test"))]
     shape = _check_item(splits[0], key)
     _check_item(splits[1], key)
-    classes = num_classes or int(max(int(splits[0].targets.max()), int(splits[1].targets.max())) + 1)
+    train_y, test_y = splits[0].targets, splits[1].targets
+    if train_y.is_floating_point():  # regression: the model's outputs are the target's size
+        classes = int(train_y[0].numel())
+        return Dataset(splits[0], splits[1], classes, shape)  # type: ignore[arg-type]
+    classes = num_classes or int(max(int(train_y.max()), int(test_y.max())) + 1)
     return Dataset(splits[0], splits[1], max(classes, 2), shape)  # type: ignore[arg-type]
 
 

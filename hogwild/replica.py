@@ -16,6 +16,7 @@ from hogwild.errors import ConfigError
 from hogwild.models import build_model
 from hogwild.optim import FlatOptimizer
 from hogwild.shared import alloc, layout, param_slots, share_model
+from hogwild.task import Task, build_task, preflight
 
 
 @dataclass
@@ -26,6 +27,8 @@ class Replica:
     """Every parameter of ``model``, in one shared tensor."""
     opt_state: Optional[dict[str, Tensor]]
     """Optimizer state in shared memory (``optim.state=shared``), else None (per worker)."""
+    task: Task
+    """The loss, the test metrics and the baseline (task.py)."""
 
     @property
     def shapes(self) -> list[tuple[int, ...]]:
@@ -42,8 +45,12 @@ def build_replica(cfg: Config) -> Replica:
         raise ConfigError("device: cuda requested but torch.cuda.is_available() is False")
     ds = load_dataset(cfg.data).share_memory_()
     model = build_model(cfg.model, ds, cfg.train.seed)
+    task = build_task(cfg, ds)
+    # Before the model moves into shared memory and any worker spawns: a model, data or loss that
+    # does not fit fails here in one line.
+    preflight(model, ds, task, cfg.train.batch_size, torch.device("cpu"))
     flat = share_model(model, cfg.device)
     opt_state = None
     if cfg.optim.state == "shared":
         opt_state = FlatOptimizer.new_state(cfg.optim, flat.numel(), lambda n: alloc(n, cfg.device))
-    return Replica(ds, model, flat, opt_state)
+    return Replica(ds, model, flat, opt_state, task)

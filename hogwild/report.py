@@ -14,6 +14,7 @@ from hogwild.metrics import write_json
 from hogwild.resume import Counters, Restored
 from hogwild.rounds import SyncStats
 from hogwild.schedule import SyncSchedule
+from hogwild.task import Task
 
 _FAULT_STATUS = {EXIT_FAULT: "failed", EXIT_FAILED: "training_failed", EXIT_WRITE: "write_failed"}
 
@@ -54,7 +55,7 @@ class Timing:
 
 
 def final_report(*, status: str, error: Optional[str], counters: Counters, job: Totals,
-                 test_loss: float, test_acc: float, train_loss: float, timing: Timing, sync: SyncStats,
+                 task: Task, scores: dict[str, float], train_loss: float, timing: Timing, sync: SyncStats,
                  workers: int, threads: int, replicas: int, sync_mode: str,
                  schedule: SyncSchedule, resumed: Optional[Restored], run_dir: Path) -> dict[str, Any]:
     def nan_if_none(x: Optional[float]) -> float:
@@ -63,8 +64,9 @@ def final_report(*, status: str, error: Optional[str], counters: Counters, job: 
     result: dict[str, Any] = {
         "status": status,
         "exit_code": exit_code(status),
-        "test_accuracy": test_acc,
-        "test_loss": test_loss,
+        "task": task.kind,
+        **{f"test_{name}": value for name, value in scores.items()},
+        **{f"baseline_{name}": value for name, value in task.baseline.items()},
         "train_loss": train_loss,
         "steps": counters.steps,
         "samples": int(counters.samples),
@@ -93,6 +95,8 @@ def final_report(*, status: str, error: Optional[str], counters: Counters, job: 
         "steps_lost_on_resume": resumed.steps_lost if resumed else None,
         "run_dir": str(run_dir.resolve()),
     }
+    if task.kind == "classification":
+        result["chance_accuracy"] = task.baseline["accuracy"]
     if error:
         result["error"] = error
     return result

@@ -15,9 +15,9 @@ from torch import nn
 from hogwild.board import Board
 from hogwild.config import Config
 from hogwild.data import Split
-from hogwild.evaluate import evaluate
 from hogwild.metrics import Metrics, Progress
 from hogwild.schedule import DriftRecord
+from hogwild.task import Task, evaluate, reached
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +30,12 @@ EVAL_COST_FACTOR = 10
 
 class Telemetry:
     def __init__(self, cfg: Config, run_dir: Path, is_rank0: bool, model: nn.Module, test: Split,
-                 device: torch.device, world_size: int) -> None:
+                 device: torch.device, task: Task) -> None:
         self.cfg, self.run_dir, self.is_rank0 = cfg, run_dir, is_rank0
-        self.model, self.test, self.device, self.world_size = model, test, device, world_size
+        self.model, self.test, self.device, self.task = model, test, device, task
         self.metrics = Metrics(run_dir, is_rank0)
-        self.test_loss, self.test_acc = math.nan, math.nan
+        self.scores: dict[str, float] = {m: math.nan for m in task.metrics}
+        """The last test evaluation: every metric the task reports."""
         self.time_to_target: Optional[float] = None
         self.worker_steps_to_target: Optional[float] = None
         """Steps one worker of this replica had made (mean) when the target was first seen. R
@@ -70,10 +71,14 @@ class Telemetry:
             return self._next_tb
         return min(self._next_tb, self._next_eval, self._eval_ok_at if self._eval_pending else math.inf)
 
+    @property
+    def test_loss(self) -> float:
+        return self.scores["loss"]
+
     def evaluate(self, step: int) -> None:
-        self.test_loss, self.test_acc = evaluate(self.model, self.test, self.device)
-        self.metrics.scalar("test/accuracy", self.test_acc, step)
-        self.metrics.scalar("test/loss", self.test_loss, step)
+        self.scores = evaluate(self.model, self.test, self.device, self.task)
+        for name, value in self.scores.items():
+            self.metrics.scalar(f"test/{name}", value, step)
 
     def drift(self, rec: DriftRecord, step: int) -> None:
         self.metrics.scalar("sync/drift_mean", rec.mean, step)
@@ -107,8 +112,9 @@ class Telemetry:
         eval_at = self._eval_pos if self.is_rank0 and not self._eval_pending else math.inf
         board.control["next_report_at"] = min(self._tb_pos, eval_at)
         if self.progress is not None:
+            head = self.task.headline
             self.progress.update(int(pos), f"loss {loss:.4f} | {rate:,.0f} samples/s"
-                                 f" | test acc {self.test_acc:.4f} | syncs {syncs}")
+                                 f" | test {head} {self.scores[head]:.4f} | syncs {syncs}")
 
     def _grid_after(self, pos: float, every: float) -> float:
         """The next point of a fixed grid of positions: a leader woken late does not push
@@ -116,12 +122,12 @@ class Telemetry:
         return self._initial + (math.floor((pos - self._initial) / every) + 1) * every
 
     def _check_target(self, worker_steps: float) -> None:
-        target = self.cfg.train.target_accuracy
-        if target is not None and self.test_acc >= target and self.time_to_target is None:
+        t = self.cfg.train.target
+        if self.time_to_target is None and reached(self.task, t, self.scores):
             self.time_to_target = time.monotonic() - self._t0
             self.worker_steps_to_target = worker_steps
-            logger.info("test accuracy %.4f reached train.target_accuracy=%.4f after %.2fs",
-                        self.test_acc, target, self.time_to_target)
+            logger.info("test %s %.4f reached train.target.value=%.4f after %.2fs", t.metric,
+                        self.scores[str(t.metric)], t.value, self.time_to_target)
 
     def close(self) -> None:
         if self.progress is not None:

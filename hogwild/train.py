@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from hogwild.compose import CONF_DIR, preflight, register_resolvers, to_config
 from hogwild.distributed import DistEnv
 from hogwild.errors import Fault, UserError, report, say_error
+from hogwild.task import HEADLINE
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +36,9 @@ def _hydra_main(dcfg: DictConfig) -> Optional[float]:
         result = leader(cfg, HydraConfig.get().runtime.output_dir).run()
     except (UserError, Fault) as e:
         report(e)
-    if "test_accuracy" in result:
-        logger.info("test accuracy %.4f, test loss %.4f, %d steps, %.0f samples/s in %.1fs",
-                    result["test_accuracy"], result["test_loss"], result["steps"],
+    if "verdict" in result:
+        scores = ", ".join(f"{k[5:]} {v:.4f}" for k, v in result.items() if k.startswith("test_"))
+        logger.info("test %s; %d steps, %.0f samples/s in %.1fs", scores, result["steps"],
                     result["samples_per_s"], result["wall_s"])
         verdict = result.get("verdict", "")
         (logger.info if verdict.startswith("learned") else logger.warning)("verdict: %s", verdict)
@@ -54,7 +55,7 @@ def _hydra_main(dcfg: DictConfig) -> Optional[float]:
             sys.stdout.flush()
             os._exit(result["exit_code"])
         raise SystemExit(result["exit_code"])
-    return float(result.get("test_accuracy", 0.0))
+    return float(result.get(f"test_{HEADLINE[result['task']]}", 0.0)) if "task" in result else 0.0
 
 
 def main() -> None:

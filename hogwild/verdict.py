@@ -10,22 +10,15 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from torch import Tensor
 
 from hogwild.replica import Replica
+from hogwild.task import Task
 
 # Cross-entropy of a model that has learned nothing is about ln(classes); a loss this many
 # times above the larger of that and the starting loss means the updates blew the model up.
 DIVERGE_FACTOR = 10.0
 # More than this share of update attempts skipped as non-finite: the run did not train.
 MAX_SKIPPED_SHARE = 0.5
-
-
-def chance_accuracy(targets: Tensor) -> float:
-    """The accuracy of always guessing the most frequent test label."""
-    if targets.numel() == 0:
-        return math.nan
-    return float(torch.bincount(targets.long()).max()) / targets.numel()
 
 
 def loss_bar(initial_loss: float, num_classes: int) -> float:
@@ -53,18 +46,38 @@ class Verdict:
     """Why training failed (exit 4), or None."""
     summary: str
     """One line on what happened, for metrics.json."""
-    chance: float
 
 
-def judge(rep: Replica, test_loss: float, test_acc: float, bar: float, applied: int, skipped: int) -> Verdict:
-    """The final model after the last round, its test loss and accuracy, this run's updates."""
-    chance = chance_accuracy(rep.ds.test.targets)
-    attempts = applied + skipped
+# The headline metric must beat the baseline's by this margin (accuracy, R²: absolute; perplexity:
+# relative) for the run to count as learned.
+MARGIN = {"accuracy": 0.01, "r2": 0.01, "perplexity": 0.01}
+
+
+def _beats(task: Task, value: float) -> bool:
+    head = task.headline
+    base = task.baseline[head]
+    if not math.isfinite(value):
+        return False
+    if head == "perplexity":
+        return value < base * (1.0 - MARGIN[head])
+    return value > base + MARGIN[head]
+
+
+def judge(rep: Replica, scores: dict[str, float], bar: float, applied: int, skipped: int) -> Verdict:
+    """The final model after the last round, its test metrics, this run's updates; the verdict
+    compares the task's headline metric with its own baseline (the most frequent label, the
+    training mean, the training tokens' frequencies)."""
+    task, attempts = rep.task, applied + skipped
+    test_loss = scores["loss"]
     failure = diverged(bool(torch.isfinite(rep.flat).all()), test_loss if not math.isnan(test_loss) else math.inf, bar)
     if failure is None and attempts > 0 and skipped > MAX_SKIPPED_SHARE * attempts:
         failure = f"{skipped} of {attempts} updates were skipped as non-finite"
     if failure is not None:
-        return Verdict(failure, f"training failed: {failure}", chance)
-    if not math.isfinite(test_acc) or test_acc <= chance + 0.01:
-        return Verdict(None, f"no better than chance: accuracy {test_acc:.4f}, chance {chance:.4f}", chance)
-    return Verdict(None, f"learned: accuracy {test_acc:.4f}, chance {chance:.4f}", chance)
+        return Verdict(failure, f"training failed: {failure}")
+    head = task.headline
+    line = f"{head} {scores[head]:.4f}, baseline {task.baseline[head]:.4f}"
+    if head == "accuracy":
+        line = f"accuracy {scores[head]:.4f}, chance {task.baseline[head]:.4f}"
+    if not _beats(task, scores[head]):
+        return Verdict(None, f"no better than the baseline: {line}")
+    return Verdict(None, f"learned: {line}")

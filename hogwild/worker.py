@@ -29,6 +29,7 @@ from hogwild.mapdata import MapSplit, Prefetcher
 from hogwild.models import build_model
 from hogwild.optim import FlatOptimizer, grads_finite
 from hogwild.shared import bind, param_slots
+from hogwild.task import LossFn, make_loss, task_kind
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +72,8 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
     sampler = ShardSampler(shard(len(ds.train), spec.num_global, spec.global_index, cfg.train.seed),
                            cfg.train.batch_size, cfg.train.seed + spec.global_index)
     params = list(model.parameters())
-    step_fn = make_step_fn(model, params, ds, sampler, flat.device, cfg.data.loader_workers)
+    loss_fn = make_loss(cfg.loss, task_kind(cfg, ds))
+    step_fn = make_step_fn(model, params, ds, sampler, flat.device, loss_fn, cfg.data.loader_workers)
     # One throw-away forward/backward: the allocator's and autograd's first-call costs land
     # in startup (reported as such), not in the first training steps.
     startup_faults(spec.global_index)
@@ -82,7 +84,7 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
 
 
 def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, sampler: ShardSampler,
-                 device: torch.device, loader_workers: int = 0) -> StepFn:
+                 device: torch.device, loss_fn: LossFn = F.cross_entropy, loader_workers: int = 0) -> StepFn:
     prefetch = Prefetcher(ds.train, sampler, loader_workers) if loader_workers and isinstance(ds.train, MapSplit) else None
 
     def step_fn(step: int) -> tuple[Tensor, int]:
@@ -92,7 +94,7 @@ def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, samp
             y = y.to(device, non_blocking=True)
         for p in params:
             p.grad = None
-        loss = F.cross_entropy(model(*inputs), y)
+        loss = loss_fn(model(*inputs), y)
         loss.backward()
         return loss, len(y)
     return step_fn

@@ -28,8 +28,10 @@ import torch.nn.functional as F
 
 from hogwild.config import DataConfig, ModelConfig
 from hogwild.data import Dataset, ShardSampler, load_dataset, shard
-from hogwild.evaluate import evaluate
+from hogwild.task import DEFAULT_LOSS, Task, evaluate
 from hogwild.models import build_model
+
+CLASSIFY = Task("classification", DEFAULT_LOSS["classification"])
 
 CPU = torch.device("cpu")
 
@@ -125,7 +127,7 @@ def single(w: Workload) -> dict[str, float]:
     model = w.build(ds)
 
     def reached() -> tuple[bool, float]:
-        acc = evaluate(model, ds.test, CPU)[1]
+        acc = evaluate(model, ds.test, CPU, CLASSIFY)["accuracy"]
         return acc >= w.target, acc
 
     sampler = ShardSampler(torch.arange(len(ds.train)), w.bs, 0)
@@ -144,7 +146,7 @@ def _ddp_rank(rank: int, world: int, port: int, out: Any, w: Workload, addr: str
     def reached() -> tuple[bool, float]:
         flag, acc = torch.zeros(1), 0.0
         if rank == 0:  # rank 0 evaluates, everyone learns the verdict
-            acc = evaluate(model.module, ds.test, CPU)[1]
+            acc = evaluate(model.module, ds.test, CPU, CLASSIFY)["accuracy"]
             flag[0] = float(acc >= w.target)
         dist.broadcast(flag, 0)
         return bool(flag[0] > 0), acc
@@ -195,12 +197,12 @@ def mnist_hogwild(procs: int, w: Workload) -> dict[str, float]:
     t_start, acc = time.perf_counter(), 0.0
     while any(p.is_alive() for p in ps):
         time.sleep(0.02)
-        acc = evaluate(model, ds.test, CPU)[1]
+        acc = evaluate(model, ds.test, CPU, CLASSIFY)["accuracy"]
         if acc >= w.target:
             break
     elapsed = time.perf_counter() - t_start
     if acc < w.target:
-        acc = evaluate(model, ds.test, CPU)[1]  # budget spent: the accuracy of the final model
+        acc = evaluate(model, ds.test, CPU, CLASSIFY)["accuracy"]  # budget spent: the accuracy of the final model
     stop.set()
     for p in ps:
         p.join(30)

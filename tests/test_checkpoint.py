@@ -17,7 +17,8 @@ import torch
 from hogwild import checkpoint
 from hogwild.errors import EXIT_WRITE, UserError
 from hogwild.files import RunDirLock
-from hogwild.verdict import chance_accuracy, diverged, loss_bar
+from hogwild.task import chance_accuracy
+from hogwild.verdict import diverged, loss_bar
 
 
 def _payload(step: int, lineage: str = "aaaa", value: float | None = None) -> dict:
