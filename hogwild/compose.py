@@ -81,7 +81,8 @@ def _target_kwargs(dcfg: Any) -> None:
     from omegaconf import open_dict
 
     for group, schema in (("model", config_mod.ModelConfig), ("data", config_mod.DataConfig),
-                          ("loss", config_mod.LossConfig)):
+                          ("loss", config_mod.LossConfig), ("optim", config_mod.OptimConfig),
+                          ("sched", config_mod.SchedConfig)):
         node = dcfg.get(group) if OmegaConf.is_dict(dcfg) else None
         if node is None or not node.get("_target_"):
             continue

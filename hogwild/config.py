@@ -15,14 +15,12 @@ from hydra.core.config_store import ConfigStore
 from hogwild.errors import ConfigError
 from hogwild.files import writable_dir
 from hogwild.syncconfig import SyncConfig
+from hogwild.trainconfig import LossConfig, OptimConfig, SchedConfig, TrainConfig
 from hogwild.validate import choice, positive, require
 
 MODELS = ("mlp", "convnet", "sparse_linear")
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "npz", "sparse_synthetic", "image_folder")
-OPTIMIZERS = ("sgd", "adam", "adagrad")
-OPTIM_STATES = ("worker", "shared")
 TASKS = ("auto", "classification", "regression", "language_model")
-TARGET_MODES = ("auto", "max", "min")
 DEVICES = ("cpu", "cuda")
 
 
@@ -99,93 +97,6 @@ class DataConfig:
 
 
 @dataclass
-class OptimConfig:
-    name: str = "sgd"
-    """Update rule applied in place by each worker: sgd | adam | adagrad."""
-    lr: float = 0.1
-    """Learning rate."""
-    momentum: float = 0.0
-    """SGD momentum (sgd only)."""
-    weight_decay: float = 0.0
-    """L2 penalty added to the gradient."""
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    """Adam's betas."""
-    eps: float = 1e-8
-    """Adam/Adagrad epsilon."""
-    state: str = "worker"
-    """Where momentum/Adam/Adagrad state lives: worker (private, as mnist_hogwild) or shared."""
-
-    def __post_init__(self) -> None:
-        choice(self.name, "optim.name", OPTIMIZERS)
-        positive(self.lr, "optim.lr")
-        require(0.0 <= self.momentum < 1.0, "optim.momentum", f"must be in [0, 1), got {self.momentum}")
-        positive(self.weight_decay, "optim.weight_decay", allow_zero=True)
-        require(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas), "optim.betas",
-                 f"must be two numbers in [0, 1), got {list(self.betas)}")
-        positive(self.eps, "optim.eps")
-        choice(self.state, "optim.state", OPTIM_STATES)
-
-
-@dataclass
-class LossConfig:
-    _target_: Optional[str] = None
-    """Import path of any callable ``(output, target) -> scalar tensor`` (a function, or a class
-    such as torch.nn.SmoothL1Loss that is built first); its keyword arguments are the other keys
-    under loss (+loss.beta=0.5). None: the task's own loss (cross-entropy, MSE, token cross-entropy)."""
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    """The loss _target_'s keyword arguments, gathered from the keys under loss."""
-
-
-@dataclass
-class TargetConfig:
-    metric: Optional[str] = None
-    """Stop once the rank-0 evaluation reaches ``value`` on this test metric (any the task
-    reports: loss, accuracy, mse, rmse, r2, token_ce, perplexity)."""
-    value: Optional[float] = None
-    """The value to reach."""
-    mode: str = "auto"
-    """max (higher is better) | min | auto (the metric's own direction)."""
-
-    def __post_init__(self) -> None:
-        choice(self.mode, "train.target.mode", TARGET_MODES)
-        require((self.metric is None) == (self.value is None), "train.target",
-                "set both train.target.metric and train.target.value, or neither")
-
-
-@dataclass
-class TrainConfig:
-    epochs: int = 40
-    """Passes of each worker over its own shard (ignored when max_steps is set)."""
-    max_steps: Optional[int] = None
-    """Total updates per replica, split evenly over its workers; overrides epochs."""
-    batch_size: int = 32
-    """Per-worker mini-batch size."""
-    seed: int = 0
-    """Model init seed; worker w of the job is seeded with seed + w."""
-    target_accuracy: Optional[float] = None
-    """Stop once the rank-0 evaluation reaches this test accuracy (time-to-accuracy runs); the
-    same as train.target.metric=accuracy train.target.value=X."""
-    target: TargetConfig = field(default_factory=TargetConfig)
-    """Stop on any reported test metric (time-to-quality runs)."""
-    log_every_s: float = 10.0
-    """Progress interval when the console is not a terminal (a terminal gets one live line)."""
-
-    def __post_init__(self) -> None:
-        positive(self.epochs, "train.epochs")
-        if self.max_steps is not None:
-            positive(self.max_steps, "train.max_steps")
-        positive(self.batch_size, "train.batch_size")
-        positive(self.seed, "train.seed", allow_zero=True)
-        positive(self.log_every_s, "train.log_every_s")
-        if self.target_accuracy is not None:
-            require(0.0 < self.target_accuracy <= 1.0, "train.target_accuracy",
-                     f"must be in (0, 1], got {self.target_accuracy}")
-            require(self.target.metric in (None, "accuracy"), "train.target_accuracy",
-                    f"conflicts with train.target.metric={self.target.metric}; set one of them")
-            self.target = TargetConfig("accuracy", self.target_accuracy, "max")
-
-
-@dataclass
 class EvalConfig:
     every_s: float = 5.0
     """Evaluate the (live) shared model on the test split this often, in the rank-0 leader."""
@@ -243,6 +154,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+    sched: SchedConfig = field(default_factory=SchedConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -29,16 +29,14 @@ def worker_specs(cfg: Config, env: DistEnv, k: int, n_train: int) -> list[Worker
     """This replica's K workers: global shard index, thread budget and batch quota of each."""
     num_global = k * env.world_size
     threads = max(1, available_cores() // (k * env.local_world_size))
-    specs = []
+    quotas = []
     for i in range(k):
-        g = env.rank * k + i
-        n_shard = len(shard(n_train, num_global, g, cfg.train.seed))
+        n_shard = len(shard(n_train, num_global, env.rank * k + i, cfg.train.seed))
         if cfg.train.max_steps is not None:
-            quota = cfg.train.max_steps // k + (1 if i < cfg.train.max_steps % k else 0)
+            quotas.append(cfg.train.max_steps // k + (1 if i < cfg.train.max_steps % k else 0))
         else:
-            quota = cfg.train.epochs * -(-n_shard // min(cfg.train.batch_size, n_shard))
-        specs.append(WorkerSpec(i, g, num_global, threads, quota))
-    return specs
+            quotas.append(cfg.train.epochs * -(-n_shard // min(cfg.train.batch_size, n_shard)))
+    return [WorkerSpec(i, env.rank * k + i, num_global, threads, q, sum(quotas)) for i, q in enumerate(quotas)]
 
 
 class WorkerPool:

@@ -14,7 +14,8 @@ from hogwild.config import Config
 from hogwild.data import Dataset, load_dataset
 from hogwild.errors import ConfigError
 from hogwild.models import build_model
-from hogwild.optim import FlatOptimizer
+from hogwild.lr_schedule import check_schedule
+from hogwild.optim import FlatOptimizer, torch_optimizer
 from hogwild.shared import alloc, layout, param_slots, share_model
 from hogwild.task import Task, build_task, preflight
 
@@ -49,6 +50,9 @@ def build_replica(cfg: Config) -> Replica:
     # Before the model moves into shared memory and any worker spawns: a model, data or loss that
     # does not fit fails here in one line.
     preflight(model, ds, task, cfg.train.batch_size, torch.device("cpu"))
+    check_schedule(cfg.sched, cfg.optim.lr)
+    if cfg.optim._target_:
+        torch_optimizer(cfg.optim, list(model.parameters()))  # built once here: a bad one fails in one line
     flat = share_model(model, cfg.device)
     opt_state = None
     if cfg.optim.state == "shared":

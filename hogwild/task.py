@@ -21,10 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hogwild.config import Config, LossConfig, TargetConfig
+from hogwild.config import Config
 from hogwild.errors import ConfigError, first_line
 from hogwild.splits import Dataset, Split
 from hogwild.targets import call_target, import_target
+from hogwild.trainconfig import LossConfig, TargetConfig
 
 logger = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ from torch import nn
 from hogwild.board import Board
 from hogwild.config import Config
 from hogwild.data import Split
+from hogwild.lr_schedule import LRSchedule
 from hogwild.metrics import Metrics, Progress
 from hogwild.schedule import DriftRecord
 from hogwild.task import Task, evaluate, reached
@@ -46,6 +47,7 @@ class Telemetry:
         self._loss_every = self._eval_every = 1.0
         self._eval_pending = False  # its step came, but its cost budget has not
         self.progress: Optional[Progress] = None
+        self.lr: Optional[LRSchedule] = None
 
     def warm_up(self, step: int) -> None:
         """The accuracy before training, during startup: the first evaluation's one-off costs
@@ -63,6 +65,7 @@ class Telemetry:
         self._eval_every = max(1.0, (total_steps - initial) / EVAL_POINTS)
         self._next_eval = self._t0 + self.cfg.eval.every_s
         self.progress = Progress(total_steps, self.cfg.train.log_every_s, self.is_rank0, int(initial))
+        self.lr = LRSchedule(self.cfg.sched, self.cfg.optim.lr, total_steps)  # what the workers follow
         board.control["next_report_at"] = initial
 
     def next_due(self) -> float:
@@ -96,6 +99,8 @@ class Telemetry:
             if math.isfinite(loss):
                 self.metrics.scalar("train/loss", loss, step)
             self.metrics.scalar("perf/samples_per_s", rate, step)
+            if self.lr is not None:
+                self.metrics.scalar("train/lr", self.lr.lr_at(int(pos)), step)
             self.metrics.scalar("sync/lag_wait_s", float(board.stats["lag_wait_s"].sum()), step)
             for i, row in enumerate(board.stats):
                 self.metrics.scalar(f"perf/samples_per_s_worker{i}", float(row["samples"]) / elapsed, step)

@@ -27,7 +27,8 @@ from hogwild.data import Dataset, ShardSampler, shard
 from hogwild.faults import StepFn, inject_faults, startup_faults
 from hogwild.mapdata import MapSplit, Prefetcher
 from hogwild.models import build_model
-from hogwild.optim import FlatOptimizer, grads_finite
+from hogwild.lr_schedule import LRSchedule
+from hogwild.optim import FlatOptimizer, Optimizer, clip_grad_norm, grads_finite, make_optimizer
 from hogwild.shared import bind, param_slots
 from hogwild.task import LossFn, make_loss, task_kind
 
@@ -46,6 +47,8 @@ class WorkerSpec:
     threads: int
     quota: int
     """Batches this worker processes in the whole run."""
+    replica_quota: int = 0
+    """Batches all workers of this replica process: the length of the learning-rate schedule."""
 
 
 def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
@@ -68,23 +71,29 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
     if opt_state is None:
         opt_state = FlatOptimizer.new_state(cfg.optim, flat.numel(),
                                             lambda n: torch.zeros(n, device=flat.device))
-    opt = FlatOptimizer(cfg.optim, flat, param_slots(model), opt_state)
+    params = list(model.parameters())
+    opt = make_optimizer(cfg.optim, flat, param_slots(model), params, opt_state)
     sampler = ShardSampler(shard(len(ds.train), spec.num_global, spec.global_index, cfg.train.seed),
                            cfg.train.batch_size, cfg.train.seed + spec.global_index)
-    params = list(model.parameters())
     loss_fn = make_loss(cfg.loss, task_kind(cfg, ds))
-    step_fn = make_step_fn(model, params, ds, sampler, flat.device, loss_fn, cfg.data.loader_workers)
+    step_fn = make_step_fn(model, params, ds, sampler, flat.device, loss_fn, cfg.data.loader_workers,
+                           bf16=cfg.train.precision == "bf16")
+    sched = LRSchedule(cfg.sched, cfg.optim.lr, spec.replica_quota or spec.quota)
     # One throw-away forward/backward: the allocator's and autograd's first-call costs land
     # in startup (reported as such), not in the first training steps.
     startup_faults(spec.global_index)
     model.eval()  # a training-mode forward would move BatchNorm's shared running statistics
     step_fn(int(board.row(spec.local_index)["pos"]))
     model.train()
-    run_loop(inject_faults(step_fn, params, spec.global_index), opt, params, spec, board, wake, gate)
+    run_loop(inject_faults(step_fn, params, spec.global_index), opt, params, spec, board, wake, gate,
+             sched, cfg.optim.clip_grad_norm)
 
 
 def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, sampler: ShardSampler,
-                 device: torch.device, loss_fn: LossFn = F.cross_entropy, loader_workers: int = 0) -> StepFn:
+                 device: torch.device, loss_fn: LossFn = F.cross_entropy, loader_workers: int = 0,
+                 bf16: bool = False) -> StepFn:
+    """One step's loss and gradient; ``bf16``: the forward and the loss under bf16 autocast, with
+    float32 weights and gradients (the shared buffer never holds anything else)."""
     prefetch = Prefetcher(ds.train, sampler, loader_workers) if loader_workers and isinstance(ds.train, MapSplit) else None
 
     def step_fn(step: int) -> tuple[Tensor, int]:
@@ -94,8 +103,9 @@ def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, samp
             y = y.to(device, non_blocking=True)
         for p in params:
             p.grad = None
-        loss = loss_fn(model(*inputs), y)
-        loss.backward()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = loss_fn(model(*inputs), y)
+        loss.float().backward()
         return loss, len(y)
     return step_fn
 
@@ -111,8 +121,9 @@ def wait_for_round(stats: np.ndarray, ctrl: np.void, gate: Condition, parent: in
     return time.perf_counter() - t0
 
 
-def run_loop(step_fn: StepFn, opt: FlatOptimizer, params: list[Tensor], spec: WorkerSpec,
-             board: Board, wake: Optional[Connection], gate: Optional[Condition] = None) -> None:
+def run_loop(step_fn: StepFn, opt: Optimizer, params: list[Tensor], spec: WorkerSpec,
+             board: Board, wake: Optional[Connection], gate: Optional[Condition] = None,
+             sched: Optional[LRSchedule] = None, clip: Optional[float] = None) -> None:
     stats, ctrl = board.stats, board.control
     row = stats[spec.local_index]
     parent = os.getppid()
@@ -138,8 +149,13 @@ def run_loop(step_fn: StepFn, opt: FlatOptimizer, params: list[Tensor], spec: Wo
         syncing = bool(ctrl["syncing"])
         loss, batch = step_fn(step)
         lval = float(loss.detach())
-        if np.isfinite(lval) and grads_finite([p.grad for p in params]):
-            opt.step([p.grad for p in params])
+        grads = [p.grad for p in params]
+        if np.isfinite(lval) and grads_finite(grads):
+            if sched is not None:  # the replica's step: every worker of it uses one rate at one step
+                opt.set_lr(sched.lr_at(int(stats["pos"].sum())))
+            if clip is not None:
+                clip_grad_norm(grads, clip)
+            opt.step(grads)
             row["applied"] += 1
             loss_ema = lval if loss_ema == 0.0 else 0.98 * loss_ema + 0.02 * lval
             row["loss"] = loss_ema

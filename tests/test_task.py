@@ -9,11 +9,10 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from hogwild.config import LossConfig, TargetConfig
 from hogwild.errors import ConfigError
 from hogwild.splits import Dataset, Split
-from hogwild.task import (DEFAULT_LOSS, Task, build_task, evaluate, infer_kind, make_loss, preflight,
-                          reached)
+from hogwild.task import DEFAULT_LOSS, Task, build_task, evaluate, infer_kind, make_loss, preflight, reached
+from hogwild.trainconfig import LossConfig, TargetConfig
 from tests.conftest import compose_cfg
 
 pytestmark = pytest.mark.timeout(60)
