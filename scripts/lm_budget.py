@@ -1,0 +1,196 @@
+"""The character language model's test perplexity after a fixed wall-clock budget: hogwild
+1 x 2 and 2 x 1, DDP on 2 processes, and one process using every core, side by side.
+
+Every method trains ``examples/charlm.py``'s transformer with AdamW (lr 3e-3, weight decay 0.05,
+none on biases and norms), a 100-step linear warm-up then a constant rate (a cosine needs the
+run's length, which a time budget does not fix), clipping at 1.0 and batches of 32 per process.
+The clock starts at each method's first training step (start-up is off the clock for all) and
+stops after ``--budget`` seconds; then the final model is evaluated on the same test split.
+Repeats are interleaved so a change in the machine's load hits every method alike.
+
+    python scripts/lm_budget.py --budget 60 --repeats 3 --out bench_results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+logger = logging.getLogger("lm_budget")
+LR, WD, WARMUP, CLIP, BATCH = 3e-3, 0.05, 100, 1.0, 32
+RECIPE = ["+experiment=charlm", "train.max_steps=1000000", "sched.name=constant", f"sched.warmup_steps={WARMUP}",
+          "eval.every_s=1000", "checkpoint.every_s=1000"]
+METHODS = ("hogwild_1x2", "hogwild_2x1", "ddp_2", "single")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_",
+                                                                   "TORCHELASTIC", "HOGWILD_"))}
+    env.update(PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _hogwild(replicas: int, budget: float, work: Path) -> dict[str, Any]:
+    """Start the CLI, SIGTERM it ``budget`` s after its first step (its final round and checkpoint
+    follow), then score the checkpoint with hogwild-eval."""
+    from hogwild.board import previous_attempt
+
+    run = work / f"hw{replicas}"
+    args = [*RECIPE, f"workers={2 // replicas}", f"run_dir={run}"]
+    if replicas == 1:
+        cmd = [sys.executable, "-m", "hogwild.train", *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={replicas}",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}", "-m", "hogwild.train", *args]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        while True:
+            seen = previous_attempt(run / "progress" / "rank0.board")
+            if seen is not None and seen[1] > 0:
+                break
+            if proc.poll() is not None:
+                raise RuntimeError(f"hogwild {replicas} replicas ended before training (exit {proc.returncode})")
+            time.sleep(0.01)
+        time.sleep(budget)
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    ckpt = run / "checkpoints" / "last.pt"
+    out = subprocess.run([sys.executable, "-m", "hogwild.evaluate", f"checkpoint={ckpt}",
+                          "model._target_=examples.charlm.CharTransformer", "data._target_=examples.charlm.stdlib_text"],
+                         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    scores = json.loads(out.stdout.strip().splitlines()[-1])
+    steps = int(torch.load(ckpt, weights_only=True)["counters"]["steps"])
+    return {"perplexity": scores["test_perplexity"], "steps": steps}
+
+
+def _baseline_rank(rank: int, world: int, port: int, budget: float, threads: int, out: Any) -> None:
+    from examples.charlm import CharTransformer, stdlib_text
+    from hogwild.splits import Split
+    from hogwild.task import DEFAULT_LOSS, Task, evaluate
+
+    torch.set_num_threads(threads)
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=120))
+    train, test = stdlib_text()
+    torch.manual_seed(0)
+    model = CharTransformer()
+    net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    ps = list(model.parameters())
+    groups = [{"params": [p for p in ps if p.dim() > 1], "weight_decay": WD},
+              {"params": [p for p in ps if p.dim() <= 1], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=LR)
+    gen = torch.Generator().manual_seed(rank)
+    x_all, y_all = torch.stack([train[i][0] for i in range(len(train))]), train.targets
+    step, t0 = 0, None
+    while True:
+        if t0 is not None:
+            over = torch.tensor([float(time.monotonic() - t0 >= budget)])
+            if world > 1:
+                dist.all_reduce(over, op=dist.ReduceOp.MAX)  # every rank stops at the same step
+            if over.item():
+                break
+        idx = torch.randint(len(train), (BATCH,), generator=gen)
+        for g in opt.param_groups:
+            g["lr"] = LR * min(1.0, (step + 1) / WARMUP)
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(net(x_all[idx]).reshape(-1, 128), y_all[idx].reshape(-1)).backward()
+        torch.nn.utils.clip_grad_norm_(ps, CLIP)
+        opt.step()
+        step += 1
+        if t0 is None:
+            t0 = time.monotonic()  # after the first step, as hogwild's clock starts
+    if rank == 0:
+        split = Split((torch.stack([test[i][0] for i in range(len(test))]),), test.targets)
+        task = Task("language_model", DEFAULT_LOSS["language_model"])
+        out["result"] = {"perplexity": evaluate(model, split, torch.device("cpu"), task)["perplexity"],
+                         "steps": step * world}
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def _baseline(world: int, budget: float) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    out = ctx.Manager().dict()
+    threads = max(1, (os.cpu_count() or 2) // world)
+    port = _free_port()
+    procs = [ctx.Process(target=_baseline_rank, args=(r, world, port, budget, threads, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(budget + 600)
+    if "result" not in out:
+        raise RuntimeError(f"baseline on {world} processes produced no result")
+    return dict(out["result"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--budget", type=float, default=60.0, help="seconds of training per run")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=REPO / "bench_results")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(args.repeats):
+            for method in METHODS:
+                work = Path(tmp) / f"{method}_{rep}"
+                work.mkdir()
+                if method.startswith("hogwild"):
+                    r = _hogwild(int(method[-3]), args.budget, work)
+                else:
+                    r = _baseline(2 if method == "ddp_2" else 1, args.budget)
+                logger.info("repeat %d %s: perplexity %.3f after %d steps", rep, method, r["perplexity"], r["steps"])
+                runs[method].append(r)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "lm_budget.json").write_text(json.dumps({"budget_s": args.budget, "runs": runs}, indent=1))
+    lines = [f"| method | median test perplexity after {args.budget:.0f} s | runs | median steps (all processes) |",
+             "|---|---|---|---|"]
+    for method in METHODS:
+        ppl = [r["perplexity"] for r in runs[method]]
+        steps = statistics.median(r["steps"] for r in runs[method])
+        lines.append(f"| {method} | {statistics.median(ppl):.3f} | {', '.join(f'{p:.3f}' for p in ppl)} | {steps:.0f} |")
+    table = "\n".join(lines) + "\n"
+    (args.out / "lm_budget.md").write_text(table)
+    sys.stdout.write(table)
+    if any(not math.isfinite(r["perplexity"]) for rs in runs.values() for r in rs):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

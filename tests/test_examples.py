@@ -1,0 +1,70 @@
+"""The three examples of the README, through the real CLI from the repository root (slow tier):
+a character-level language model at 1 x 2 and 2 x 1, a regression with MSE, and torchvision's
+ResNet-18 with BatchNorm at 2 replicas under the default rule. Each runs shorter than its README
+command (the suite's time budget), so the bars here are lower than the README's."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from hogwild import checkpoint
+from tests.conftest import REPO, metrics, run_cli, torchrun
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+# A narrower model on less text: the README's command trains the full one longer.
+SHORT_LM = ["+experiment=charlm", "train.max_steps=300", "+data.chars=300000", "+model.width=64",
+            "sched.warmup_steps=30", "eval.every_s=30"]
+
+
+def _check_lm(run: Path) -> dict:
+    m = metrics(run)
+    assert m["status"] == "ok" and m["task"] == "language_model", m
+    assert m["verdict"].startswith("learned: perplexity"), m["verdict"]
+    # The unigram model of the training characters is the baseline: ~25 for Python source.
+    assert m["test_perplexity"] < 0.6 * m["baseline_perplexity"], m
+    return m
+
+
+def test_char_language_model_one_replica_two_workers(tmp_path: Path) -> None:
+    out = run_cli([*SHORT_LM, "workers=2", f"run_dir={tmp_path / 'run'}"], cwd=REPO, timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    m = _check_lm(tmp_path / "run")
+    assert math.isclose(m["test_perplexity"], math.exp(m["test_token_ce"]), rel_tol=1e-6)
+
+
+def test_char_language_model_two_replicas_one_worker(tmp_path: Path) -> None:
+    out = torchrun(2, [*SHORT_LM, "workers=1", f"run_dir={tmp_path / 'run'}"], cwd=REPO, timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    _check_lm(tmp_path / "run")
+
+
+def test_regression_with_mse(tmp_path: Path) -> None:
+    out = run_cli(["+experiment=regression", "workers=2", f"run_dir={tmp_path / 'run'}"], cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    m = metrics(tmp_path / "run")
+    assert m["task"] == "regression" and m["verdict"].startswith("learned: r2"), m
+    assert m["test_r2"] > 0.4 and m["test_rmse"] == pytest.approx(math.sqrt(m["test_mse"]))
+    assert m["baseline_r2"] == 0.0 and m["test_mse"] < 0.6 * m["baseline_mse"]
+
+
+def test_resnet18_with_batchnorm_on_two_replicas_under_the_default_rule(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    out = torchrun(2, ["+experiment=resnet18_digits", "workers=1", f"run_dir={run}"], cwd=REPO,
+                   timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    m = metrics(run)
+    assert m["sync_mode"] == "slowmo" and m["replicas"] == 2
+    assert math.isfinite(m["test_loss"]) and m["test_accuracy"] > m["chance_accuracy"] + 0.3, m
+    import torchvision
+
+    from hogwild.shared import layout
+
+    slots = layout(torchvision.models.resnet18(num_classes=10))
+    flat = checkpoint.load(run / "checkpoints" / "last.pt")["flat"]
+    variances = torch.cat([s.view(flat).flatten() for s in slots if s.name.endswith("running_var")])
+    assert variances.numel() > 0 and bool((variances >= 0).all()), "a running variance went negative"
