@@ -113,7 +113,11 @@ def test_target_drift_adapts_interval_to_hold_drift_near_epsilon(tmp_path: Path)
     drifts = tb_scalars(tmp_path / "adaptive", "sync/drift_max")[:-1]
     assert settled_median(fixed_drifts) > 1.5 * eps, fixed_drifts  # the fixed interval overshoots
     assert eps / 2 <= settled_median(drifts) <= 1.5 * eps, drifts
-    assert adaptive["final_interval"] != 300 and tb_scalars(tmp_path / "adaptive", "sync/interval")
+    # The controller cut the interval while drift was above the target. Its last value is no
+    # evidence either way: drift falls as the model converges, the interval climbs back, and under
+    # load it can land on 300 exactly (200 x 1.5; seen once in a full suite beside other jobs).
+    intervals = tb_scalars(tmp_path / "adaptive", "sync/interval")
+    assert intervals and min(intervals) <= 150, intervals
     assert adaptive["syncs"] > fixed["syncs"]
 
 
