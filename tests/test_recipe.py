@@ -10,14 +10,13 @@ import pytest
 import torch
 from torch import nn
 
-from hogwild.board import Board
 from hogwild.config import OptimConfig
-from hogwild.data import Dataset, ShardSampler, Split
 from hogwild.lr_schedule import LRSchedule
 from hogwild.optim import FlatOptimizer, clip_grad_norm, make_optimizer
 from hogwild.shared import bind, layout, numel, param_slots, share_model
 from hogwild.trainconfig import SchedConfig
-from hogwild.worker import WorkerSpec, make_step_fn, run_loop
+from hogwild.worker import run_loop
+from tests.test_worker import tiny_worker
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -120,28 +119,10 @@ def test_a_torch_scheduler_target_follows_torch_step_for_step() -> None:
     assert LRSchedule(cfg, 0.1, 50).lr_at(39) == pytest.approx(seen[39])
 
 
-def _worker(quota: int, others_pos: float, bf16: bool = False) -> tuple:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(256, 4, generator=g)
-    y = (x[:, 0] + x[:, 1] > 0).long()
-    ds = Dataset(Split((x,), y), Split((x[:64],), y[:64]), 2, (4,))
-    torch.manual_seed(0)
-    model = nn.Linear(4, 2)
-    flat = share_model(model, "cpu")
-    params = list(model.parameters())
-    opt = FlatOptimizer(OptimConfig(lr=0.5), flat, param_slots(model), {})
-    step_fn = make_step_fn(model, params, ds, ShardSampler(torch.arange(256), 16, 0), torch.device("cpu"),
-                           bf16=bf16)
-    board = Board(2)
-    board.control["go"] = 1.0
-    board.control["next_sync_at"] = board.control["next_report_at"] = math.inf
-    board.stats["pos"][1] = others_pos  # the replica's other worker is this far along
-    board.stats["done"][1] = 1.0
-    return step_fn, opt, params, WorkerSpec(0, 0, 1, 1, quota, 1000), board, flat, model
-
-
 def test_the_learning_rate_follows_the_replica_s_step_not_the_worker_s() -> None:
-    step_fn, opt, params, spec, board, flat, _ = _worker(quota=5, others_pos=500)
+    step_fn, opt, params, spec, board, flat, _, _ = tiny_worker(quota=5, rows=2, replica_quota=1000)
+    board.stats["pos"][1] = 500  # the replica's other worker is this far along
+    board.stats["done"][1] = 1.0
     sched = LRSchedule(SchedConfig(name="cosine"), 0.5, 1000)
     run_loop(step_fn, opt, params, spec, board, wake=None, sched=sched)
     # This worker's 5th update happened at replica step 504: half-way through the cosine.
@@ -150,7 +131,7 @@ def test_the_learning_rate_follows_the_replica_s_step_not_the_worker_s() -> None
 
 
 def test_bf16_autocast_trains_with_float32_weights_and_gradients() -> None:
-    step_fn, opt, params, spec, board, flat, model = _worker(quota=60, others_pos=0, bf16=True)
+    step_fn, opt, params, spec, board, flat, _, _ = tiny_worker(quota=60, bf16=True)
     loss, _ = step_fn(0)
     assert loss.dtype == torch.float32 or loss.dtype == torch.bfloat16
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in params)

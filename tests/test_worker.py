@@ -20,7 +20,9 @@ from hogwild.worker import WorkerSpec, make_step_fn, run_loop
 pytestmark = pytest.mark.timeout(60)
 
 
-def _setup(quota: int, fault: str = "") -> tuple:
+def tiny_worker(quota: int, fault: str = "", rows: int = 1, bf16: bool = False, replica_quota: int = 0) -> tuple:
+    """Worker 0 of a replica with ``rows`` workers on a tiny linearly separable problem:
+    (step_fn, opt, params, spec, board, flat, ds, model)."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(256, 4, generator=g)
     y = (x[:, 0] + x[:, 1] > 0).long()
@@ -30,7 +32,7 @@ def _setup(quota: int, fault: str = "") -> tuple:
     flat = share_model(model, "cpu")
     params = list(model.parameters())
     opt = FlatOptimizer(OptimConfig(lr=0.5), flat, layout(model), {})
-    step_fn = make_step_fn(model, params, ds, ShardSampler(torch.arange(256), 16, 0), torch.device("cpu"))
+    step_fn = make_step_fn(model, params, ds, ShardSampler(torch.arange(256), 16, 0), torch.device("cpu"), bf16=bf16)
     if fault:
         import os
         os.environ[FAULT_ENV] = fault
@@ -38,11 +40,11 @@ def _setup(quota: int, fault: str = "") -> tuple:
             step_fn = inject_faults(step_fn, params, 0)
         finally:
             del os.environ[FAULT_ENV]
-    board = Board(1)
+    board = Board(rows)
     board.control["go"] = 1.0
     board.control["next_sync_at"] = math.inf
     board.control["next_report_at"] = math.inf
-    return step_fn, opt, params, WorkerSpec(0, 0, 1, 1, quota), board, flat, ds, model
+    return step_fn, opt, params, WorkerSpec(0, 0, 1, 1, quota, replica_quota), board, flat, ds, model
 
 
 def _accuracy(model: nn.Module, ds: Dataset) -> float:
@@ -51,7 +53,7 @@ def _accuracy(model: nn.Module, ds: Dataset) -> float:
 
 
 def test_run_loop_trains_the_shared_model_and_counts_its_work() -> None:
-    step_fn, opt, params, spec, board, flat, ds, model = _setup(quota=60)
+    step_fn, opt, params, spec, board, flat, ds, model = tiny_worker(quota=60)
     before = flat.clone()
     run_loop(step_fn, opt, params, spec, board, wake=None)
     row = board.row(0)
@@ -62,7 +64,7 @@ def test_run_loop_trains_the_shared_model_and_counts_its_work() -> None:
 
 
 def test_poisoned_update_is_skipped_and_never_reaches_the_model() -> None:
-    step_fn, opt, params, spec, board, flat, _, _ = _setup(quota=20, fault="nan:0:3,nan:0:7,nan:1:5")
+    step_fn, opt, params, spec, board, flat, _, _ = tiny_worker(quota=20, fault="nan:0:3,nan:0:7,nan:1:5")
     run_loop(step_fn, opt, params, spec, board, wake=None)
     row = board.row(0)
     assert (row["applied"], row["skipped"], row["pos"]) == (18, 2, 20)
@@ -70,14 +72,14 @@ def test_poisoned_update_is_skipped_and_never_reaches_the_model() -> None:
 
 
 def test_injected_crash_raises_at_its_step_and_the_position_says_where() -> None:
-    step_fn, opt, params, spec, board, _, _, _ = _setup(quota=20, fault="crash:0:4")
+    step_fn, opt, params, spec, board, _, _, _ = tiny_worker(quota=20, fault="crash:0:4")
     with pytest.raises(RuntimeError, match="injected crash at step 4"):
         run_loop(step_fn, opt, params, spec, board, wake=None)
     assert board.row(0)["pos"] == 4  # a respawned worker resumes at step 4
 
 
 def test_stop_flag_ends_the_loop_and_a_respawn_resumes_at_its_position() -> None:
-    step_fn, opt, params, spec, board, _, _, _ = _setup(quota=50)
+    step_fn, opt, params, spec, board, _, _, _ = tiny_worker(quota=50)
     board.control["stop"] = 1.0
     run_loop(step_fn, opt, params, spec, board, wake=None)
     assert board.row(0)["pos"] == 0 and board.row(0)["done"] == 1
@@ -96,7 +98,7 @@ def test_stop_flag_ends_the_loop_and_a_respawn_resumes_at_its_position() -> None
     (40, 50, 0),              # beyond the quota
 ])
 def test_workers_wake_the_leader_once_per_point_crossed(sync_at: float, report_at: float, wakes: int) -> None:
-    step_fn, opt, params, spec, board, _, _, _ = _setup(quota=30)
+    step_fn, opt, params, spec, board, _, _, _ = tiny_worker(quota=30)
     board.control["next_sync_at"] = sync_at
     board.control["next_report_at"] = report_at
     r, w = Pipe(duplex=False)
@@ -118,7 +120,7 @@ def test_workers_wait_at_the_lag_limit_until_the_round_completes() -> None:
     import threading
     import time
 
-    step_fn, opt, params, spec, board, _, _, _ = _setup(quota=30)
+    step_fn, opt, params, spec, board, _, _, _ = tiny_worker(quota=30)
     board.control["lag_limit"] = 10  # a round is pending; max_lag allows 10 steps
     gate = threading.Condition()
     worker = threading.Thread(target=run_loop, args=(step_fn, opt, params, spec, board, None, gate))
