@@ -126,10 +126,6 @@ def reached(task: Task, target: TargetConfig, scores: dict[str, float]) -> bool:
     return math.isfinite(value) and (value >= target.value if higher else value <= target.value)
 
 
-def _labels(split: Split) -> Tensor:
-    return split.targets
-
-
 def task_kind(cfg: Config, ds: Dataset) -> str:
     return infer_kind(ds.train) if cfg.task == "auto" else cfg.task
 
@@ -139,7 +135,7 @@ def build_task(cfg: Config, ds: Dataset) -> Task:
     only ``make_loss(cfg.loss, task_kind(cfg, ds))``)."""
     kind = task_kind(cfg, ds)
     task = Task(kind, make_loss(cfg.loss, kind), ds.num_classes if kind == "classification" else 2)
-    test_y = _labels(ds.test)
+    test_y = ds.test.targets
     floats = test_y.is_floating_point()
     if floats != (kind == "regression"):
         given = "float" if floats else "integer"
@@ -148,11 +144,11 @@ def build_task(cfg: Config, ds: Dataset) -> Task:
     if kind == "classification":
         task.baseline = {"accuracy": chance_accuracy(test_y)}
     elif kind == "regression":
-        task.train_mean = _labels(ds.train).float().mean(0)
+        task.train_mean = ds.train.targets.float().mean(0)
         mse = float(((test_y.float() - task.train_mean) ** 2).mean())
         task.baseline = {"mse": mse, "rmse": math.sqrt(mse), "r2": 0.0}
     else:
-        counts = torch.bincount(_labels(ds.train).reshape(-1), minlength=ds.num_classes).double() + 1.0
+        counts = torch.bincount(ds.train.targets.reshape(-1), minlength=ds.num_classes).double() + 1.0
         task.unigram = counts / counts.sum()
         ce = float(-task.unigram.log()[test_y.reshape(-1)].mean())
         task.baseline = {"token_ce": ce, "perplexity": math.exp(ce)}
