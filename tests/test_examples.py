@@ -5,6 +5,7 @@ command (the suite's time budget), so the bars here are lower than the README's.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -50,6 +51,13 @@ def test_regression_with_mse(tmp_path: Path) -> None:
     assert m["task"] == "regression" and m["verdict"].startswith("learned: r2"), m
     assert m["test_r2"] > 0.4 and m["test_rmse"] == pytest.approx(math.sqrt(m["test_mse"]))
     assert m["baseline_r2"] == 0.0 and m["test_mse"] < 0.6 * m["baseline_mse"]
+    # hogwild-eval scores the checkpoint by the task's own metrics, once the user names the code.
+    ev = run_cli([f"checkpoint={tmp_path / 'run' / 'checkpoints' / 'last.pt'}",
+                  "model._target_=examples.regression.Regressor", "data._target_=examples.regression.diabetes"],
+                 cwd=REPO, module="hogwild.evaluate")
+    assert ev.returncode == 0, ev.stderr[-2000:]
+    scores = json.loads(ev.stdout.strip().splitlines()[-1])
+    assert scores["task"] == "regression" and scores["test_r2"] == pytest.approx(m["test_r2"], abs=1e-6)
 
 
 def test_resnet18_with_batchnorm_on_two_replicas_under_the_default_rule(tmp_path: Path) -> None:
