@@ -75,5 +75,7 @@ def check_schedule(cfg: SchedConfig, base_lr: float) -> None:
     sched = LRSchedule(cfg, base_lr, 100)
     for step in (0, 1, 2):
         lr = sched.lr_at(step)
-        if not math.isfinite(lr) or lr < 0:
+        # Not a finiteness check: optim.lr=inf is the user's to try, and the run's divergence
+        # checks handle it (exit 4); a schedule that turns a fine rate into NaN or a negative is not.
+        if math.isnan(lr) or lr < 0:
             raise ConfigError(f"sched: the learning rate at step {step} is {lr}")
