@@ -50,16 +50,18 @@ def stored_targets(config: Any, prefix: str = "") -> dict[str, str]:
     return found
 
 
-def refuse_stored_targets(config: Any, overrides: list[str], trusted: bool, source: str) -> None:
+def refuse_stored_targets(config: Any, overrides: list[str], trusted: bool, source: str,
+                          calls: tuple[str, ...] = ("model", "data", "loss")) -> None:
     """A checkpoint names callables in its stored config; calling them would run whatever code the
     file's author chose (``model._target_=os.system``). ``weights_only=True`` does not help: the
     config is plain strings. So a stored ``_target_`` is used only when the command line sets
     that key itself (the user names the code to run) or passes ``trust_targets=true``; this
-    check runs before anything is imported, since importing a module already runs its code."""
+    check runs before anything is imported, since importing a module already runs its code.
+    ``calls``: the groups whose targets the command will call (evaluation builds no optimizer)."""
     if trusted:
         return
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
     for key, path in stored_targets(config).items():
-        if key not in given:
+        if key.split(".")[0] in calls and key not in given:
             raise ConfigError(f"{key}: {source} asks to call {path!r}; name it yourself ({key}={path}) "
                               f"or pass {TRUST_FLAG}=true if you trust the file")

@@ -90,3 +90,15 @@ def test_a_bad_trust_flag_is_named(crafted: Path, capsys: pytest.CaptureFixture[
     code, err = _eval([f"checkpoint={crafted}", "trust_targets=maybe"], capsys)
     assert code == 2 and "trust_targets: must be true or false" in err
     assert _markers(crafted.parent) == []
+
+
+def test_only_the_targets_evaluation_calls_are_gated() -> None:
+    from hogwild.errors import ConfigError
+    from hogwild.targets import refuse_stored_targets
+
+    # Evaluation builds no optimizer or scheduler: their stored targets are never called.
+    refuse_stored_targets({"optim": {"_target_": "torch.optim.AdamW"}, "sched": {"_target_": "x.y"}}, [], False, "f")
+    with pytest.raises(ConfigError, match=r"^loss._target_: f asks to call 'evilmod.loss'"):
+        refuse_stored_targets({"loss": {"_target_": "evilmod.loss"}}, [], False, "f")
+    with pytest.raises(ConfigError, match=r"^model.kwargs.block._target_"):  # nested, any depth
+        refuse_stored_targets({"model": {"kwargs": {"block": {"_target_": "os.system"}}}}, [], False, "f")
