@@ -72,17 +72,25 @@ def _unknown_keys(node: Any, schema: type, prefix: str = "") -> None:
             _unknown_keys(node._get_node(key), sub, f"{name}.")  # type: ignore[arg-type]
 
 
+def _target_groups() -> dict[str, type]:
+    """The groups whose schema takes a ``_target_`` (model, data, loss, optim, sched), read off
+    the schema itself, so a new one needs no second list here."""
+    import dataclasses
+    import typing
+
+    return {name: t for name, t in typing.get_type_hints(Config).items()
+            if dataclasses.is_dataclass(t) and "_target_" in {f.name for f in dataclasses.fields(t)}}
+
+
 def _target_kwargs(dcfg: Any) -> None:
-    """``model._target_=X +model.depth=3``: keys under ``model`` (or ``data``) that the schema
+    """``model._target_=X +model.depth=3``: keys under a group with a ``_target_`` that the schema
     lacks are the target's keyword arguments; move them into ``kwargs`` (checked against the
     target's signature when it is called)."""
     import dataclasses
 
     from omegaconf import open_dict
 
-    for group, schema in (("model", config_mod.ModelConfig), ("data", config_mod.DataConfig),
-                          ("loss", config_mod.LossConfig), ("optim", config_mod.OptimConfig),
-                          ("sched", config_mod.SchedConfig)):
+    for group, schema in _target_groups().items():
         node = dcfg.get(group) if OmegaConf.is_dict(dcfg) else None
         if node is None or not node.get("_target_"):
             continue
