@@ -50,17 +50,16 @@ class Verdict:
 
 # The headline metric must beat the baseline's by this margin (accuracy, R²: absolute; perplexity:
 # relative) for the run to count as learned.
-MARGIN = {"accuracy": 0.01, "r2": 0.01, "perplexity": 0.01}
+MARGIN = 0.01
 
 
 def _beats(task: Task, value: float) -> bool:
-    head = task.headline
-    base = task.baseline[head]
+    base = task.baseline[task.headline]
     if not math.isfinite(value):
         return False
-    if head == "perplexity":
-        return value < base * (1.0 - MARGIN[head])
-    return value > base + MARGIN[head]
+    if task.headline == "perplexity":
+        return value < base * (1.0 - MARGIN)
+    return value > base + MARGIN
 
 
 def judge(rep: Replica, scores: dict[str, float], bar: float, applied: int, skipped: int) -> Verdict:
@@ -75,9 +74,8 @@ def judge(rep: Replica, scores: dict[str, float], bar: float, applied: int, skip
     if failure is not None:
         return Verdict(failure, f"training failed: {failure}")
     head = task.headline
-    line = f"{head} {scores[head]:.4f}, baseline {task.baseline[head]:.4f}"
-    if head == "accuracy":
-        line = f"accuracy {scores[head]:.4f}, chance {task.baseline[head]:.4f}"
+    base_name = "chance" if head == "accuracy" else "baseline"
+    line = f"{head} {scores[head]:.4f}, {base_name} {task.baseline[head]:.4f}"
     if not _beats(task, scores[head]):
         return Verdict(None, f"no better than the baseline: {line}")
     return Verdict(None, f"learned: {line}")
