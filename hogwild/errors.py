@@ -51,3 +51,8 @@ def report(e: UserError | Fault) -> NoReturn:
     """One line on stderr, no traceback, the error's exit code."""
     say_error(str(e))
     raise SystemExit(e.exit_code)
+
+
+class StopNow(Exception):
+    """SIGINT/SIGTERM before any worker exists (or while a group forms): unwinds the set-up.
+    Here, not in the leader, because the elastic membership raises it too."""

@@ -13,11 +13,11 @@ set -uo pipefail
 : "${RUN_DIR:?set RUN_DIR=an output folder on a filesystem every machine shares}"
 if [ "${USE_TORCHRUN:-0}" = 1 ]; then
   # The same with torchrun as the restarter: one process per machine, restarted on its own.
-  exec torchrun --standalone --nproc-per-node=1 --max-restarts="${MAX_RESTARTS:-10}" -m hogwild.train \
+  exec torchrun --standalone --nproc-per-node=1 --max-restarts="${MAX_RESTARTS:-10}" -m hogwild.cli.train \
     sync.coordinator="$COORDINATOR" sync.replicas="$REPLICAS" sync.slot="$SLOT" run_dir="$RUN_DIR" "$@"
 fi
 for attempt in $(seq 0 "${MAX_RESTARTS:-10}"); do
-  python -m hogwild.train sync.coordinator="$COORDINATOR" sync.replicas="$REPLICAS" sync.slot="$SLOT" \
+  python -m hogwild.cli.train sync.coordinator="$COORDINATOR" sync.replicas="$REPLICAS" sync.slot="$SLOT" \
     run_dir="$RUN_DIR" "$@"
   code=$?
   if [ "$code" -eq 0 ] || [ "$code" -eq 2 ]; then exit "$code"; fi

@@ -8,4 +8,4 @@ shift $(( $# > 0 ? 1 : 0 )); shift $(( $# > 0 ? 1 : 0 ))
 RUN_ID="${RUN_ID:-local-$(date +%Y%m%d-%H%M%S)}"
 exec torchrun --nnodes=1 --nproc-per-node="$M" \
   --rdzv-backend=c10d --rdzv-endpoint="127.0.0.1:${PORT:-29400}" --rdzv-id="$RUN_ID" \
-  -m hogwild.train workers="$K" "$@"
+  -m hogwild.cli.train workers="$K" "$@"

@@ -10,4 +10,4 @@ set -euo pipefail
 exec torchrun --nnodes="$NNODES" --nproc-per-node="${NPROC_PER_NODE:-1}" \
   --max-restarts="${MAX_RESTARTS:-3}" \
   --rdzv-backend=c10d --rdzv-endpoint="$ENDPOINT" --rdzv-id="$RUN_ID" \
-  -m hogwild.train "$@"
+  -m hogwild.cli.train "$@"

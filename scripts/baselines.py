@@ -26,10 +26,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from hogwild.config import DataConfig, ModelConfig
-from hogwild.data import Dataset, ShardSampler, load_dataset, shard
-from hogwild.task import DEFAULT_LOSS, Task, evaluate
-from hogwild.models import build_model
+from hogwild.config.schema import DataConfig, ModelConfig
+from hogwild.data.datasets import Dataset, ShardSampler, load_dataset, shard
+from hogwild.replica.models import build_model
+from hogwild.replica.task import DEFAULT_LOSS, Task, evaluate
 
 CLASSIFY = Task("classification", DEFAULT_LOSS["classification"])
 
@@ -211,10 +211,10 @@ def mnist_hogwild(procs: int, w: Workload) -> dict[str, float]:
 
 def _sync_cost_rank(rank: int, world: int, port: int, out: Any, n: int, reps: int, mode: str) -> None:
     """Bare all_reduce of an n-float buffer vs hogwild's sync round (rule ``mode``) on one, same processes."""
-    from hogwild.comm import DistComm
-    from hogwild.config import SyncConfig
-    from hogwild.rounds import sync_round
-    from hogwild.sync import make_rule
+    from hogwild.config.schema import SyncConfig
+    from hogwild.sync.comm import DistComm
+    from hogwild.sync.rounds import sync_round
+    from hogwild.sync.rules import make_rule
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)

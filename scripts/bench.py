@@ -27,9 +27,21 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
-from baselines import CONVNET, MLP, RESNET, TINY, PeakPss, Workload, ddp, free_port, mnist_hogwild, single, sync_cost  # noqa: E402
+from baselines import (  # noqa: E402
+    CONVNET,
+    MLP,
+    RESNET,
+    TINY,
+    PeakPss,
+    Workload,
+    ddp,
+    free_port,
+    mnist_hogwild,
+    single,
+    sync_cost,
+)
 
-from hogwild.resources import available_cores  # noqa: E402
+from hogwild.replica.resources import available_cores  # noqa: E402
 
 logger = logging.getLogger("bench")
 SECTIONS = ("tta", "bn", "final", "scaling", "sync", "memory")
@@ -56,7 +68,7 @@ def hogwild(workers: int, w: Workload, target: float | None, run_root: Path, ext
     args = [f"workers={workers}", *w.hydra(), *extra]
     if target is not None:
         args.append(f"train.target_accuracy={target}")
-    return _run([sys.executable, "-m", "hogwild.train", *args], run_root, measure_memory=measure_memory)
+    return _run([sys.executable, "-m", "hogwild.cli.train", *args], run_root, measure_memory=measure_memory)
 
 
 def hogwild_torchrun(replicas: int, workers: int, w: Workload, run_root: Path, extra: tuple[str, ...] = (),
@@ -65,7 +77,7 @@ def hogwild_torchrun(replicas: int, workers: int, w: Workload, run_root: Path, e
     if target is not None:
         args.append(f"train.target_accuracy={target}")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={replicas}",
-           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "hogwild.train", *args]
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "hogwild.cli.train", *args]
     return _run(cmd, run_root, env=env)
 
 
@@ -129,7 +141,7 @@ def scaling(cores: int, reps: int, steps: int, runs: Path) -> dict[str, Any]:
     logger.info("intra-machine scaling, 1..%d workers", cores)
     res: dict[str, Any] = {}
     for name, extra in (("mlp_digits", ()), ("sparse_synthetic", ("+experiment=sparse",))):
-        rates = {k: median_of(lambda k=k: _run([sys.executable, "-m", "hogwild.train", f"workers={k}", *extra,
+        rates = {k: median_of(lambda k=k: _run([sys.executable, "-m", "hogwild.cli.train", f"workers={k}", *extra,
                                                 "eval.every_s=60", f"train.max_steps={steps * k}"], runs),
                               reps, "samples_per_s")["median"] for k in range(1, cores + 1)}
         res[name] = {str(k): {"samples_per_s": r, "efficiency": r / (k * rates[1])} for k, r in rates.items()}

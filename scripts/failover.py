@@ -29,11 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-
 from baselines import free_port  # noqa: E402
 
-from hogwild.board import previous_attempt  # noqa: E402
-from hogwild.coordinator import serve  # noqa: E402
+from hogwild.elastic.coordinator import serve  # noqa: E402
+from hogwild.replica.board import previous_attempt  # noqa: E402
 
 logger = logging.getLogger("failover")
 REPLICAS, KILL_AT = 3, 200
@@ -70,7 +69,7 @@ def torchrun_job(kill: bool, root: Path) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(dir=root))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={REPLICAS}",
            "--max-restarts=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-           "-m", "hogwild.train", *COMMON, f"run_dir={run_dir}"]
+           "-m", "hogwild.cli.train", *COMMON, f"run_dir={run_dir}"]
     t0 = time.monotonic()
     agent = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
     if kill:
@@ -93,7 +92,7 @@ def elastic_job(kill: bool, root: Path) -> dict[str, Any]:
             "sync.peer_timeout_s=2"]
 
     def start(slot: int) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "hogwild.train", f"sync.slot={slot}", *args], env=ENV,
+        return subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", f"sync.slot={slot}", *args], env=ENV,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
     t0 = time.monotonic()
     procs = [start(s) for s in range(REPLICAS)]

@@ -61,15 +61,15 @@ def _free_port() -> int:
 def _hogwild(replicas: int, budget: float, work: Path) -> dict[str, Any]:
     """Start the CLI, SIGTERM it ``budget`` s after its first step (its final round and checkpoint
     follow), then score the checkpoint with hogwild-eval."""
-    from hogwild.board import previous_attempt
+    from hogwild.replica.board import previous_attempt
 
     run = work / f"hw{replicas}"
     args = [*RECIPE, f"workers={2 // replicas}", f"run_dir={run}"]
     if replicas == 1:
-        cmd = [sys.executable, "-m", "hogwild.train", *args]
+        cmd = [sys.executable, "-m", "hogwild.cli.train", *args]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={replicas}",
-               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}", "-m", "hogwild.train", *args]
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}", "-m", "hogwild.cli.train", *args]
     proc = subprocess.Popen(cmd, cwd=REPO, env=_env(OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -87,7 +87,7 @@ def _hogwild(replicas: int, budget: float, work: Path) -> dict[str, Any]:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     ckpt = run / "checkpoints" / "last.pt"
-    out = subprocess.run([sys.executable, "-m", "hogwild.evaluate", f"checkpoint={ckpt}",
+    out = subprocess.run([sys.executable, "-m", "hogwild.cli.evaluate", f"checkpoint={ckpt}",
                           "model._target_=examples.charlm.CharTransformer", "data._target_=examples.charlm.stdlib_text"],
                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
@@ -99,8 +99,8 @@ def _hogwild(replicas: int, budget: float, work: Path) -> dict[str, Any]:
 
 def _baseline_rank(rank: int, world: int, port: int, budget: float, threads: int, out: Any) -> None:
     from examples.charlm import CharTransformer, stdlib_text
-    from hogwild.splits import Split
-    from hogwild.task import DEFAULT_LOSS, Task, evaluate
+    from hogwild.data.splits import Split
+    from hogwild.replica.task import DEFAULT_LOSS, Task, evaluate
 
     torch.set_num_threads(threads)
     if world > 1:

@@ -98,7 +98,7 @@ def hogwild(target: float, interval: int, extra: list[str], root: Path) -> dict[
     run_dir = Path(tempfile.mkdtemp(dir=root))
     port = 29500 + int(time.time()) % 1000
     cmds = [[sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
-             f"--node-rank={i}", f"--master-addr={ADDR[0]}", f"--master-port={port}", "-m", "hogwild.train",
+             f"--node-rank={i}", f"--master-addr={ADDR[0]}", f"--master-port={port}", "-m", "hogwild.cli.train",
              "workers=1", "train.epochs=60", "eval.every_s=0.05", f"train.target_accuracy={target}",
              f"sync.interval={interval}", f"run_dir={run_dir}", "checkpoint.every_s=3600", *extra]
             for i in (0, 1)]

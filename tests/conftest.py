@@ -30,7 +30,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_cli(args: list[str], cwd: Path, timeout: float = 180, module: str = "hogwild.train",
+def run_cli(args: list[str], cwd: Path, timeout: float = 180, module: str = "hogwild.cli.train",
             env: Optional[dict[str, str]] = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout, env=env or clean_env())
@@ -41,7 +41,7 @@ def torchrun(nproc: int, args: list[str], cwd: Path, timeout: float = 240,
              ) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-           *(extra or []), "-m", "hogwild.train", *args]
+           *(extra or []), "-m", "hogwild.cli.train", *args]
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env=env or clean_env(OMP_NUM_THREADS="1"))
 
@@ -50,7 +50,7 @@ def wait_training(run_dir: Path, proc: subprocess.Popen, timeout: float = 120, r
     """Until replica ``rank`` has applied an update (its board file says so)."""
     import time
 
-    from hogwild.board import previous_attempt
+    from hogwild.replica.board import previous_attempt
 
     deadline = time.monotonic() + timeout
     while True:
@@ -68,7 +68,7 @@ def metrics(run_dir: Path) -> dict[str, Any]:
 
 def compose_cfg(overrides: list[str]) -> Any:
     """The validated Config for ``overrides``, composed the way hogwild-train does."""
-    from hogwild.compose import preflight, register_resolvers
+    from hogwild.config.compose import preflight, register_resolvers
 
     register_resolvers()
     return preflight(overrides)

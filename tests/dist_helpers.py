@@ -9,10 +9,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hogwild.comm import DistComm
-from hogwild.config import SyncConfig
-from hogwild.rounds import sync_round
-from hogwild.sync import Average, SyncContext, make_rule
+from hogwild.config.schema import SyncConfig
+from hogwild.sync.comm import DistComm
+from hogwild.sync.rounds import sync_round
+from hogwild.sync.rules import Average, SyncContext, make_rule
 from tests.writer import Writer
 
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional, TypeVar
 import torch
 from torch import Tensor
 
-from hogwild.comm import Comm, PeerLost
+from hogwild.sync.comm import Comm, PeerLost
 
 T = TypeVar("T")
 

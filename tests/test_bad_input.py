@@ -179,7 +179,7 @@ def _with_run_dir(args: list[str], d: Path) -> list[str]:
 def test_bad_input_is_refused_before_anything_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      name: str, setup: Setup, key: str) -> None:
     from hogwild.errors import UserError
-    from hogwild.leader import Leader
+    from hogwild.leader.core import Leader
 
     monkeypatch.chdir(tmp_path)
     args, env = setup(tmp_path)

@@ -17,11 +17,11 @@ import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from torch import Tensor, nn
 
-from hogwild.comm import Comm
-from hogwild.config import SyncConfig
-from hogwild.rounds import sync_round
-from hogwild.shared import bind, layout, numel, param_slots
-from hogwild.sync import make_rule
+from hogwild.config.schema import SyncConfig
+from hogwild.replica.shared import bind, layout, numel, param_slots
+from hogwild.sync.comm import Comm
+from hogwild.sync.rounds import sync_round
+from hogwild.sync.rules import make_rule
 from tests.fake_comm import run_ranks
 
 pytestmark = pytest.mark.timeout(120)

@@ -14,11 +14,11 @@ from unittest import mock
 import pytest
 import torch
 
-from hogwild import checkpoint
+from hogwild.checkpoint import store as checkpoint
+from hogwild.checkpoint.health import diverged, loss_bar
 from hogwild.errors import EXIT_WRITE, UserError
 from hogwild.files import RunDirLock
-from hogwild.task import chance_accuracy
-from hogwild.verdict import diverged, loss_bar
+from hogwild.replica.task import chance_accuracy
 
 
 def _payload(step: int, lineage: str = "aaaa", value: float | None = None) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hogwild.errors import ConfigError
-from hogwild.resources import resolve_workers
+from hogwild.replica.resources import resolve_workers
 from tests.conftest import compose_cfg
 
 
@@ -31,7 +31,7 @@ def test_sweep_preflight_checks_every_job(tmp_cwd) -> None:
 
 
 def test_large_sweeps_check_each_value_once(tmp_cwd) -> None:
-    from hogwild import compose
+    from hogwild.config import compose
 
     lrs = ",".join(str(0.01 * i) for i in range(1, 11))
     bs = ",".join(str(i) for i in range(1, 10)) + ",-1"  # 100 jobs, the bad value in the last ones

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from hogwild.config import DataConfig
-from hogwild.data import ShardSampler, load_dataset, shard
+from hogwild.config.schema import DataConfig
+from hogwild.data.datasets import ShardSampler, load_dataset, shard
 from hogwild.errors import ConfigError
 
 

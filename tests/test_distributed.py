@@ -74,7 +74,7 @@ def test_max_lag_bounds_the_real_interval_when_a_replica_is_slow(tmp_path: Path)
 def test_checkpoints_keep_their_cadence_when_rounds_are_rare(tmp_path: Path) -> None:
     """sync.interval far beyond the run: no round brings a checkpoint, yet one is written
     every checkpoint.every_s (plus the grace a round gets to carry it, plus the write)."""
-    from hogwild import checkpoint
+    from hogwild.checkpoint import store as checkpoint
 
     every_s = 0.5
     m, _ = _job(tmp_path, "rare", "sync.interval=1000000", f"checkpoint.every_s={every_s}",
@@ -123,7 +123,7 @@ def test_target_drift_adapts_interval_to_hold_drift_near_epsilon(tmp_path: Path)
 
 @pytest.mark.parametrize("mode", ["diloco", "slowmo"])
 def test_outer_momentum_job_checkpoints_outer_state(tmp_path: Path, mode: str) -> None:
-    from hogwild import checkpoint
+    from hogwild.checkpoint import store as checkpoint
 
     m, finals = _job(tmp_path, mode, f"sync.mode={mode}", "sync.interval=20", workers=1)
     assert m["sync_mode"] == mode and m["test_accuracy"] >= 0.9

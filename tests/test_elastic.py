@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hogwild import checkpoint
-from hogwild.board import previous_attempt
-from hogwild.coordinator import serve
+from hogwild.checkpoint import store as checkpoint
+from hogwild.elastic.coordinator import serve
+from hogwild.replica.board import previous_attempt
 from tests.conftest import clean_env, free_port, metrics, run_cli, tb_scalars
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -51,7 +51,7 @@ class Job:
     def start_coordinator(self) -> None:
         log = (self.tmp / "coordinator.log").open("a")
         self.coordinator_proc = subprocess.Popen(
-            [sys.executable, "-m", "hogwild.coordinator", "--host", "127.0.0.1", "--port", str(self.port)],
+            [sys.executable, "-m", "hogwild.elastic.coordinator", "--host", "127.0.0.1", "--port", str(self.port)],
             env=clean_env(), stdout=log, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 60
         while True:
@@ -83,7 +83,7 @@ class Job:
         # LOCAL_WORLD_SIZE: the replicas share this host's cores, as torchrun would tell them.
         env = clean_env(OMP_NUM_THREADS="1", HOGWILD_DUMP_FINAL=str(self.dump), HOGWILD_FAULT=self.fault,
                         LOCAL_WORLD_SIZE=str(SLOTS))
-        self.procs[slot] = subprocess.Popen([sys.executable, "-m", "hogwild.train", f"sync.slot={slot}", *self.args],
+        self.procs[slot] = subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", f"sync.slot={slot}", *self.args],
                                             cwd=self.tmp, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
                                             text=True)
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hogwild import checkpoint
-from hogwild.evaluate import main as eval_main
+from hogwild.checkpoint import store as checkpoint
+from hogwild.cli.evaluate import main as eval_main
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -93,8 +93,8 @@ def test_a_bad_trust_flag_is_named(crafted: Path, capsys: pytest.CaptureFixture[
 
 
 def test_only_the_targets_evaluation_calls_are_gated() -> None:
+    from hogwild.config.targets import refuse_stored_targets
     from hogwild.errors import ConfigError
-    from hogwild.targets import refuse_stored_targets
 
     # Evaluation builds no optimizer or scheduler: their stored targets are never called.
     refuse_stored_targets({"optim": {"_target_": "torch.optim.AdamW"}, "sched": {"_target_": "x.y"}}, [], False, "f")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hogwild import checkpoint
+from hogwild.checkpoint import store as checkpoint
 from tests.conftest import REPO, metrics, run_cli, torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -54,7 +54,7 @@ def test_regression_with_mse(tmp_path: Path) -> None:
     # hogwild-eval scores the checkpoint by the task's own metrics, once the user names the code.
     ev = run_cli([f"checkpoint={tmp_path / 'run' / 'checkpoints' / 'last.pt'}",
                   "model._target_=examples.regression.Regressor", "data._target_=examples.regression.diabetes"],
-                 cwd=REPO, module="hogwild.evaluate")
+                 cwd=REPO, module="hogwild.cli.evaluate")
     assert ev.returncode == 0, ev.stderr[-2000:]
     scores = json.loads(ev.stdout.strip().splitlines()[-1])
     assert scores["task"] == "regression" and scores["test_r2"] == pytest.approx(m["test_r2"], abs=1e-6)
@@ -70,7 +70,7 @@ def test_resnet18_with_batchnorm_on_two_replicas_under_the_default_rule(tmp_path
     assert math.isfinite(m["test_loss"]) and m["test_accuracy"] > m["chance_accuracy"] + 0.3, m
     import torchvision
 
-    from hogwild.shared import layout
+    from hogwild.replica.shared import layout
 
     slots = layout(torchvision.models.resnet18(num_classes=10))
     flat = checkpoint.load(run / "checkpoints" / "last.pt")["flat"]

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hogwild import checkpoint
-from hogwild.leader import run
+from hogwild.checkpoint import store as checkpoint
+from hogwild.leader.core import run
 from tests.conftest import clean_env, compose_cfg, free_port, metrics, run_cli, wait_training
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -50,7 +50,7 @@ def _alive(pid: int) -> bool:
 
 
 def _start(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "hogwild.train", *args], cwd=tmp_path,
+    return subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", *args], cwd=tmp_path,
                             env=env or clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
 
@@ -153,7 +153,7 @@ def test_torchrun_restart_after_leader_kill_resumes_and_loses_at_most_one_checkp
     out, every_s, interval, batch = tmp_path / "run", 1.0, 20, 32
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
            "--max-restarts=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-           "--rdzv-id=restart-test", "-m", "hogwild.train", "workers=1", "train.epochs=200",
+           "--rdzv-id=restart-test", "-m", "hogwild.cli.train", "workers=1", "train.epochs=200",
            f"checkpoint.every_s={every_s}", f"sync.interval={interval}", "sync.timeout_s=30",
            f"train.batch_size={batch}", f"run_dir={out}"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=clean_env(OMP_NUM_THREADS="1"),
@@ -173,7 +173,7 @@ def test_torchrun_restart_after_leader_kill_resumes_and_loses_at_most_one_checkp
             if len(seen) == 2:
                 kill_at = time.monotonic() + random.uniform(0.0, 2 * every_s)
         time.sleep(0.02)
-    leaders = [c for c in _children(proc.pid) if "hogwild.train" in Path(f"/proc/{c}/cmdline").read_text()]
+    leaders = [c for c in _children(proc.pid) if "hogwild.cli.train" in Path(f"/proc/{c}/cmdline").read_text()]
     assert leaders
     os.kill(leaders[-1], signal.SIGKILL)
     log, _ = proc.communicate(timeout=280)

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 import pytest
 import torch
 
-from hogwild import checkpoint
+from hogwild.checkpoint import store as checkpoint
 from tests.conftest import clean_env, wait_training
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -44,7 +44,7 @@ class Case:
     prepare: Callable[[Path], None] = lambda d: None
     act: Callable[[subprocess.Popen, Path], None] = lambda p, d: None
     env: dict[str, str] = field(default_factory=dict)
-    module: str = "hogwild.train"
+    module: str = "hogwild.cli.train"
     good_before: bool = False
     """Start from a copy of a finished good run (its checkpoint must survive the case)."""
 
@@ -85,7 +85,7 @@ def _sigterm_in_warm_up(proc: subprocess.Popen, d: Path) -> None:
 
 def _second_job(proc: subprocess.Popen, d: Path) -> None:
     wait_training(d / "first", proc)  # a live job holds the run_dir
-    second = subprocess.run([sys.executable, "-m", "hogwild.train", *QUICK, f"run_dir={d / 'first'}"],
+    second = subprocess.run([sys.executable, "-m", "hogwild.cli.train", *QUICK, f"run_dir={d / 'first'}"],
                             cwd=d, capture_output=True, text=True, timeout=120, env=clean_env())
     (d / "second.json").write_text(json.dumps({"code": second.returncode, "stderr": second.stderr}))
 
@@ -122,16 +122,16 @@ CASES = [
     Case("map-style data read ahead by DataLoader processes", ["data._target_=mydata.digits", "workers=2",
          "data.loader_workers=2", "train.max_steps=100"], 0, None, prepare=_user_data),
     Case("hogwild-eval: checkpoint config with an unknown key", ["checkpoint=edited.pt"], 2, "checkpoint",
-         prepare=_eval_checkpoint(config={"nonsense": 1}), module="hogwild.evaluate", good_before=True),
+         prepare=_eval_checkpoint(config={"nonsense": 1}), module="hogwild.cli.evaluate", good_before=True),
     Case("hogwild-eval: checkpoint flat tensor of the wrong size", ["checkpoint=edited.pt"], 2, "damaged",
-         prepare=_eval_checkpoint(flat=torch.zeros(7)), module="hogwild.evaluate", good_before=True),
+         prepare=_eval_checkpoint(flat=torch.zeros(7)), module="hogwild.cli.evaluate", good_before=True),
 ]
 
 
 @pytest.fixture(scope="module")
 def good_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("good")
-    proc = subprocess.run([sys.executable, "-m", "hogwild.train", *QUICK, "train.max_steps=150",
+    proc = subprocess.run([sys.executable, "-m", "hogwild.cli.train", *QUICK, "train.max_steps=150",
                            f"run_dir={d / 'run'}"], cwd=d, capture_output=True, text=True, timeout=120,
                           env=clean_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -182,7 +182,7 @@ def test_hostile_case(tmp_path: Path, good_run: Path, case: Case) -> None:
     good = _finite_checkpoints(tmp_path / "run") if case.good_before else {}
     tag = f"HOGWILD_TEST_TAG={uuid.uuid4().hex}"
     shm_before = _torch_shm()
-    args = case.args if case.module != "hogwild.train" else [*QUICK, *case.args, f"run_dir={tmp_path / 'run'}"]
+    args = case.args if case.module != "hogwild.cli.train" else [*QUICK, *case.args, f"run_dir={tmp_path / 'run'}"]
     proc = subprocess.Popen([sys.executable, "-m", case.module, *args], cwd=tmp_path, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=clean_env(**case.env, **dict([tag.split("=")])))
@@ -198,7 +198,7 @@ def test_hostile_case(tmp_path: Path, good_run: Path, case: Case) -> None:
             assert set(good) <= set(after), f"a good checkpoint was lost: {set(good) - set(after)}"
     if case.name == "a worker dies during warm-up":
         assert json.loads((tmp_path / "run" / "metrics.json").read_text())["worker_restarts"] == 1
-    if case.code in (4, 5) and case.module == "hogwild.train":
+    if case.code in (4, 5) and case.module == "hogwild.cli.train":
         m = json.loads((tmp_path / "run" / "metrics.json").read_text()) if case.code == 4 else None
         assert m is None or (m["exit_code"] == 4 and m["status"] == "training_failed"), m
     if case.name in ("SIGTERM during start-up", "SIGTERM while the workers warm up"):
@@ -209,7 +209,7 @@ def test_hostile_case(tmp_path: Path, good_run: Path, case: Case) -> None:
 
 
 def test_a_second_job_on_a_live_run_dir_is_refused_and_the_first_finishes(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "hogwild.train", *QUICK, "train.max_steps=20000",
+    proc = subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", *QUICK, "train.max_steps=20000",
                              "train.target_accuracy=0.95", f"run_dir={tmp_path / 'first'}"], cwd=tmp_path,
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
     _second_job(proc, tmp_path)
@@ -235,7 +235,7 @@ def test_a_full_disk_stops_the_run_in_one_line_and_leaves_no_temp_file(tmp_path:
     try:
         # Room for the start (config copy, TensorBoard) and about one checkpoint, not three.
         (disk / "filler").write_bytes(b"\0" * (shutil.disk_usage(disk).free - 150_000))
-        proc = subprocess.run([sys.executable, "-m", "hogwild.train", *QUICK, "model.hidden=256",
+        proc = subprocess.run([sys.executable, "-m", "hogwild.cli.train", *QUICK, "model.hidden=256",
                                "train.max_steps=400", f"run_dir={disk / 'run'}"], cwd=tmp_path,
                               capture_output=True, text=True, timeout=150, env=clean_env())
         lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("hogwild: error:")]
@@ -257,7 +257,7 @@ def test_a_frozen_peer_ends_the_survivor_with_exit_3_not_an_abort(tmp_path: Path
     for rank in (0, 1):
         env = clean_env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, "-m", "hogwild.train", *QUICK, "train.epochs=100000",
+        procs.append(subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", *QUICK, "train.epochs=100000",
                                        "sync.interval=20", "sync.timeout_s=5", f"run_dir={run_dir}"],
                                       cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       env=env))

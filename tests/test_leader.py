@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from hogwild.config import Config
-from hogwild.leader import Leader
-from hogwild.rounds import RoundOutcome
+from hogwild.config.schema import Config
+from hogwild.leader.core import Leader
+from hogwild.sync.rounds import RoundOutcome
 
 
 def _after_round(final: bool = False, **flags: bool) -> list[str]:
@@ -20,7 +20,7 @@ def _after_round(final: bool = False, **flags: bool) -> list[str]:
     leader.cfg, leader.is_rank0, leader.next_ckpt = Config(), False, float("inf")
     leader.rounds = SimpleNamespace(run=lambda **kw: RoundOutcome(healthy=True, drift=0.0, last_drifts=[], **agreed))
     leader.pool = SimpleNamespace(release=lambda: None)
-    leader.tel = SimpleNamespace(time_to_target=None)
+    leader.tel = SimpleNamespace(time_to_target=None, round=lambda stats: None)
     leader._reform = lambda: did.append("reform")  # type: ignore[method-assign]
     leader._round(done=final, stop=final, final=final)
     return did

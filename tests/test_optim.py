@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from hogwild.config import OptimConfig
-from hogwild.optim import FlatOptimizer, grads_finite
-from hogwild.shared import bind, layout, numel
+from hogwild.config.schema import OptimConfig
+from hogwild.replica.optim import FlatOptimizer, grads_finite
+from hogwild.replica.shared import bind, layout, numel
 
 
 def _pair() -> tuple[nn.Module, nn.Module]:

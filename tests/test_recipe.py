@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from hogwild.config import OptimConfig
-from hogwild.lr_schedule import LRSchedule
-from hogwild.optim import FlatOptimizer, clip_grad_norm, make_optimizer
-from hogwild.shared import bind, layout, numel, param_slots, share_model
-from hogwild.trainconfig import SchedConfig
-from hogwild.worker import run_loop
+from hogwild.config.schema import OptimConfig
+from hogwild.config.train import SchedConfig
+from hogwild.replica.lr_schedule import LRSchedule
+from hogwild.replica.optim import FlatOptimizer, clip_grad_norm, make_optimizer
+from hogwild.replica.shared import bind, layout, numel, param_slots, share_model
+from hogwild.replica.worker import run_loop
 from tests.test_worker import tiny_worker
 
 pytestmark = pytest.mark.timeout(60)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from hogwild import checkpoint
-from hogwild.board import previous_attempt
-from hogwild.lr_schedule import LRSchedule
-from hogwild.trainconfig import SchedConfig
+from hogwild.checkpoint import store as checkpoint
+from hogwild.config.train import SchedConfig
+from hogwild.replica.board import previous_attempt
+from hogwild.replica.lr_schedule import LRSchedule
 from tests.conftest import clean_env, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -34,7 +34,7 @@ def _lr_points(run_dir: Path) -> list[tuple[int, float]]:
 
 def test_a_resumed_run_continues_its_schedule(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "hogwild.train", *ARGS, f"run_dir={run}"], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", *ARGS, f"run_dir={run}"], cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=clean_env())
     try:
         deadline = time.monotonic() + 120

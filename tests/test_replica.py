@@ -13,11 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hogwild import checkpoint
-from hogwild.data import ShardSampler, load_dataset, shard
-from hogwild.leader import run
-from hogwild.models import build_model
-from hogwild.shared import layout
+from hogwild.checkpoint import store as checkpoint
+from hogwild.data.datasets import ShardSampler, load_dataset, shard
+from hogwild.leader.core import run
+from hogwild.replica.models import build_model
+from hogwild.replica.shared import layout
 from tests.conftest import compose_cfg, metrics, run_cli
 
 pytestmark = pytest.mark.timeout(240)
@@ -54,7 +54,7 @@ def test_default_run_meets_accuracy_bar_and_writes_outputs(tmp_path: Path) -> No
     # A curve to look at even though the default run trains for about a second.
     assert counts["train/loss"] >= 50 and counts["test/accuracy"] >= 20, counts
     assert list((out / "tb" / "hparams").glob("events.*"))
-    ev = run_cli([f"checkpoint={out / 'checkpoints' / 'last.pt'}"], cwd=tmp_path, module="hogwild.evaluate")
+    ev = run_cli([f"checkpoint={out / 'checkpoints' / 'last.pt'}"], cwd=tmp_path, module="hogwild.cli.evaluate")
     assert ev.returncode == 0, ev.stderr
     assert json.loads(ev.stdout.strip().splitlines()[-1])["test_accuracy"] == pytest.approx(m["test_accuracy"])
 

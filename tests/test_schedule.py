@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from hogwild.board import CONTROL, STATS, Board, Totals
-from hogwild.config import SyncConfig
-from hogwild.schedule import SyncSchedule
+from hogwild.config.schema import SyncConfig
+from hogwild.replica.board import CONTROL, STATS, Board, Totals
+from hogwild.sync.schedule import SyncSchedule
 
 
 def test_round_is_due_interval_steps_after_the_last_snapshot() -> None:

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from hogwild import shared
 from hogwild.errors import UserError
+from hogwild.replica import shared
 
 
 def test_parameters_are_views_of_one_buffer() -> None:
@@ -44,8 +44,8 @@ class _Frozen(nn.Module):
 
 
 def test_frozen_tied_and_buffer_values_share_one_flat_buffer() -> None:
-    from hogwild.config import OptimConfig
-    from hogwild.optim import FlatOptimizer
+    from hogwild.config.schema import OptimConfig
+    from hogwild.replica.optim import FlatOptimizer
 
     model = _Frozen()
     layout = shared.layout

@@ -8,11 +8,11 @@ from typing import Callable
 import pytest
 import torch
 
-from hogwild.comm import Comm, LocalComm, PeerLost
-from hogwild.config import SyncConfig
+from hogwild.config.schema import SyncConfig
 from hogwild.errors import Fault
-from hogwild.rounds import RoundOutcome, sync_round
-from hogwild.sync import Average, SyncContext, make_rule
+from hogwild.sync.comm import Comm, LocalComm, PeerLost
+from hogwild.sync.rounds import RoundOutcome, sync_round
+from hogwild.sync.rules import Average, SyncContext, make_rule
 from tests.dist_helpers import target_after
 from tests.fake_comm import run_ranks
 from tests.writer import Writer

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hogwild.config import SyncConfig
-from hogwild.sync import make_rule
+from hogwild.config.schema import SyncConfig
+from hogwild.sync.rules import make_rule
 from tests.conftest import free_port
 from tests.dist_helpers import rule_targets, spawn, target_after, writer_during_sync
 from tests.fake_comm import run_ranks

@@ -9,10 +9,19 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from hogwild.config.train import LossConfig, TargetConfig
+from hogwild.data.splits import Dataset, Split
 from hogwild.errors import ConfigError
-from hogwild.splits import Dataset, Split
-from hogwild.task import DEFAULT_LOSS, Task, build_task, evaluate, infer_kind, make_loss, preflight, reached
-from hogwild.trainconfig import LossConfig, TargetConfig
+from hogwild.replica.task import (
+    DEFAULT_LOSS,
+    Task,
+    build_task,
+    evaluate,
+    infer_kind,
+    make_loss,
+    preflight,
+    reached,
+)
 from tests.conftest import compose_cfg
 
 pytestmark = pytest.mark.timeout(60)
@@ -127,8 +136,8 @@ def test_preflight_names_a_model_whose_forward_returns_a_tuple(tmp_cwd: object) 
 
 
 def test_the_verdict_uses_the_task_s_own_baseline(tmp_cwd: object) -> None:
-    from hogwild.replica import Replica
-    from hogwild.verdict import judge
+    from hogwild.replica.build import Replica
+    from hogwild.report.verdict import judge
 
     ds = _regression()
     task = build_task(compose_cfg([]), ds)

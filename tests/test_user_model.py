@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hogwild import checkpoint
+from hogwild.checkpoint import store as checkpoint
 from tests.conftest import REPO, clean_env, run_cli, torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -30,7 +30,7 @@ def _bn_stats(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     try:
         from mynets import Net
 
-        from hogwild.shared import layout
+        from hogwild.replica.shared import layout
     finally:
         sys.path.pop(0)
     slots = {s.name: s for s in layout(Net(10, 1, width=8))}
@@ -56,7 +56,7 @@ def test_batchnorm_statistics_train_checkpoint_resume_and_evaluate(tmp_path: Pat
 
     # hogwild-eval rebuilds the user's model from the checkpoint's config, in eval() mode; the
     # user names the model's code on the command line (a stored _target_ alone is never called).
-    ev = subprocess.run([sys.executable, "-m", "hogwild.evaluate", f"checkpoint={d / 'run' / 'checkpoints' / 'last.pt'}",
+    ev = subprocess.run([sys.executable, "-m", "hogwild.cli.evaluate", f"checkpoint={d / 'run' / 'checkpoints' / 'last.pt'}",
                          NET[0]],
                         cwd=d, capture_output=True, text=True, timeout=120, env=clean_env())
     assert ev.returncode == 0, ev.stderr[-3000:]

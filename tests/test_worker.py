@@ -9,13 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from hogwild.board import Board
-from hogwild.config import OptimConfig
-from hogwild.data import Dataset, ShardSampler, Split
-from hogwild.faults import FAULT_ENV, inject_faults, planned_faults
-from hogwild.optim import FlatOptimizer
-from hogwild.shared import layout, share_model
-from hogwild.worker import WorkerSpec, make_step_fn, run_loop
+from hogwild.config.schema import OptimConfig
+from hogwild.data.datasets import Dataset, ShardSampler, Split
+from hogwild.replica.board import Board
+from hogwild.replica.faults import FAULT_ENV, inject_faults, planned_faults
+from hogwild.replica.optim import FlatOptimizer
+from hogwild.replica.shared import layout, share_model
+from hogwild.replica.worker import WorkerSpec, make_step_fn, run_loop
 
 pytestmark = pytest.mark.timeout(60)
 

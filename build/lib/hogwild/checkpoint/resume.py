@@ -1,0 +1,151 @@
+"""What a checkpoint holds, which checkpoint a run resumes from, and how it is restored.
+
+:class:`Counters` are the job-wide totals a checkpoint carries across restarts. A resumed
+run starts from them and adds what its own workers do.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor
+
+from hogwild.checkpoint import store as checkpoint
+from hogwild.replica.board import Board, Totals
+from hogwild.sync.comm import Comm
+from hogwild.config.schema import Config
+from hogwild.config.env import DistEnv
+from hogwild.sync.group import agree_on_path
+from hogwild.errors import ConfigError
+from hogwild.replica.models import model_id
+from hogwild.replica.build import Replica
+from hogwild.sync.rules import SyncRule
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Counters:
+    steps: int = 0
+    """Updates applied, all replicas."""
+    samples: float = 0.0
+    syncs: int = 0
+    worker_restarts: int = 0
+    skipped_nonfinite: int = 0
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Counters":
+        return cls(steps=int(d.get("steps", 0)), samples=float(d.get("samples", 0)),
+                   syncs=int(d.get("syncs", 0)), worker_restarts=int(d.get("worker_restarts", 0)),
+                   skipped_nonfinite=int(d.get("skipped_nonfinite", 0)))
+
+    def plus(self, job: Totals, syncs: int) -> "Counters":
+        """These restored counters plus this run's job-wide totals, ``syncs`` rounds in all."""
+        return Counters(steps=self.steps + int(job.applied), samples=self.samples + job.samples,
+                        syncs=syncs, worker_restarts=self.worker_restarts + int(job.restarts),
+                        skipped_nonfinite=self.skipped_nonfinite + int(job.skipped))
+
+
+@dataclass
+class Restored:
+    path: str
+    counters: Counters
+    lineage: str
+    """The run lineage this run continues: its checkpoints carry the same id."""
+    steps_lost: Optional[int] = None
+    """Steps the previous attempt in this run_dir made beyond the checkpoint's count (exact,
+    from every replica's board file); None when unknown."""
+
+
+def resume_path(resume: Any, run_dir: Path, is_rank0: bool, agree: Callable[[str], str]) -> Optional[str]:
+    """The checkpoint to start from, the same on every leader; None to start fresh."""
+    if isinstance(resume, str) and resume not in ("auto", "true", "false"):
+        return resume
+    if not (resume is True or resume in ("auto", "true")):
+        return None
+    found = checkpoint.load_latest(run_dir) if is_rank0 else None
+    path = agree(str(found[1]) if found else "")
+    if not path and (resume is True or resume == "true"):
+        raise ConfigError(f"resume: no checkpoint in {checkpoint.ckpt_dir(run_dir)}")
+    return path or None
+
+
+def restore(path: str, model_name: str, shapes: list[tuple[int, ...]], flat: Tensor,
+            opt_state: Optional[dict[str, Tensor]], board: Board, rank: int, world: int
+            ) -> tuple[Restored, dict[str, Tensor]]:
+    """Load ``path`` into the shared model, optimizer state and worker positions.
+
+    Returns what was restored and the sync rule's saved state.
+    """
+    ckpt = checkpoint.load(path)
+    checkpoint.check_compatible(ckpt, path, model_name, shapes)
+    with torch.no_grad():
+        flat.copy_(ckpt["flat"].to(flat.device))
+        for name, buf in (opt_state or {}).items():
+            if name in ckpt.get("opt_state", {}):
+                buf.copy_(ckpt["opt_state"][name].to(buf.device))
+    pos = ckpt.get("positions")
+    k = len(board.stats)
+    if isinstance(pos, torch.Tensor) and tuple(pos.shape) == (world, k):
+        board.stats["pos"] = pos[rank].numpy()
+    else:
+        logger.warning("checkpoint was made with another replicas x workers layout; "
+                       "data positions restart from the beginning of each shard")
+    counters = Counters.from_dict(ckpt.get("counters", {}))
+    lineage = str(ckpt.get("lineage") or checkpoint.new_lineage())
+    restored = Restored(path, counters, lineage)
+    board.control["base_steps"] = counters.steps
+    logger.info("resumed from %s (step %d, %d syncs)", path, counters.steps, counters.syncs)
+    return restored, ckpt.get("sync_state", {})
+
+
+def steps_lost(previous: Optional[tuple[float, float]], path: str, run_dir: Path, ckpt_steps: int,
+               comm_sum: Callable[[list[float]], list[float]]) -> Optional[int]:
+    """Exactly how many steps the previous attempt in ``run_dir`` made that the checkpoint it
+    resumes from does not hold: its base plus every replica's applied updates, minus the
+    checkpoint's count. ``comm_sum`` sums a small vector over the leaders (collective)."""
+    mine = [1.0, 1.0, previous[1], previous[0]] if previous else [1.0, 0.0, 0.0, 0.0]
+    world, known, applied, base_sum = comm_sum(mine)
+    here = Path(path).resolve().parent == checkpoint.ckpt_dir(run_dir).resolve()
+    if known < world or not here:
+        return None  # some replica has no record, or the checkpoint is from another run_dir
+    return max(0, round(base_sum / world + applied - ckpt_steps))
+
+
+def payload(*, model_name: str, shapes: list[tuple[int, ...]], flat: Tensor,
+            opt_state: Optional[dict[str, Tensor]], positions: Tensor, counters: Counters,
+            sync_state: dict[str, Tensor], config: dict[str, Any], lineage: str) -> dict[str, Any]:
+    """A checkpoint: tensors and plain values only, so it loads with ``weights_only=True``."""
+    return {
+        "format": checkpoint.FORMAT,
+        "lineage": lineage,
+        "written_at": time.time(),
+        "model": model_name,
+        "shapes": [list(s) for s in shapes],
+        "flat": flat.detach().to("cpu", copy=True),
+        "opt_state": {k: v.detach().to("cpu", copy=True) for k, v in (opt_state or {}).items()},
+        "positions": positions,
+        "counters": asdict(counters),
+        "sync_state": sync_state,
+        "config": config,
+    }
+
+
+def resume(cfg: Config, run_dir: Path, rep: Replica, board: Board, rule: SyncRule, comm: Comm, env: DistEnv,
+           previous: Optional[tuple[float, float]]) -> Optional[Restored]:
+    """Restore the checkpoint ``cfg.resume`` names (the same on every leader), if any, into the
+    replica, the board and the sync rule; ``previous`` is this rank's last board record."""
+    path = resume_path(cfg.resume, run_dir, env.rank == 0, agree_on_path)
+    if path is None:
+        return None
+    restored, sync_state = restore(path, model_id(cfg.model), rep.shapes, rep.flat, rep.opt_state, board,
+                                   env.rank, env.world_size)
+    restored.steps_lost = steps_lost(previous, path, run_dir, restored.counters.steps,
+                                     lambda xs: comm.all_reduce(torch.tensor(xs, dtype=torch.float64)).tolist())
+    rule.load_state_dict(sync_state)
+    return restored

@@ -1,0 +1,70 @@
+"""Rank 0's checkpoint writer: only a good model is written, a failed write is a fault.
+
+A checkpoint is the one thing a crashed or stopped run leaves to resume from, so it must
+never be worse than the one before it (docs/design.md, rule 18): a model with non-finite
+values or a diverged loss is not written, and the last good file stays.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from hogwild.checkpoint import store as checkpoint
+from hogwild.replica.board import Board, Totals
+from hogwild.errors import EXIT_FAILED, EXIT_WRITE
+from hogwild.replica.build import Replica
+from hogwild.checkpoint.resume import Counters, payload
+from hogwild.report.verdict import diverged
+
+logger = logging.getLogger(__name__)
+
+
+class Saver:
+    def __init__(self, run_dir: Path, keep: int, lineage: str, model_name: str,
+                 last_good: Optional[str] = None) -> None:
+        self.run_dir, self.keep, self.lineage, self.model_name = run_dir, keep, lineage, model_name
+        self.last_good = last_good
+        self.loss_bar = float("inf")
+        """Set once the starting loss is known (verdict.loss_bar)."""
+        self._seen: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+
+    def gathered(self, positions: torch.Tensor, job: Totals, own: Totals) -> None:
+        """Every replica's positions and the job totals, as a collective just saw them, with
+        this replica's own totals at that moment."""
+        self._seen = (positions.clone(), job.to_tensor(), own.to_tensor())
+
+    def local_view(self, board: Board, rank: int, world: int, own: Totals) -> tuple[torch.Tensor, Totals]:
+        """Positions and job totals for a checkpoint written between rounds, without a
+        collective: the other replicas as last gathered, this one as it is now. Their steps
+        since then are not in this checkpoint, and a resumed run counts them as lost."""
+        if self._seen is None:  # nothing gathered yet: only this replica's part is known
+            positions = torch.zeros(world, len(board.stats), dtype=torch.float64)
+            positions[rank] = torch.from_numpy(board.stats["pos"].copy())
+            return positions, own
+        positions, job, own_then = self._seen
+        positions = positions.clone()
+        positions[rank] = torch.from_numpy(board.stats["pos"].copy())
+        return positions, Totals.from_tensor(job + own.to_tensor() - own_then)
+
+    def kept(self) -> str:
+        return f"kept the last good checkpoint {self.last_good}" if self.last_good else "no good checkpoint to keep"
+
+    def write(self, rep: Replica, *, positions: torch.Tensor, counters: Counters, sync_state: dict[str, Any],
+              config: dict[str, Any], loss: float) -> Optional[tuple[str, int]]:
+        """Write a checkpoint of ``rep`` if it is good. Returns (why not, exit code) when the
+        run must stop: the model went bad, or the disk refused the file twice."""
+        bad = diverged(bool(torch.isfinite(rep.flat).all()), loss, self.loss_bar)
+        if bad is not None:
+            return f"{bad}: not checkpointed; {self.kept()}", EXIT_FAILED
+        data = payload(model_name=self.model_name, shapes=rep.shapes, flat=rep.flat, opt_state=rep.opt_state,
+                       positions=positions, counters=counters, sync_state=sync_state, config=config,
+                       lineage=self.lineage)
+        try:
+            self.last_good = str(checkpoint.save(self.run_dir, data, self.keep))
+        except checkpoint.CheckpointWriteError as e:
+            return str(e), EXIT_WRITE
+        return None

@@ -1,0 +1,83 @@
+"""``sync.*``: how the replicas' leaders meet (rule, interval, staleness bound, timeouts),
+and, with ``sync.coordinator`` set, the elastic membership that survives a lost machine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from hogwild.config.validate import choice, positive, require
+
+SYNC_MODES = ("average", "broadcast", "diloco", "slowmo", "median", "trimmed_mean")
+BACKENDS = ("auto", "gloo", "nccl")
+SYNC_DTYPES = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class SyncConfig:
+    mode: str = "slowmo"
+    """Cross-replica rule: slowmo | average | broadcast | diloco | median | trimmed_mean. The
+    default, slowmo, keeps every replica's progress (R replicas advance about R times as far
+    per round as one); average keeps one replica's (docs/sync.md)."""
+    interval: int = 50
+    """Sync each time a replica's own update count (all its workers) grows by this much."""
+    max_lag: Optional[float] = None
+    """Steps a replica's workers may run past a round that has not completed before they wait
+    for it (stale synchronous parallel); None = one interval, inf = never wait."""
+    backend: str = "auto"
+    """Process-group backend: auto (gloo on cpu, nccl on cuda) | gloo | nccl."""
+    timeout_s: float = 300.0
+    """Collective and rendezvous timeout; a dead peer fails the job after this long. Elastic
+    mode: also the longest a new group may take to form, and a coordinator may stay away."""
+    outer_lr: Optional[float] = None
+    """diloco, slowmo: outer learning rate; null = the rule's own (diloco 0.7, slowmo 1.0)."""
+    outer_momentum: Optional[float] = None
+    """diloco: Nesterov momentum (null = 0.9); slowmo: heavy-ball (null = 1 - 1/replicas)."""
+    trim: int = 1
+    """trimmed_mean: replicas dropped at each end, per coordinate."""
+    target_drift: Optional[float] = None
+    """If set, adapt the interval so the measured drift stays near this value."""
+    min_interval: int = 5
+    """Lower bound of the adaptive interval."""
+    max_interval: int = 5000
+    """Upper bound of the adaptive interval."""
+    dtype: str = "fp32"
+    """Wire precision of the synced delta: fp32 | bf16 | fp16 (with error feedback)."""
+    coordinator: Optional[str] = None
+    """host:port of a hogwild-coordinator: elastic mode, each replica launched on its own; a lost
+    replica is dropped and the others go on (null: one torchrun job, a lost peer stops it)."""
+    replicas: int = 1
+    """Elastic mode: the job's replica slots (the data is split into this many shards)."""
+    slot: Optional[int] = None
+    """Elastic mode: this replica's slot, 0..replicas-1; a restarted replica keeps its slot."""
+    peer_timeout_s: float = 10.0
+    """Elastic mode: a replica whose heartbeat stops this long is dropped from the group."""
+    min_replicas: Optional[int] = None
+    """Elastic mode: live slots a new group needs (null: a majority of the last group)."""
+
+    def __post_init__(self) -> None:
+        choice(self.mode, "sync.mode", SYNC_MODES)
+        positive(self.interval, "sync.interval")
+        if self.max_lag is not None:
+            positive(self.max_lag, "sync.max_lag", allow_zero=True)
+        choice(self.backend, "sync.backend", BACKENDS)
+        positive(self.timeout_s, "sync.timeout_s")
+        positive(1.0 if self.outer_lr is None else self.outer_lr, "sync.outer_lr")
+        mu = 0.0 if self.outer_momentum is None else self.outer_momentum
+        require(0.0 <= mu < 1.0, "sync.outer_momentum", f"must be in [0, 1), got {mu}")
+        positive(self.trim, "sync.trim", allow_zero=True)
+        if self.target_drift is not None:
+            positive(self.target_drift, "sync.target_drift")
+        positive(self.min_interval, "sync.min_interval")
+        require(self.max_interval >= self.min_interval, "sync.max_interval",
+                 "must be >= sync.min_interval")
+        choice(self.dtype, "sync.dtype", SYNC_DTYPES)
+        if self.coordinator is not None:
+            host, _, port = self.coordinator.rpartition(":")
+            require(bool(host) and port.isdigit(), "sync.coordinator", f"expected host:port, got {self.coordinator!r}")
+            require(self.replicas >= 2, "sync.replicas", f"elastic mode needs at least 2 slots, got {self.replicas}")
+            require(self.slot is not None and 0 <= self.slot < self.replicas, "sync.slot",
+                    f"must be set to 0..{self.replicas - 1} with sync.coordinator, got {self.slot}")
+            positive(self.peer_timeout_s, "sync.peer_timeout_s")
+            m = self.min_replicas
+            require(m is None or 1 <= m <= self.replicas, "sync.min_replicas", f"must be in 1..{self.replicas}, got {m}")

@@ -1,0 +1,131 @@
+"""The leaders' collectives in elastic mode: one Gloo group per membership epoch.
+
+A collective is waited for in short polls, not one blocking call: between polls the leader
+checks its peers' heartbeats and the coordinator's epoch, so a peer that was killed, stopped
+(SIGSTOP) or dropped by the others fails the round within ``sync.peer_timeout_s`` instead of
+``sync.timeout_s``, while a peer that is merely slow (still heartbeating) is waited for.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+from datetime import timedelta
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from hogwild.sync.comm import Comm, PeerLost
+from hogwild.elastic.link import CoordinatorAway
+from hogwild.errors import first_line
+from hogwild.elastic.membership import Epoch, Membership
+
+logger = logging.getLogger(__name__)
+
+CHECK_EVERY_S = 0.5
+
+
+class ElasticComm(Comm):
+    def __init__(self, membership: Membership, timeout_s: float) -> None:
+        self.m = membership
+        self.timeout_s = timeout_s
+        self.pg: Optional[Any] = None
+        self._abandoned: list[Any] = []  # aborted groups; kept so no thread frees a buffer in use
+
+    @property
+    def rank(self) -> int:  # type: ignore[override]
+        return self.m.epoch.members.index(self.m.slot)
+
+    @property
+    def world_size(self) -> int:  # type: ignore[override]
+        # Before the first epoch forms (a rule's constructor asks), the job's planned size.
+        return len(self.m.epoch.members) or self.m.slots
+
+    def form(self, ep: Epoch) -> None:
+        """Build epoch ``ep``'s group; blocks until all its members arrive."""
+        self.abandon()
+        store = dist.PrefixStore(f"pg/{ep.number}", self.m.link.store)
+        try:
+            self.pg = dist.ProcessGroupGloo(store, ep.members.index(self.m.slot), len(ep.members),
+                                            timedelta(seconds=self.timeout_s))
+        except (RuntimeError, dist.DistError) as e:
+            raise PeerLost(f"sync: the group of epoch {ep.number} did not form: {first_line(e)}") from None
+
+    def abandon(self) -> None:
+        if self.pg is not None:
+            try:
+                self.pg.abort()
+            except Exception:  # noqa: BLE001 - a broken group may refuse even that
+                logger.debug("abort failed", exc_info=True)
+            self._abandoned.append(self.pg)
+            self.pg = None
+
+    def _wait(self, work: Any, timeout_s: Optional[float], what: str) -> None:
+        t0 = time.monotonic()
+        check_at, nap = t0 + CHECK_EVERY_S, 0.0002
+        # Heartbeats tell a lost peer from a slow one, so a short caller timeout (a stopping
+        # leader's) is not needed here and would drop peers that are merely still training.
+        limit = max(self.timeout_s, timeout_s or 0.0)
+        while not work.is_completed():
+            now = time.monotonic()
+            if now >= check_at:
+                check_at = now + CHECK_EVERY_S
+                self._check_peers(what)
+            if now - t0 > limit:
+                raise PeerLost(f"sync: peers did not join {what} within {limit:.0f}s")
+            time.sleep(nap)
+            nap = min(nap * 2, 0.01)
+        try:
+            work.wait()
+        except (RuntimeError, dist.DistError) as e:
+            raise PeerLost(f"sync: {what} failed: {first_line(e)}") from None
+
+    def _check_peers(self, what: str) -> None:
+        try:
+            if self.m.current() > self.m.epoch.number:
+                raise PeerLost(f"sync: the others formed a newer group during {what}")
+            dead = self.m.stale(tuple(s for s in self.m.epoch.members if s != self.m.slot))
+        except CoordinatorAway:
+            return  # no heartbeats to read: the collective's own limit still holds
+        if dead:
+            raise PeerLost(f"sync: replica(s) {dead} silent for {self.m.peer_timeout_s:.0f}s "
+                           f"(sync.peer_timeout_s) during {what}")
+
+    def _group(self) -> Any:
+        if self.pg is None:
+            raise PeerLost("sync: no group (the last one was abandoned)")
+        return self.pg
+
+    def all_reduce(self, t: Tensor, timeout_s: Optional[float] = None, what: str = "a collective") -> Tensor:
+        self._wait(self._group().allreduce([t]), timeout_s, what)
+        return t
+
+    def broadcast(self, t: Tensor, src: int) -> Tensor:
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = src, 0
+        self._wait(self._group().broadcast([t], opts), None, "a broadcast")
+        return t
+
+    def all_gather(self, t: Tensor) -> list[Tensor]:
+        parts = [torch.empty_like(t) for _ in range(self.world_size)]
+        self._wait(self._group().allgather([parts], [t]), None, "an all_gather")
+        return parts
+
+    def send_state(self, state: Optional[dict[str, Any]], src: int) -> dict[str, Any]:
+        """Rank ``src``'s ``state`` (tensors and plain values) on every rank: the heal."""
+        if self.rank == src:
+            buf = io.BytesIO()
+            torch.save(state, buf)
+            data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+            size = torch.tensor([data.numel()], dtype=torch.int64)
+        else:
+            size = torch.zeros(1, dtype=torch.int64)
+        self.broadcast(size, src)
+        if self.rank != src:
+            data = torch.empty(int(size.item()), dtype=torch.uint8)
+        self.broadcast(data, src)
+        # weights_only: a peer's bytes are data, never code.
+        return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True)

@@ -1,0 +1,192 @@
+"""A connection to the coordinator that outlives the coordinator.
+
+``hogwild-coordinator`` keeps its keys in memory only. If it dies and is started again on the
+same host:port, every replica puts back what it knows on its first call to the new one, before
+that call goes through:
+
+- the keys it wrote or read that must outlive the coordinator (:meth:`Memory.keep`: the job,
+  the run_dir, the members of each epoch it saw, its own data position, its metrics), each
+  with a compare-and-set from empty, so nothing another replica restored first is overwritten;
+- the epoch number, raised to the highest it knows.
+
+So the numbering goes on across the restart: a replica's first heartbeat on the new
+coordinator comes after its restore, and a new epoch needs live members, so an epoch that a
+live replica is in is back in the store before anyone can count that replica and form the
+next one (elastic/membership.py). Replicas that just came back also wait ``sync.peer_timeout_s``
+before forming anything, so the slower ones can restore first.
+
+While the coordinator is away the replicas go on training: the current epoch's group
+connects the leaders directly. Only what needs the coordinator waits (a new epoch) or is
+skipped (liveness checks between polls); :class:`CoordinatorAway` says which call could not
+run, and :meth:`Memory.away_for` how long the outage has lasted.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from datetime import timedelta
+from typing import Optional, Union
+
+import torch.distributed as dist
+
+from hogwild.sync.comm import PeerLost
+from hogwild.errors import UserError, first_line
+
+logger = logging.getLogger(__name__)
+
+# Between the leader's reconnection attempts while the coordinator is away: a connect to a host
+# that drops packets blocks its main loop for CONNECT_S. The heartbeat thread tries at each beat
+# (it blocks nobody), so it is usually the one that puts the keys back.
+RETRY_S = 2.0
+CONNECT_S = 0.5
+
+
+class CoordinatorAway(PeerLost):
+    """The coordinator cannot be reached right now."""
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"sync.coordinator: expected host:port, got {endpoint!r}")
+    return host, int(port)
+
+
+def connect(endpoint: str, timeout_s: float) -> dist.TCPStore:
+    host, port = split_endpoint(endpoint)
+    try:
+        return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+    except (RuntimeError, TimeoutError, dist.DistError) as e:
+        raise UserError(f"sync.coordinator: no coordinator reachable at {endpoint} within {timeout_s:.0f}s "
+                        f"(sync.timeout_s; start one with hogwild-coordinator): {first_line(e)}") from None
+
+
+def _listening(host: str, port: int) -> bool:
+    # A plain socket first: a TCPStore client that cannot connect logs C++ stack traces.
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_S):
+            return True
+    except OSError:
+        return False
+
+
+class Memory:
+    """What one replica's connections share: the keys to put back, the highest epoch it knows,
+    and the current outage. Written from the leader's thread and the heartbeat thread."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.kept: dict[str, bytes] = {}
+        self.epoch = 0
+        self.away_since: Optional[float] = None
+        self.back_at = float("-inf")  # when the coordinator was last reached again after an outage
+
+    def keep(self, key: str, value: Union[str, bytes]) -> None:
+        with self.lock:
+            self.kept[key] = value.encode() if isinstance(value, str) else value
+
+    def forget(self, key: str) -> None:
+        with self.lock:
+            self.kept.pop(key, None)
+
+    def saw_epoch(self, number: int) -> None:
+        with self.lock:
+            self.epoch = max(self.epoch, number)
+
+    def away_for(self) -> float:
+        since = self.away_since
+        return 0.0 if since is None else time.monotonic() - since
+
+
+class Link:
+    """One TCPStore client that reconnects (and restores, see the module) after an outage."""
+
+    def __init__(self, endpoint: str, timeout_s: float, memory: Memory, retry_s: float = RETRY_S) -> None:
+        self.endpoint, self.timeout_s, self.memory, self.retry_s = endpoint, timeout_s, memory, retry_s
+        self.host, self.port = split_endpoint(endpoint)
+        self._store: Optional[dist.TCPStore] = connect(endpoint, timeout_s)
+        self._next_try = 0.0
+
+    @property
+    def store(self) -> dist.TCPStore:
+        """The raw client (a Gloo group's rendezvous runs on it); reconnects if needed."""
+        if self._store is None:
+            self._reconnect()
+        assert self._store is not None
+        return self._store
+
+    def _do(self, op: str, *args: object) -> object:
+        try:
+            return getattr(self.store, op)(*args)
+        except dist.DistNetworkError as e:
+            self._lost(e)
+        # The connection was dead (often just stale: the coordinator already came back): once more.
+        try:
+            return getattr(self.store, op)(*args)
+        except dist.DistNetworkError as e:
+            self._lost(e)
+            raise CoordinatorAway(f"sync.coordinator {self.endpoint} unreachable: {first_line(e)}") from None
+
+    def _lost(self, e: BaseException) -> None:
+        self._store, self._next_try = None, 0.0
+        with self.memory.lock:
+            if self.memory.away_since is None:
+                self.memory.away_since = time.monotonic()
+                logger.warning("lost the coordinator at %s (%s); training goes on, membership changes wait for it",
+                               self.endpoint, first_line(e))
+
+    def _reconnect(self) -> None:
+        now = time.monotonic()
+        if now < self._next_try:
+            raise CoordinatorAway(f"sync.coordinator {self.endpoint} unreachable")
+        self._next_try = now + self.retry_s
+        if not _listening(self.host, self.port):
+            raise CoordinatorAway(f"sync.coordinator {self.endpoint} unreachable")
+        try:
+            store = dist.TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=self.timeout_s))
+            self._restore(store)
+        except (RuntimeError, dist.DistError) as e:
+            raise CoordinatorAway(f"sync.coordinator {self.endpoint}: {first_line(e)}") from None
+        self._store = store
+        with self.memory.lock:
+            if self.memory.away_since is not None:
+                logger.warning("coordinator at %s is back after %.1fs; restored %d keys and epoch %d", self.endpoint,
+                               now - self.memory.away_since, len(self.memory.kept), self.memory.epoch)
+                self.memory.away_since, self.memory.back_at = None, now
+
+    def _restore(self, store: dist.TCPStore) -> None:
+        with self.memory.lock:
+            kept, epoch = dict(self.memory.kept), self.memory.epoch
+        for key, value in kept.items():  # keys first: whoever reads the epoch finds its members
+            store.compare_set(key, "", value)
+        while (current := int(store.add("epoch", 0))) < epoch:
+            store.compare_set("epoch", str(current), str(epoch))
+
+    # the store's calls, through the reconnecting path
+    def add(self, key: str, n: int) -> int:
+        return int(self._do("add", key, n))  # type: ignore[call-overload]
+
+    def get(self, key: str) -> bytes:
+        return self._do("get", key)  # type: ignore[return-value]
+
+    def set(self, key: str, value: Union[str, bytes]) -> None:
+        self._do("set", key, value)
+
+    def check(self, key: str) -> bool:
+        return bool(self._do("check", [key]))
+
+    def compare_set(self, key: str, expected: str, desired: str) -> str:
+        return self._do("compare_set", key, expected, desired).decode()  # type: ignore[attr-defined]
+
+    def delete(self, key: str) -> None:
+        self._do("delete_key", key)
+
+    def fetch(self, key: str) -> Optional[bytes]:
+        """The key's value, or None if it is not there or the coordinator is away."""
+        try:
+            return self.get(key) if self.check(key) else None
+        except CoordinatorAway:
+            return None

@@ -1,0 +1,53 @@
+"""User errors, faults and their exit codes: the one module both CLIs and the leader share.
+
+A :class:`UserError` is something the user can fix (a key, a file, the environment, too little
+shared memory, an unreachable rendezvous) and exits 2. A :class:`Fault` is a run that could
+not go on (workers dying past the bound, a lost peer) and exits 3. Both reach the console as
+one line, never a traceback (docs/design.md, "Exit codes").
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_FAULT = 3
+EXIT_FAILED = 4  # the run finished, but training failed: loss diverged or updates mostly skipped
+EXIT_WRITE = 5  # a checkpoint or metrics.json could not be written (full disk, no permission)
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
+
+
+class UserError(ValueError):
+    """A user mistake: reported in one line that names the key or file, exit code 2."""
+
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(UserError):
+    """A bad configuration value or input file."""
+
+
+class Fault(RuntimeError):
+    """The run cannot go on: reported in one line, exit code 3."""
+
+    exit_code = EXIT_FAULT
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (or its type name): one-line errors."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def say_error(msg: str) -> None:
+    sys.stderr.write(f"hogwild: error: {' '.join(msg.split())}\n")
+    sys.stderr.flush()
+
+
+def report(e: UserError | Fault) -> NoReturn:
+    """One line on stderr, no traceback, the error's exit code."""
+    say_error(str(e))
+    raise SystemExit(e.exit_code)

@@ -1,0 +1,169 @@
+"""The shared board: how workers and their leader talk, with named fields.
+
+Two small float64 tensors in shared memory, read through numpy structured views so every
+cell has a name. The leader maps them from a file in the run directory
+(``progress/rank<r>.board``): the pages are shared like any shared memory, and they are still
+there after a ``kill -9``, so a restarted run counts exactly how many steps the previous
+attempt made beyond its checkpoint. Tests use an anonymous board.
+
+- ``stats``: one row per worker, written only by that worker (its position, counters,
+  timings), read by the leader;
+- ``control``: one record written only by the leader (stop, the next sync point, ...),
+  read by the workers.
+
+No other module indexes these tensors by number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import astuple, dataclass, fields
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+STATS = np.dtype([(name, np.float64) for name in (
+    "pos",         # batches this worker's shard has been read to (its data position)
+    "applied",     # updates written into the shared model
+    "samples",     # samples processed
+    "loss",        # EMA of the training loss (0 until the first update)
+    "skipped",     # non-finite updates dropped
+    "done",        # 1 once the worker finished its quota
+    "step_s",      # total seconds spent in steps
+    "sync_s",      # seconds of the steps that overlapped a sync round
+    "sync_steps",  # steps that overlapped a sync round
+    "ready",       # 1 once warm-up is over
+    "lag_wait_s",  # seconds spent waiting for a round (sync.max_lag)
+)])
+CONTROL = np.dtype([(name, np.float64) for name in (
+    "stop",          # workers leave their loop
+    "next_sync_at",  # replica position of the next round (inf: never)
+    "syncing",       # a round is in flight
+    "notified",      # the sync point a worker last woke the leader for
+    "go",            # every replica is ready: start training
+    "next_report_at",  # replica position of the next metrics point (the leader wakes for it)
+    "lag_limit",     # replica position at which workers wait for the pending round (inf: never)
+    "base_steps",    # job steps restored from the checkpoint this attempt started from
+)])
+
+
+@dataclass
+class Totals:
+    """One replica's (or, once all-reduced, the job's) counters, in a fixed order."""
+
+    applied: float = 0.0
+    samples: float = 0.0
+    skipped: float = 0.0
+    restarts: float = 0.0
+    step_s: float = 0.0
+    sync_s: float = 0.0
+    sync_steps: float = 0.0
+    pos: float = 0.0
+    lag_wait_s: float = 0.0
+
+    def to_tensor(self) -> Tensor:
+        return torch.tensor(astuple(self), dtype=torch.float64)
+
+    @classmethod
+    def from_tensor(cls, t: Tensor) -> "Totals":
+        values = t.double().cpu().tolist()
+        return cls(**{f.name: v for f, v in zip(fields(cls), values)})
+
+    def stall_s(self) -> float:
+        """Extra time workers' steps took while a sync ran, beyond their usual step time."""
+        other = max(self.pos - self.sync_steps, 1.0)
+        return max(0.0, self.sync_s - self.sync_steps * (self.step_s - self.sync_s) / other)
+
+
+class Board:
+    """The leader's handle on the board; workers receive the same object (its tensors are
+    shared, or it re-opens the same file mapping)."""
+
+    def __init__(self, workers: int, path: Optional[Path] = None) -> None:
+        self.workers, self.path = workers, path
+        if path is None:
+            self.stats_t = torch.zeros(workers, len(STATS.names), dtype=torch.float64).share_memory_()
+            self.control_t = torch.zeros(len(CONTROL.names), dtype=torch.float64).share_memory_()
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._map("w+")
+
+    def _map(self, mode: str) -> None:
+        assert self.path is not None
+        n_stats = self.workers * len(STATS.names)
+        mm = np.memmap(self.path, dtype=np.float64, mode=mode, shape=(n_stats + len(CONTROL.names),))
+        flat = torch.from_numpy(mm)  # MAP_SHARED: every process that maps the file sees each write
+        self.stats_t = flat[:n_stats].view(self.workers, len(STATS.names))
+        self.control_t = flat[n_stats:]
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self.path is None:
+            return self.__dict__
+        return {"workers": self.workers, "path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if "stats_t" not in state:
+            self._map("r+")
+
+    @property
+    def stats(self) -> np.ndarray:
+        """Structured view, shape (workers,): ``board.stats["pos"]`` is every worker's position."""
+        return self.stats_t.numpy().view(STATS).reshape(-1)
+
+    @property
+    def control(self) -> np.void:
+        """Structured record: ``board.control["stop"] = 1`` writes the shared cell."""
+        return self.control_t.numpy().view(CONTROL)[0]
+
+    def row(self, i: int) -> np.void:
+        return self.stats[i]
+
+    def replica_pos(self) -> float:
+        return float(self.stats["pos"].sum())
+
+    def applied(self) -> int:
+        return int(self.stats["applied"].sum())
+
+    def skipped(self) -> int:
+        return int(self.stats["skipped"].sum())
+
+    def samples(self) -> float:
+        return float(self.stats["samples"].sum())
+
+    def all_ready(self) -> bool:
+        return bool((self.stats["ready"] > 0).all())
+
+    def all_done(self) -> bool:
+        return bool((self.stats["done"] > 0).all())
+
+    def loss(self) -> float:
+        """Mean training-loss EMA over workers that have made an update."""
+        losses = [float(x) for x in self.stats["loss"] if x > 0]
+        return sum(losses) / len(losses) if losses else float("nan")
+
+    def totals(self, restarts: int) -> Totals:
+        s = self.stats
+        return Totals(applied=float(s["applied"].sum()), samples=float(s["samples"].sum()),
+                      skipped=float(s["skipped"].sum()), restarts=float(restarts),
+                      step_s=float(s["step_s"].sum()), sync_s=float(s["sync_s"].sum()),
+                      sync_steps=float(s["sync_steps"].sum()), pos=float(s["pos"].sum()),
+                      lag_wait_s=float(s["lag_wait_s"].sum()))
+
+
+def previous_attempt(path: Path) -> Optional[tuple[float, float]]:
+    """(base steps, updates applied) of the attempt that last used this board file, read
+    before this attempt overwrites it; None when there is none or it is not a board."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    s, c = len(STATS.names), len(CONTROL.names)
+    workers, rest = divmod(size // 8 - c, s)
+    if size % 8 or rest or workers < 1:
+        return None
+    data = np.fromfile(path, dtype=np.float64)
+    stats, control = data[:workers * s].view(STATS), data[workers * s:].view(CONTROL)[0]
+    return float(control["base_steps"]), float(stats["applied"].sum())

@@ -1,0 +1,81 @@
+"""Learning-rate schedules (``sched.*``) as a function of the replica's step.
+
+Every worker of a replica reads the replica's step (the sum of its workers' data positions,
+which a resumed run restores) before each update and sets its learning rate from it, so all
+workers of a replica use one learning rate at one step, however many there are, and a resumed
+run continues its schedule where it stopped. The leader evaluates the same function for
+TensorBoard's ``train/lr``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+
+from hogwild.errors import ConfigError
+from hogwild.config.targets import call_target, import_target
+from hogwild.config.train import SchedConfig
+
+
+class LRSchedule:
+    def __init__(self, cfg: SchedConfig, base_lr: float, total_steps: int) -> None:
+        self.cfg, self.base, self.total = cfg, base_lr, max(int(total_steps), 1)
+        self._torch: Optional[Any] = None
+        self._opt: Optional[torch.optim.Optimizer] = None
+        self._at = 0
+        if cfg._target_:
+            self._build_target()
+
+    def _build_target(self) -> None:
+        """A torch scheduler drives a one-parameter optimizer that never steps; its learning rate
+        at step s is read after s calls of ``step()`` (schedulers are defined by their steps)."""
+        path = str(self.cfg._target_)
+        fn = import_target(path, "sched._target_")
+        self._opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=self.base)
+        sched = call_target(lambda **kw: fn(self._opt, **kw), path, "sched", dict(self.cfg.kwargs), self.cfg.kwargs)
+        if not hasattr(sched, "step"):
+            raise ConfigError(f"sched._target_: {path} returned a {type(sched).__name__}, not an lr scheduler")
+        self._torch = sched
+
+    def _target_lr(self, step: int) -> float:
+        assert self._opt is not None and self._torch is not None
+        while self._at < step:
+            self._opt.step()  # no gradient: a no-op that keeps torch's order-of-calls warning quiet
+            self._torch.step()
+            self._at += 1
+        return float(self._opt.param_groups[0]["lr"])
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of the update made at replica step ``step`` (0-based)."""
+        c = self.cfg
+        warm = c.warmup_steps
+        if warm and step < warm:
+            # Linear warm-up to the schedule's value where warm-up ends.
+            return self.lr_after_warmup(warm) * (step + 1) / warm
+        return self.lr_after_warmup(step)
+
+    def lr_after_warmup(self, step: int) -> float:
+        c = self.cfg
+        if self._torch is not None:
+            return self._target_lr(step)
+        warm = c.warmup_steps
+        if c.name == "cosine":
+            progress = min(max(step - warm, 0) / max(self.total - warm, 1), 1.0)
+            return c.min_lr + (self.base - c.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        if c.name == "step":
+            return self.base * c.gamma ** (max(step - warm, 0) // c.step_size)
+        return self.base
+
+
+def check_schedule(cfg: SchedConfig, base_lr: float) -> None:
+    """Build the schedule once and read a few steps, so a scheduler ``_target_`` that does not
+    import or does not fit fails in the leader in one line, before any worker spawns."""
+    sched = LRSchedule(cfg, base_lr, 100)
+    for step in (0, 1, 2):
+        lr = sched.lr_at(step)
+        # Not a finiteness check: optim.lr=inf is the user's to try, and the run's divergence
+        # checks handle it (exit 4); a schedule that turns a fine rate into NaN or a negative is not.
+        if math.isnan(lr) or lr < 0:
+            raise ConfigError(f"sched: the learning rate at step {step} is {lr}")

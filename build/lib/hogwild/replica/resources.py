@@ -1,0 +1,101 @@
+"""Cores, shared memory and RAM: what a run will take, checked before it takes it.
+
+``workers=1000`` or ``data.image_size=1000`` used to pass every check and then eat all
+memory, and data larger than ``/dev/shm`` died half-way with a segment left behind. The
+estimates below run before any tensor is allocated or process spawned (docs/design.md,
+rule 9); ``force=true`` skips them for a user who knows better.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+from typing import Any, Optional
+
+import numpy as np
+
+from hogwild.config.schema import Config, DataConfig
+from hogwild.errors import ConfigError
+from hogwild.replica.shared import SHM_PATH
+
+logger = logging.getLogger(__name__)
+
+# Resident memory of one spawned worker before its data: the interpreter, torch and its
+# autograd buffers (measured ~250-350 MB on CPU with torch 2.x).
+WORKER_RSS = 300 * 2**20
+_GB = 2**30
+
+
+def available_cores() -> int:
+    """Cores this process may use (respects taskset/cgroup affinity, unlike cpu_count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def resolve_workers(workers: Any, local_replicas: int = 1) -> int:
+    """``auto`` = the cores this process may use, shared among this host's replicas."""
+    if workers != "auto":
+        return int(workers)
+    return max(1, available_cores() // max(1, local_replicas))
+
+
+def data_bytes(cfg: DataConfig) -> Optional[int]:
+    """float32 bytes the dataset will hold once loaded, or None when it cannot be known cheaply."""
+    side = cfg.image_size
+    images = {"digits": (1797, 1, 8), "mnist": (70000, 1, 28), "fashion_mnist": (70000, 1, 28),
+              "cifar10": (60000, 3, 32)}
+    if cfg.name in images:
+        n, c, own = images[cfg.name]
+        c = cfg.channels if cfg.name == "digits" else c
+        return n * c * (side or own) ** 2 * 4
+    if cfg.name == "sparse_synthetic":
+        return cfg.num_samples * cfg.active_features * 12  # int64 index + float32 value
+    if cfg.name == "npz" and cfg.path and os.path.isfile(cfg.path):
+        return _npz_bytes(cfg.path)
+    return None
+
+
+def _npz_bytes(path: str) -> Optional[int]:
+    try:
+        with np.load(path, allow_pickle=False, mmap_mode="r") as z:
+            return sum(int(math.prod(z[k].shape)) * 4 for k in z.files if k.startswith("X"))
+    except Exception:  # noqa: BLE001 - the loader reports a bad file in its own words
+        return None
+
+
+def mem_available() -> Optional[int]:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def shm_free() -> Optional[int]:
+    try:
+        return shutil.disk_usage(SHM_PATH).free
+    except OSError:
+        return None
+
+
+def check(cfg: Config, workers: int, replicas_here: int = 1) -> None:
+    """Refuse, with the numbers, a run whose data will not fit in shared memory or whose
+    workers will not fit in RAM. ``replicas_here``: replicas on this machine."""
+    if cfg.force:
+        return
+    data = data_bytes(cfg.data)
+    shm = shm_free()
+    if data is not None and shm is not None and data * replicas_here > shm:
+        raise ConfigError(f"data: {cfg.data.name} needs {data * replicas_here / _GB:.1f} GB of shared memory, "
+                          f"{SHM_PATH} has {shm / _GB:.1f} GB free; shrink data.image_size or the data, "
+                          "enlarge /dev/shm, or pass force=true")
+    need = replicas_here * (workers * WORKER_RSS + 2 * (data or 0))  # data is built once, then shared
+    avail = mem_available()
+    if avail is not None and need > avail:
+        raise ConfigError(f"workers: {workers} workers x {replicas_here} replica(s) need about {need / _GB:.1f} GB "
+                          f"of memory, {avail / _GB:.1f} GB is available; lower workers or "
+                          "data.image_size, or pass force=true")

@@ -1,0 +1,100 @@
+"""The leaders' collectives behind one small interface.
+
+Sync rules and the leader call :class:`Comm`, never ``torch.distributed`` directly, so the
+same rule code runs on a real Gloo/NCCL group (:class:`DistComm`) and, in tests, on N ranks
+played by threads in one process.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from datetime import timedelta
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from hogwild.errors import Fault, first_line
+
+
+class PeerLost(Fault):
+    """Another leader did not join a collective in time: no further collective can complete."""
+
+
+class Comm(ABC):
+    """SUM all_reduce, broadcast and all_gather among the leaders, in place where torch is."""
+
+    rank: int
+    world_size: int
+
+    @abstractmethod
+    def all_reduce(self, t: Tensor, timeout_s: Optional[float] = None, what: str = "a collective") -> Tensor:
+        """Sum ``t`` over ranks in place and return it; :class:`PeerLost` past ``timeout_s``."""
+
+    @abstractmethod
+    def broadcast(self, t: Tensor, src: int) -> Tensor:
+        """Overwrite ``t`` with rank ``src``'s value and return it."""
+
+    @abstractmethod
+    def all_gather(self, t: Tensor) -> list[Tensor]:
+        """Every rank's ``t``, in rank order."""
+
+
+class DistComm(Comm):
+    """The process group of ``torch.distributed``. NCCL only moves tensors on the group's
+    device, so tensors elsewhere (small CPU control vectors) travel through a copy there."""
+
+    def __init__(self, device: torch.device, group: Optional[dist.ProcessGroup] = None) -> None:
+        self.group = group
+        self.device = device
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+
+    def _on_wire(self, t: Tensor) -> Tensor:
+        return t if t.device == self.device else t.to(self.device)
+
+    def all_reduce(self, t: Tensor, timeout_s: Optional[float] = None, what: str = "a collective") -> Tensor:
+        wire = self._on_wire(t)
+        try:
+            work = dist.all_reduce(wire, async_op=True, group=self.group)
+            assert work is not None
+            if timeout_s is None:
+                work.wait()
+            else:
+                work.wait(timeout=timedelta(seconds=timeout_s))
+        except (RuntimeError, dist.DistError) as e:
+            limit = f" within {timeout_s:.0f}s" if timeout_s is not None else ""
+            raise PeerLost(f"sync: peers did not join {what}{limit} ({first_line(e)})") from None
+        if wire is not t:
+            t.copy_(wire)
+        return t
+
+    def broadcast(self, t: Tensor, src: int) -> Tensor:
+        wire = self._on_wire(t)
+        dist.broadcast(wire, src=src, group=self.group)
+        if wire is not t:
+            t.copy_(wire)
+        return t
+
+    def all_gather(self, t: Tensor) -> list[Tensor]:
+        wire = self._on_wire(t)
+        parts = [torch.empty_like(wire) for _ in range(self.world_size)]
+        dist.all_gather(parts, wire, group=self.group)
+        return [p.to(t.device) for p in parts]
+
+
+class LocalComm(Comm):
+    """A job of one replica: every collective is the identity."""
+
+    rank = 0
+    world_size = 1
+
+    def all_reduce(self, t: Tensor, timeout_s: Optional[float] = None, what: str = "a collective") -> Tensor:
+        return t
+
+    def broadcast(self, t: Tensor, src: int) -> Tensor:
+        return t
+
+    def all_gather(self, t: Tensor) -> list[Tensor]:
+        return [t]

@@ -1,0 +1,107 @@
+"""Cross-replica sync rules, chosen by ``sync.mode``: one small class each.
+
+The shared machinery (control vector, :class:`SyncRule`, registry) is in ``sync/base.py``;
+the outer-optimizer rules (``diloco``, ``slowmo``) are in ``sync/outer.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from hogwild.sync import outer
+from hogwild.sync.comm import Comm
+from hogwild.config.schema import SyncConfig
+from hogwild.errors import ConfigError
+from hogwild.sync.base import _RULES, RoundVector, SyncContext, SyncRule, context, register
+
+__all__ = ["Average", "Broadcast", "Median", "RoundVector", "SyncContext", "SyncRule", "TrimmedMean",
+           "context", "make_rule", "outer"]
+
+logger = logging.getLogger(__name__)
+
+
+def make_rule(cfg: SyncConfig, comm: Comm, params: Optional[int] = None) -> SyncRule:
+    """The rule ``sync.mode`` names; ``params``: the flat buffer's parameter prefix (the rest
+    are float buffers)."""
+    if cfg.mode not in _RULES:
+        raise ConfigError(f"sync.mode: unknown rule {cfg.mode!r}; choose one of {', '.join(_RULES)}")
+    return _RULES[cfg.mode](cfg, comm, params)
+
+
+@register
+class Average(SyncRule):
+    """θ ← mean over healthy replicas of θ_r (compressed: the delta to the last mean)."""
+
+    name = "average"
+
+    def __init__(self, cfg: SyncConfig, comm: Comm, params: Optional[int] = None) -> None:
+        super().__init__(cfg, comm, params)
+        self._base: Optional[Tensor] = None
+
+    def exchange(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float,
+                 final: bool = False) -> tuple[Tensor, Tensor]:
+        if self.wire != torch.float32:
+            return super().exchange(snap, ctl, rank, timeout_s, final)
+        total, ctl, n = self._fused_sum(snap, ctl, rank, timeout_s, final)
+        return total.div_(max(n, 1)), ctl
+
+    def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
+        if self.wire == torch.float32:
+            return self._mean(snap, ctx)
+        # Send only the change since the last agreed mean, which is small and rounds well.
+        if self._base is None:
+            self._base = self.comm.broadcast(snap.clone(), ctx.first_healthy)
+        delta = snap - self._base if ctx.healthy[ctx.rank] else torch.zeros_like(snap)
+        self._base = self._base + self._mean(delta, ctx)
+        return self._base.clone()
+
+
+@register
+class Broadcast(SyncRule):
+    """θ ← θ_0 (the lowest-ranked healthy replica's parameters)."""
+
+    name = "broadcast"
+
+    def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
+        return self.comm.broadcast(snap.clone(), ctx.first_healthy)
+
+
+def _gather(snap: Tensor, ctx: SyncContext, comm: Comm) -> Tensor:
+    """Stack of the healthy replicas' snapshots (world x n) via all_gather."""
+    parts = comm.all_gather(snap)
+    return torch.stack([p for p, ok in zip(parts, ctx.healthy) if ok])
+
+
+@register
+class Median(SyncRule):
+    """θ ← coordinate-wise median over healthy replicas (robust to one wild replica)."""
+
+    name = "median"
+
+    def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
+        ordered = _gather(snap, ctx, self.comm).sort(dim=0).values
+        n = ordered.shape[0]
+        # Mean of the two middle values for an even count, so the rule stays symmetric.
+        return (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
+
+
+@register
+class TrimmedMean(SyncRule):
+    """θ ← per coordinate, the mean after dropping the ``trim`` largest and smallest values."""
+
+    name = "trimmed_mean"
+
+    def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
+        stacked = _gather(snap, ctx, self.comm)
+        k = self.cfg.trim
+        n = stacked.shape[0]
+        if n - 2 * k < 1:
+            k = (n - 1) // 2
+            logger.warning("sync.trim=%d leaves no replica of %d; trimming %d", self.cfg.trim, n, k)
+        ordered = stacked.sort(dim=0).values
+        return ordered[k:n - k].mean(dim=0)
+

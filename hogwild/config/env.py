@@ -1,0 +1,78 @@
+"""The one place that reads torchrun's environment: where this leader sits in the job.
+
+Reading happens in functions, never at import time, so tests can inject values.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from hogwild.errors import UserError
+
+
+def _int_env(env: Mapping[str, str], key: str, default: int) -> int:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise UserError(f"environment variable {key}: expected an integer, got {raw!r}") from None
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this leader sits in the job; a plain ``hogwild-train`` is rank 0 of 1."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    run_id: Optional[str] = None
+    restart_count: int = 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.master_addr}:{self.master_port}"
+
+    @classmethod
+    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "DistEnv":
+        env = os.environ if env is None else env
+        world = _int_env(env, "WORLD_SIZE", 1)
+        rank = _int_env(env, "RANK", 0)
+        if not 0 <= rank < max(world, 1):
+            raise UserError(f"environment variable RANK={rank} is outside WORLD_SIZE={world}")
+        run_id = env.get("TORCHELASTIC_RUN_ID")
+        return cls(
+            rank=rank,
+            world_size=world,
+            local_rank=_int_env(env, "LOCAL_RANK", 0),
+            local_world_size=_int_env(env, "LOCAL_WORLD_SIZE", 1),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=_int_env(env, "MASTER_PORT", 29500),
+            run_id=None if run_id in (None, "", "none") else run_id,
+            restart_count=_int_env(env, "TORCHELASTIC_RESTART_COUNT", 0),
+        )
+
+
+def default_run_id(env: Optional[Mapping[str, str]] = None) -> str:
+    """One output folder per job (design rule 8 in docs/design.md): torchrun's run id, else a timestamp.
+
+    Under torchrun without ``--rdzv-id`` ranks could pick different seconds; the leaders
+    then adopt rank 0's folder after rendezvous (see :func:`agree_on_path`).
+    """
+    run_id = DistEnv.from_env(env).run_id
+    return run_id if run_id else time.strftime("%Y-%m-%d/%H-%M-%S")
+
+
+def hydra_output_subdir(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    return ".hydra" if DistEnv.from_env(env).rank == 0 else None

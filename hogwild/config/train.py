@@ -1,0 +1,153 @@
+"""The training recipe's part of the schema: loss, optimizer, learning-rate schedule and the
+``train.*`` keys (imported into config/schema.py, where the whole schema is assembled).
+
+Each field's docstring is its documentation; each check raises :class:`ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hogwild.config.validate import choice, positive, require
+
+OPTIMIZERS = ("sgd", "adam", "adamw", "adagrad")
+SCHEDULES = ("constant", "cosine", "step")
+PRECISIONS = ("fp32", "bf16")
+OPTIM_STATES = ("worker", "shared")
+TARGET_MODES = ("auto", "max", "min")
+
+
+@dataclass
+class OptimConfig:
+    name: str = "sgd"
+    """Update rule applied in place by each worker: sgd | adam | adamw | adagrad (ignored when
+    _target_ is set)."""
+    _target_: Optional[str] = None
+    """Import path of any torch.optim.Optimizer class (torch.optim.AdamW, torch.optim.RMSprop): each
+    worker builds one over its views of the shared parameters, with private state; its keyword
+    arguments are optim.lr, optim.weight_decay and further keys (+optim.alpha=0.9)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """The optimizer _target_'s keyword arguments, gathered from the keys under optim."""
+    lr: float = 0.1
+    """Learning rate (the peak of the schedule, sched.*)."""
+    momentum: float = 0.0
+    """SGD momentum (sgd only)."""
+    weight_decay: float = 0.0
+    """sgd, adam, adagrad: L2 penalty added to the gradient; adamw: decoupled decay of the weights."""
+    decay_norm_and_bias: bool = True
+    """false: biases and normalisation weights (every parameter of one dimension) get no weight
+    decay, as AdamW recipes expect."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """Adam's betas."""
+    eps: float = 1e-8
+    """Adam/Adagrad epsilon."""
+    state: str = "worker"
+    """Where momentum/Adam/Adagrad state lives: worker (private, as mnist_hogwild) or shared."""
+    clip_grad_norm: Optional[float] = None
+    """Scale each worker's gradient down to this total L2 norm before its update."""
+
+    def __post_init__(self) -> None:
+        choice(self.name, "optim.name", OPTIMIZERS)
+        positive(self.lr, "optim.lr")
+        if self.clip_grad_norm is not None:
+            positive(self.clip_grad_norm, "optim.clip_grad_norm")
+        require(not (self._target_ and self.state == "shared"), "optim.state",
+                "shared state needs one of the built-in rules (optim.name=sgd|adam|adamw|adagrad); "
+                "an optim._target_ keeps its state per worker")
+        require(0.0 <= self.momentum < 1.0, "optim.momentum", f"must be in [0, 1), got {self.momentum}")
+        positive(self.weight_decay, "optim.weight_decay", allow_zero=True)
+        require(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas), "optim.betas",
+                 f"must be two numbers in [0, 1), got {list(self.betas)}")
+        positive(self.eps, "optim.eps")
+        choice(self.state, "optim.state", OPTIM_STATES)
+
+
+@dataclass
+class LossConfig:
+    _target_: Optional[str] = None
+    """Import path of any callable ``(output, target) -> scalar tensor`` (a function, or a class
+    such as torch.nn.SmoothL1Loss that is built first); its keyword arguments are the other keys
+    under loss (+loss.beta=0.5). None: the task's own loss (cross-entropy, MSE, token cross-entropy)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """The loss _target_'s keyword arguments, gathered from the keys under loss."""
+
+
+@dataclass
+class TargetConfig:
+    metric: Optional[str] = None
+    """Stop once the rank-0 evaluation reaches ``value`` on this test metric (any the task
+    reports: loss, accuracy, mse, rmse, r2, token_ce, perplexity)."""
+    value: Optional[float] = None
+    """The value to reach."""
+    mode: str = "auto"
+    """max (higher is better) | min | auto (the metric's own direction)."""
+
+    def __post_init__(self) -> None:
+        choice(self.mode, "train.target.mode", TARGET_MODES)
+        require((self.metric is None) == (self.value is None), "train.target",
+                "set both train.target.metric and train.target.value, or neither")
+
+
+@dataclass
+class SchedConfig:
+    name: str = "constant"
+    """Learning-rate schedule over the replica's steps: constant | cosine (to min_lr at the end of
+    the run) | step (times gamma every step_size steps). Ignored when _target_ is set."""
+    _target_: Optional[str] = None
+    """Import path of any torch.optim.lr_scheduler class (or factory taking the optimizer first),
+    e.g. torch.optim.lr_scheduler.OneCycleLR; its keyword arguments are further keys (+sched.max_lr=0.1)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """The scheduler _target_'s keyword arguments, gathered from the keys under sched."""
+    warmup_steps: int = 0
+    """Linear warm-up from optim.lr / warmup_steps to optim.lr over the replica's first steps."""
+    min_lr: float = 0.0
+    """cosine: the learning rate at the last step."""
+    step_size: int = 1000
+    """step: replica steps between decays."""
+    gamma: float = 0.1
+    """step: the factor of each decay."""
+
+    def __post_init__(self) -> None:
+        choice(self.name, "sched.name", SCHEDULES)
+        positive(self.warmup_steps, "sched.warmup_steps", allow_zero=True)
+        positive(self.min_lr, "sched.min_lr", allow_zero=True)
+        positive(self.step_size, "sched.step_size")
+        positive(self.gamma, "sched.gamma")
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 40
+    """Passes of each worker over its own shard (ignored when max_steps is set)."""
+    max_steps: Optional[int] = None
+    """Total updates per replica, split evenly over its workers; overrides epochs."""
+    batch_size: int = 32
+    """Per-worker mini-batch size."""
+    seed: int = 0
+    """Model init seed; worker w of the job is seeded with seed + w."""
+    target_accuracy: Optional[float] = None
+    """Stop once the rank-0 evaluation reaches this test accuracy (time-to-accuracy runs); the
+    same as train.target.metric=accuracy train.target.value=X."""
+    target: TargetConfig = field(default_factory=TargetConfig)
+    """Stop on any reported test metric (time-to-quality runs)."""
+    log_every_s: float = 10.0
+    """Progress interval when the console is not a terminal (a terminal gets one live line)."""
+    precision: str = "fp32"
+    """fp32 | bf16: the workers' forward and loss under bf16 autocast (CPU and CUDA); the shared
+    weights, their updates and the sync rounds stay float32."""
+
+    def __post_init__(self) -> None:
+        positive(self.epochs, "train.epochs")
+        if self.max_steps is not None:
+            positive(self.max_steps, "train.max_steps")
+        positive(self.batch_size, "train.batch_size")
+        positive(self.seed, "train.seed", allow_zero=True)
+        positive(self.log_every_s, "train.log_every_s")
+        choice(self.precision, "train.precision", PRECISIONS)
+        if self.target_accuracy is not None:
+            require(0.0 < self.target_accuracy <= 1.0, "train.target_accuracy",
+                     f"must be in (0, 1], got {self.target_accuracy}")
+            require(self.target.metric in (None, "accuracy"), "train.target_accuracy",
+                    f"conflicts with train.target.metric={self.target.metric}; set one of them")
+            self.target = TargetConfig("accuracy", self.target_accuracy, "max")

@@ -1,0 +1,171 @@
+"""Map-style datasets: a user's ``data._target_`` and ``data=image_folder``.
+
+Unlike the in-memory tensor path (data/datasets.py), nothing is loaded up front: each worker reads the
+items of its own shard by index and collates its batches itself, so per-sample decoding,
+transforms and augmentation run inside the workers, in parallel. The dataset object travels
+to every spawned worker by pickling, so it must be picklable (torchvision's are).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Iterator, Optional
+
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, default_collate
+from torch.utils.data import Dataset as TorchDataset
+
+from hogwild.config.schema import DataConfig
+from hogwild.config.targets import call_target, import_target
+from hogwild.data.splits import Dataset
+from hogwild.errors import ConfigError, first_line
+
+logger = logging.getLogger(__name__)
+
+
+class MapSplit:
+    """One split of a map-style dataset, with the interface of data.Split."""
+
+    def __init__(self, dataset: TorchDataset, name: str) -> None:
+        self.dataset, self.name = dataset, name
+        self._targets: Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def batch(self, idx: Tensor) -> tuple[tuple[Tensor, ...], Tensor]:
+        return self.collate([self.dataset[int(i)] for i in idx])
+
+    @staticmethod
+    def collate(items: list[Any]) -> tuple[tuple[Tensor, ...], Tensor]:
+        *inputs, y = default_collate(items)
+        y = torch.as_tensor(y)
+        return tuple(inputs), y if y.is_floating_point() else y.long()
+
+    @property
+    def targets(self) -> Tensor:
+        """Every label, from the dataset's ``targets`` when it has them, else read item by item."""
+        if self._targets is None:
+            known = getattr(self.dataset, "targets", None)
+            labels = known if known is not None else [self.dataset[i][-1] for i in range(len(self))]
+            self._targets = _stack_labels(labels)
+        return self._targets
+
+    def share_memory_(self) -> "MapSplit":
+        return self  # items are read on demand in each worker: nothing to share
+
+
+def _stack_labels(labels: Any) -> Tensor:
+    """Labels as one tensor: int64 for class labels and token sequences, float32 for regression."""
+    if isinstance(labels, Tensor):
+        y = labels
+    else:
+        y = torch.stack([torch.as_tensor(t) for t in labels]) if len(labels) else torch.zeros(0, dtype=torch.int64)
+    return y.float() if y.is_floating_point() else y.long()
+
+
+def _check_item(split: MapSplit, key: str) -> tuple[int, ...]:
+    """The input shape of item 0, after checking that items are (inputs..., label), where a
+    label is an integer (a class), a float or float tensor (regression targets) or an integer
+    tensor (a sequence of tokens)."""
+    try:
+        item = split.dataset[0]
+    except Exception as e:  # noqa: BLE001 - the user's __getitem__ failed
+        raise ConfigError(f"{key}: reading item 0 of the {split.name} set raised {type(e).__name__}: {first_line(e)}") from None
+    ok = isinstance(item, (tuple, list)) and len(item) >= 2 and all(isinstance(t, Tensor) for t in item[:-1])
+    label = item[-1] if ok else None
+    if not ok or isinstance(label, bool) or not isinstance(label, (int, float, Tensor)):
+        raise ConfigError(f"{key}: items must be (input, label) or (inputs..., label) with tensor inputs and an "
+                          f"integer, float or tensor label; item 0 of the {split.name} set is {_describe(item)}")
+    return tuple(item[0].shape)
+
+
+def _describe(item: Any) -> str:
+    if isinstance(item, (tuple, list)):
+        return f"a {type(item).__name__} of ({', '.join(type(x).__name__ for x in item)})"
+    return f"a {type(item).__name__}"
+
+
+def _pair(train: Any, test: Any, key: str, num_classes: int | None = None) -> Dataset:
+    splits = [MapSplit(d, name) for d, name in ((train, "train"), (test, "test"))]
+    shape = _check_item(splits[0], key)
+    _check_item(splits[1], key)
+    train_y, test_y = splits[0].targets, splits[1].targets
+    if train_y.is_floating_point():  # regression: the model's outputs are the target's size
+        classes = int(train_y[0].numel())
+        return Dataset(splits[0], splits[1], classes, shape)  # type: ignore[arg-type]
+    classes = num_classes or int(max(int(train_y.max()), int(test_y.max())) + 1)
+    return Dataset(splits[0], splits[1], max(classes, 2), shape)  # type: ignore[arg-type]
+
+
+def load_target(cfg: DataConfig) -> Dataset:
+    """``data._target_``: a callable returning (train, test) map-style datasets."""
+    path = str(cfg._target_)
+    out = call_target(import_target(path, "data._target_"), path, "data", dict(cfg.kwargs), cfg.kwargs)
+    if not (isinstance(out, (tuple, list)) and len(out) == 2
+            and all(hasattr(d, "__getitem__") and hasattr(d, "__len__") for d in out)):
+        raise ConfigError(f"data._target_: {path} must return (train, test) map-style datasets, "
+                          f"got {_describe(out)}")
+    return _pair(out[0], out[1], "data._target_")
+
+
+def load_image_folder(cfg: DataConfig) -> Dataset:
+    """``data=image_folder``: torchvision ImageFolder over ``root/train`` and ``root/val``."""
+    import torchvision.transforms as T
+    from torchvision.datasets import ImageFolder
+
+    root = os.path.expanduser(cfg.root)
+    for sub in ("train", "val"):
+        if not os.path.isdir(os.path.join(root, sub)):
+            raise ConfigError(f"data.root: {os.path.abspath(root)!r} has no {sub}/ folder "
+                              "(data=image_folder reads DIR/train/<class>/* and DIR/val/<class>/*)")
+    side = cfg.image_size or 32
+    base = [T.Resize((side, side))]
+    aug = [T.RandomCrop(side, padding=max(1, side // 8)), T.RandomHorizontalFlip()] if cfg.augment else []
+    tail = [T.ToTensor(), T.Normalize([0.5] * 3, [0.5] * 3)]
+    try:
+        train = ImageFolder(os.path.join(root, "train"), transform=T.Compose([*base, *aug, *tail]))
+        val = ImageFolder(os.path.join(root, "val"), transform=T.Compose([*base, *tail]))
+    except (FileNotFoundError, RuntimeError) as e:  # a class folder without images
+        raise ConfigError(f"data.root: {first_line(e)}") from None
+    if train.classes != val.classes:
+        raise ConfigError(f"data.root: train/ has classes {train.classes}, val/ has {val.classes}")
+    return _pair(train, val, "data.root", len(train.classes))
+
+
+class _StepBatches:
+    """The shard's batches in step order from ``start``: the DataLoader's batch sampler."""
+
+    def __init__(self, sampler: Any, start: int) -> None:
+        self.sampler, self.start = sampler, start
+
+    def __iter__(self) -> Iterator[list[int]]:
+        step = self.start
+        while True:
+            yield self.sampler.batch(step).tolist()
+            step += 1
+
+
+class Prefetcher:
+    """``data.loader_workers`` DataLoader processes that read and transform this worker's next
+    batches ahead of its steps. The first call (the warm-up) reads directly; a step out of order
+    (never, in the step loop) restarts the loader there."""
+
+    def __init__(self, split: MapSplit, sampler: Any, workers: int) -> None:
+        self.split, self.sampler, self.workers = split, sampler, workers
+        self._it: Optional[Iterator[Any]] = None
+        self._next = -1
+        self._warm = False
+
+    def batch(self, step: int) -> tuple[tuple[Tensor, ...], Tensor]:
+        if not self._warm:
+            self._warm = True
+            return self.split.batch(self.sampler.batch(step))
+        if self._it is None or step != self._next:
+            loader = DataLoader(self.split.dataset, batch_sampler=_StepBatches(self.sampler, step),  # type: ignore[arg-type]
+                                num_workers=self.workers, collate_fn=MapSplit.collate)
+            self._it = iter(loader)
+        self._next = step + 1
+        return next(self._it)

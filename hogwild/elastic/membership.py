@@ -1,0 +1,284 @@
+"""Elastic membership: which replica slots form the leaders' group now, kept in the
+coordinator's ``TCPStore`` (``hogwild-coordinator``).
+
+The group lives in numbered *epochs*. Every epoch has its own Gloo group, so a dead peer
+never poisons the next one. Keys in the coordinator's store:
+
+    job, run_dir     the first replica's fingerprint and output folder; later ones must match
+    hb/<slot>        a counter a thread bumps every ``peer_timeout_s / 5``: the slot is alive
+    want/<slot>      the slot (re)started and asks to join; the formation that admits it deletes it
+    epoch            the newest epoch (0: none formed yet)
+    members/<e>      "0,1,2|2": epoch e's slots, then those among them that must be healed
+    form/<e>         "slot:time": first writer forms epoch e+1 (compare_set); stale after peer_timeout_s
+    pos/<slot>, done/<slot>
+                     a slot's data position and totals (steps, samples, ...) at its last round
+    heal/<e>/<slot>, stall/<e>/<slot>, finished
+                     metrics, and the end of the job
+
+The coordinator may die and come back: elastic/link.py puts the keys back, epoch number included.
+
+Split brain is ruled out by the epoch counter living in one place and by quorum: a new epoch
+needs a majority of the last one's slots alive (or ``sync.min_replicas``). A minority waits
+and never writes; a replica that finds a newer epoch without itself is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
+
+from hogwild.elastic.link import CoordinatorAway, Link, Memory
+from hogwild.errors import Fault, StopNow, UserError
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.05
+
+
+class Dropped(Fault):
+    """A newer epoch exists without this replica: it was silent too long. It must not write."""
+
+
+@dataclass(frozen=True)
+class Epoch:
+    number: int
+    members: tuple[int, ...]
+    """Slots, ascending; a slot's rank in the epoch's group is its index here."""
+    joiners: tuple[int, ...] = ()
+    """Members that (re)started and receive the live state from :attr:`source`."""
+
+    @property
+    def source(self) -> Optional[int]:
+        """The lowest member that is not joining: it sends the live state to the joiners."""
+        return next((s for s in self.members if s not in self.joiners), None)
+
+    def encode(self) -> str:
+        return ",".join(map(str, self.members)) + "|" + ",".join(map(str, self.joiners))
+
+    @classmethod
+    def decode(cls, number: int, raw: str) -> "Epoch":
+        members, _, joiners = raw.partition("|")
+        ints = lambda s: tuple(int(x) for x in s.split(",") if x)  # noqa: E731
+        return cls(number, ints(members), ints(joiners))
+
+
+class Heartbeat:
+    """Bumps ``hb/<slot>`` from its own thread and store connection, so a leader blocked in a
+    collective still counts as alive, and a killed or stopped one does not."""
+
+    def __init__(self, endpoint: str, slot: int, period_s: float, timeout_s: float, memory: Memory) -> None:
+        self._link = Link(endpoint, timeout_s, memory, retry_s=period_s)
+        self._key, self._period = f"hb/{slot}", period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hogwild-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        if self._thread.ident is None:  # once: a dropped replica rejoins with it running
+            self._link.add(self._key, 1)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._period):
+            try:
+                self._link.add(self._key, 1)  # after a coordinator restart: restores this replica's keys first
+            except CoordinatorAway:
+                pass  # the leader sees the outage and decides (Memory.away_for)
+            except Exception:  # noqa: BLE001 - the thread must outlive any one failure
+                logger.debug("heartbeat failed", exc_info=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class Membership:
+    def __init__(self, endpoint: str, slot: int, slots: int, peer_timeout_s: float,
+                 min_replicas: Optional[int], timeout_s: float, stopped: Callable[[], bool] = lambda: False) -> None:
+        self.endpoint, self.slot, self.slots, self.stopped = endpoint, slot, slots, stopped
+        self.peer_timeout_s, self.min_replicas, self.timeout_s = peer_timeout_s, min_replicas, timeout_s
+        self.memory = Memory()
+        self.link = Link(endpoint, timeout_s, self.memory)
+        self.heartbeat = Heartbeat(endpoint, slot, peer_timeout_s / 5, timeout_s, self.memory)
+        self.epoch = Epoch(0, ())
+        self._joining, self._asked_at = False, 0
+        self._seen: dict[int, tuple[int, float]] = {}  # slot -> (last heartbeat count, when it changed)
+
+    def agree_job(self, fingerprint: str, run_dir: str) -> str:
+        """Refuse a replica of another job; return the job's run_dir (the first replica's)."""
+        theirs = self.link.compare_set("job", "", fingerprint)
+        if theirs != fingerprint:
+            raise UserError(f"sync.coordinator {self.endpoint}: this replica's {fingerprint} differs from "
+                            f"the running job's {theirs}; start it with the job's settings")
+        agreed = self.link.compare_set("run_dir", "", run_dir)
+        self.memory.keep("job", fingerprint)
+        self.memory.keep("run_dir", agreed)
+        return agreed
+
+    def put(self, key: str, value: Union[str, bytes]) -> None:
+        """Set a key that must outlive a coordinator restart (put back then if it is away now)."""
+        self.memory.keep(key, value)
+        try:
+            self.link.set(key, value)
+        except CoordinatorAway:
+            pass
+
+    def current(self) -> int:
+        return self.link.add("epoch", 0)
+
+    def read(self, number: int) -> Epoch:
+        raw = self.link.get(f"members/{number}")
+        self.memory.keep(f"members/{number}", raw)
+        self.memory.saw_epoch(number)
+        return Epoch.decode(number, raw.decode())
+
+    def wanting(self) -> list[int]:
+        return [s for s in range(self.slots) if self.link.check(f"want/{s}")]
+
+    def changed(self) -> bool:
+        """A newer epoch exists, or some slot asks to join: the group should re-form. While the
+        coordinator is away, no: the group goes on as it is."""
+        try:
+            return self.current() > self.epoch.number or bool(self.wanting())
+        except CoordinatorAway:
+            return False
+
+    # -------------------------------------------------------------- liveness
+    def stale(self, slots: tuple[int, ...]) -> list[int]:
+        """The slots whose heartbeat has not moved for ``peer_timeout_s`` (as seen from here)."""
+        now, out = time.monotonic(), []
+        for s in slots:
+            count = self.link.add(f"hb/{s}", 0)
+            last = self._seen.get(s)
+            if last is None or last[0] != count:
+                self._seen[s] = (count, now)
+            elif now - last[1] > self.peer_timeout_s:
+                out.append(s)
+        return out
+
+    def _alive(self, slots: list[int]) -> list[int]:
+        """Slots whose heartbeat moves within a window of a few heartbeat periods. The window
+        ends early once every slot not already known silent has moved (a stopped peer is known
+        after the timeout; a killed one is not, so its absence takes the whole window)."""
+        before = {s: self.link.add(f"hb/{s}", 0) for s in slots}
+        expect = set(slots) - set(self.stale(tuple(slots)))
+        moved: set[int] = set()
+        deadline = time.monotonic() + self.peer_timeout_s / 2
+        while time.monotonic() < deadline and not expect <= moved:
+            time.sleep(POLL_S)
+            moved |= {s for s in slots if s not in moved and self.link.add(f"hb/{s}", 0) != before[s]}
+        return sorted(moved)
+
+    # ------------------------------------------------------------- formation
+    def join(self) -> Epoch:
+        """Ask to join (first start, restart, or back after being dropped) and wait until an
+        epoch formed after the request lists this slot among its joiners."""
+        self._asked_at = self.current()
+        self.put(f"want/{self.slot}", str(time.time()))
+        # The heartbeat starts only after the request: a restarted slot that beat first would be
+        # taken for its old self, still a member, and the others would wait for it in a group it
+        # does not know about.
+        self.heartbeat.start()
+        self._joining = True
+        return self.advance()
+
+    def advance(self) -> Epoch:
+        """Move to the next epoch: learn it if another slot formed it, else form it. Raises
+        :class:`Dropped` if it leaves this member out, :class:`Fault` if no quorum forms in time,
+        :class:`StopNow` if a signal asks this replica to stop meanwhile."""
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            if self.stopped():  # SIGTERM/SIGINT: a replica waiting for a group never writes
+                raise StopNow()
+            try:
+                ep = self._step()
+            except CoordinatorAway:  # a new epoch needs the coordinator: wait for it to come back
+                ep = None
+            if ep is not None:
+                return ep
+            time.sleep(POLL_S)
+        if self.memory.away_since is not None:
+            raise Fault(f"sync.coordinator {self.endpoint} unreachable for {self.memory.away_for():.0f}s "
+                        "(sync.timeout_s) while the group had to change")
+        raise Fault(f"sync: no group with a quorum formed within {self.timeout_s:.0f}s (sync.timeout_s); "
+                    f"slots alive: {self._alive(list(range(self.slots)))}")
+
+    def _step(self) -> Optional[Epoch]:
+        if self.link.check("finished"):
+            raise Fault(f"sync: the job at {self.endpoint} finished while replica {self.slot} was away; "
+                        "nothing left for it to do (start a new coordinator for a new job)")
+        newest = self.current()
+        if newest <= self.epoch.number:
+            self._try_form(newest)
+        elif self._joining:
+            ep = self.read(newest)
+            if newest > self._asked_at and self.slot in ep.joiners:
+                self._joining, self.epoch = False, ep
+                self.memory.forget(f"want/{self.slot}")
+                self.link.delete(f"want/{self.slot}")
+                return ep
+            if not self._group_alive(ep):  # nobody left to admit it: form the next epoch itself
+                self._try_form(newest)
+        else:
+            ep = self.read(newest)
+            if self.slot not in ep.members:
+                raise Dropped(f"sync: replica {self.slot} was dropped from the group (epoch {newest}) "
+                              "while it was silent")
+            self.epoch = ep
+            return ep
+        return None
+
+    def _group_alive(self, ep: Epoch) -> bool:
+        return bool(set(ep.members) - set(self.stale(ep.members)))
+
+    def _try_form(self, number: int) -> None:
+        if time.monotonic() - self.memory.back_at < self.peer_timeout_s:
+            return  # the coordinator just came back: the slower replicas restore their epochs first
+        key, mine = f"form/{number}", f"{self.slot}:{time.time()}"
+        held = self.link.compare_set(key, "", mine)
+        if held != mine:
+            if time.time() - float(held.split(":")[1]) < 2 * self.peer_timeout_s:
+                return  # another slot is forming it
+            if self.link.compare_set(key, held, mine) != mine:
+                return  # the former died mid-way; another slot took over first
+        old = self.read(number) if number > 0 else Epoch(0, ())
+        wanting = self.wanting()
+        alive = self._alive(sorted(set(old.members) | set(wanting)))
+        wanting = sorted(set(wanting) | set(self.wanting()))  # a slot restarted during the window joins
+        need = self.min_replicas or (len(old.members) // 2 + 1 if old.members else self.slots)
+        kept = [s for s in alive if s in old.members] if old.members else alive
+        if len(kept) < need:
+            logger.warning("slot %d: %d of %s slots alive, %d needed: waiting (no writes)", self.slot, len(kept),
+                           "the last group's" if old.members else "the job's", need)
+            self.link.delete(key)
+            time.sleep(self.peer_timeout_s / 5)
+            return
+        ep = Epoch(number + 1, tuple(alive), tuple(s for s in alive if s in wanting))
+        # Compare-and-set, not set: members already written (by a replica that put this epoch
+        # back after a coordinator restart, or by a former that died before publishing them)
+        # stand, and are published as they are; their joiners remove their own requests.
+        if self.link.compare_set(f"members/{ep.number}", "", ep.encode()) != ep.encode():
+            self.link.compare_set("epoch", str(number), str(ep.number))
+            return
+        self.memory.keep(f"members/{ep.number}", ep.encode())
+        for s in ep.joiners:
+            self.link.delete(f"want/{s}")
+        if self.link.compare_set("epoch", str(number), str(ep.number)) != str(ep.number):
+            return  # last: whoever reads the epoch finds its members
+        self.memory.saw_epoch(ep.number)
+        logger.info("slot %d formed epoch %d: members %s, joining %s", self.slot, ep.number,
+                    list(ep.members), list(ep.joiners))
+
+    def history(self) -> list[Epoch]:
+        """Every epoch whose members the coordinator (or, while it is away, this replica) knows."""
+        try:
+            newest = self.current()
+            raws = {e: self.link.fetch(f"members/{e}") for e in range(1, newest + 1)}
+        except CoordinatorAway:
+            with self.memory.lock:
+                raws = {int(k.split("/")[1]): v for k, v in self.memory.kept.items() if k.startswith("members/")}
+        return [Epoch.decode(e, raw.decode()) for e, raw in sorted(raws.items()) if raw is not None]
+
+    def close(self) -> None:
+        self.heartbeat.stop()

@@ -1,0 +1,60 @@
+"""One replica's training state in shared memory: the data, the model whose parameters are
+views into one flat buffer, and the shared optimizer state. Built by the leader before any
+worker starts (design rules 1 and 3 in docs/design.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from hogwild.config.schema import Config
+from hogwild.data.datasets import Dataset, load_dataset
+from hogwild.errors import ConfigError
+from hogwild.replica.lr_schedule import check_schedule
+from hogwild.replica.models import build_model
+from hogwild.replica.optim import FlatOptimizer, torch_optimizer
+from hogwild.replica.shared import alloc, layout, param_slots, share_model
+from hogwild.replica.task import Task, build_task, preflight
+
+
+@dataclass
+class Replica:
+    ds: Dataset
+    model: nn.Module
+    flat: Tensor
+    """Every parameter of ``model``, in one shared tensor."""
+    opt_state: Optional[dict[str, Tensor]]
+    """Optimizer state in shared memory (``optim.state=shared``), else None (per worker)."""
+    task: Task
+    """The loss, the test metrics and the baseline (replica/task.py)."""
+
+    @property
+    def shapes(self) -> list[tuple[int, ...]]:
+        return [s.shape for s in layout(self.model)]
+
+    @property
+    def param_numel(self) -> int:
+        """The flat buffer's parameter prefix; float buffers follow it."""
+        return sum(s.numel for s in param_slots(self.model))
+
+
+def build_replica(cfg: Config) -> Replica:
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: cuda requested but torch.cuda.is_available() is False")
+    ds = load_dataset(cfg.data).share_memory_()
+    model = build_model(cfg.model, ds, cfg.train.seed)
+    task = build_task(cfg, ds)
+    # Before the model moves into shared memory and any worker spawns: a model, data or loss that
+    # does not fit fails here in one line.
+    preflight(model, ds, task, cfg.train.batch_size, torch.device("cpu"))
+    check_schedule(cfg.sched, cfg.optim.lr)
+    if cfg.optim._target_:
+        torch_optimizer(cfg.optim, list(model.parameters()))  # built once here: a bad one fails in one line
+    flat = share_model(model, cfg.device)
+    opt_state = None
+    if cfg.optim.state == "shared":
+        opt_state = FlatOptimizer.new_state(cfg.optim, flat.numel(), lambda n: alloc(n, cfg.device))
+    return Replica(ds, model, flat, opt_state, task)

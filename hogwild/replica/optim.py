@@ -1,0 +1,167 @@
+"""In-place update rules over the flat buffer, with state per worker or in shared memory, and
+any ``torch.optim`` optimizer (``optim._target_``) stepping the shared parameters in place.
+
+The flat rules reproduce ``torch.optim`` (SGD with momentum, Adam, AdamW, Adagrad) step for step, but
+write only through views of the flat buffer with in-place ops under ``no_grad``, and keep
+their state in flat buffers too, so the same code serves private and shared state
+(design rule 6 in docs/design.md). Sparse gradients (``EmbeddingBag(sparse=True)``) touch only their rows.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional, Union
+
+import torch
+from torch import Tensor
+
+from hogwild.config.schema import OptimConfig
+from hogwild.config.targets import call_target, import_target
+from hogwild.errors import ConfigError
+from hogwild.replica.shared import Slot
+
+
+def state_names(cfg: OptimConfig) -> tuple[str, ...]:
+    if cfg._target_:
+        return ()  # a torch optimizer keeps its own state, per worker
+    if cfg.name == "sgd":
+        return ("momentum",) if cfg.momentum > 0 else ()
+    if cfg.name in ("adam", "adamw"):
+        return ("exp_avg", "exp_avg_sq")
+    return ("sum",)
+
+
+def decays(cfg: OptimConfig, shapes: list[tuple[int, ...]]) -> list[float]:
+    """Each parameter's weight decay: none for biases and normalisation weights (one dimension)
+    when ``optim.decay_norm_and_bias=false``."""
+    return [cfg.weight_decay if cfg.decay_norm_and_bias or len(shape) > 1 else 0.0 for shape in shapes]
+
+
+def clip_grad_norm(grads: list[Optional[Tensor]], max_norm: float) -> float:
+    """Scale ``grads`` in place to a total L2 norm of at most ``max_norm``; the norm before.
+    Sparse gradients count by their stored values, as :func:`grads_finite` reads them."""
+    vals = [g._values() if g.is_sparse else g for g in grads if g is not None]
+    if not vals:
+        return 0.0
+    total = float(torch.stack(torch._foreach_norm(vals)).norm())
+    if total > max_norm:
+        torch._foreach_mul_(vals, max_norm / (total + 1e-6))
+    return total
+
+
+def grads_finite(grads: list[Optional[Tensor]]) -> bool:
+    """A NaN or Inf anywhere makes the norms non-finite; one fused op for all tensors."""
+    vals = [g._values() if g.is_sparse else g for g in grads if g is not None]
+    if not vals:
+        return True
+    return bool(torch.isfinite(torch.stack(torch._foreach_norm(vals)).sum()))
+
+
+class FlatOptimizer:
+    def __init__(self, cfg: OptimConfig, flat: Tensor, slots: list[Slot],
+                 state: dict[str, Tensor]) -> None:
+        self.cfg, self.lr = cfg, cfg.lr
+        self.params = [s.view(flat) for s in slots]
+        self.decay = decays(cfg, [s.shape for s in slots])
+        self.state = {k: [s.view(buf) for s in slots] for k, buf in state.items()}
+        self.t = 0  # Adam's bias-correction step counts this worker's own updates
+
+    def set_lr(self, lr: float) -> None:
+        self.lr = lr
+
+    @staticmethod
+    def new_state(cfg: OptimConfig, n: int, alloc: Callable[[int], Tensor]) -> dict[str, Tensor]:
+        return {k: alloc(n) for k in state_names(cfg)}
+
+    @torch.no_grad()
+    def step(self, grads: list[Optional[Tensor]]) -> None:
+        self.t += 1
+        c, lr = self.cfg, self.lr
+        for i, (p, g) in enumerate(zip(self.params, grads)):
+            if g is None:
+                continue
+            wd = self.decay[i]
+            if g.is_sparse:
+                if c.name == "sgd" and c.momentum == 0 and wd == 0:
+                    p.add_(g, alpha=-lr)  # rows outside the batch are never written
+                    continue
+                if c.name == "adagrad" and wd == 0:
+                    self._sparse_adagrad(p, g.coalesce(), self.state["sum"][i])
+                    continue
+                g = g.to_dense()
+            if c.name == "adamw":
+                p.mul_(1 - lr * wd)  # decoupled: the decay never enters Adam's moments
+            elif wd:
+                g = g.add(p, alpha=wd)
+            if c.name == "sgd":
+                if c.momentum > 0:
+                    buf = self.state["momentum"][i]
+                    buf.mul_(c.momentum).add_(g)
+                    g = buf
+                p.add_(g, alpha=-lr)
+            elif c.name in ("adam", "adamw"):
+                self._adam(p, g, self.state["exp_avg"][i], self.state["exp_avg_sq"][i])
+            else:
+                s = self.state["sum"][i]
+                s.addcmul_(g, g, value=1.0)
+                p.addcdiv_(g, s.sqrt().add_(c.eps), value=-lr)
+
+    def _adam(self, p: Tensor, g: Tensor, m: Tensor, v: Tensor) -> None:
+        b1, b2 = self.cfg.betas
+        # Shared state is written by other workers while we read it. If we saw another
+        # worker's large gradient in m but not yet in v, m/sqrt(v) would explode. So every
+        # worker writes v before m, and reads m before v: any m we see has its v in place.
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        m.lerp_(g, 1 - b1)
+        m_seen = m.clone() if self.cfg.state == "shared" else m
+        bc1 = 1 - b1 ** self.t
+        bc2 = 1 - b2 ** self.t
+        denom = (v.sqrt() / math.sqrt(bc2)).add_(self.cfg.eps)
+        p.addcdiv_(m_seen, denom, value=-self.lr / bc1)
+
+    def _sparse_adagrad(self, p: Tensor, g: Tensor, s: Tensor) -> None:
+        idx, vals = g._indices()[0], g._values()
+        s.index_add_(0, idx, vals * vals)
+        std = s.index_select(0, idx).sqrt_().add_(self.cfg.eps)
+        p.index_add_(0, idx, vals / std, alpha=-self.lr)
+
+
+class TorchOptimizer:
+    """``optim._target_``: a ``torch.optim.Optimizer`` over a worker's parameters, which are views
+    of the shared buffer. torch's update rules write parameters in place (``add_``, ``addcdiv_``,
+    ``_foreach_*``), so every step lands in shared memory; the state stays in this worker."""
+
+    def __init__(self, opt: torch.optim.Optimizer) -> None:
+        self.opt = opt
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+
+    def step(self, grads: list[Optional[Tensor]]) -> None:
+        del grads  # torch's optimizers read .grad, which holds the same tensors
+        self.opt.step()
+
+
+def torch_optimizer(cfg: OptimConfig, params: list[Tensor]) -> TorchOptimizer:
+    """Build ``optim._target_`` over ``params``; every way it can fail is one line naming the key."""
+    path = str(cfg._target_)
+    cls = import_target(path, "optim._target_")
+    if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
+        raise ConfigError(f"optim._target_: {path} is not a torch.optim.Optimizer class")
+    wd = decays(cfg, [tuple(p.shape) for p in params])
+    groups = [{"params": [p for p, d in zip(params, wd) if d == w], "weight_decay": w} for w in sorted(set(wd))]
+    kwargs = {"lr": cfg.lr, **cfg.kwargs}
+    given = {**cfg.kwargs, "lr": cfg.lr}
+    return TorchOptimizer(call_target(lambda **kw: cls(groups, **kw), path, "optim", kwargs, given))
+
+
+Optimizer = Union[FlatOptimizer, TorchOptimizer]
+
+
+def make_optimizer(cfg: OptimConfig, flat: Tensor, slots: list[Slot], params: list[Tensor],
+                   state: dict[str, Tensor]) -> Optimizer:
+    """The worker's optimizer: a torch one (``optim._target_``) or a flat rule."""
+    if cfg._target_:
+        return torch_optimizer(cfg, params)
+    return FlatOptimizer(cfg, flat, slots, state)

@@ -1,0 +1,138 @@
+"""The leader's worker pool: spawn, watch, respawn and stop Hogwild workers.
+
+Nothing here blocks forever (design rule 10 in docs/design.md): the leader sleeps in
+``multiprocessing.connection.wait`` on the workers' sentinels and the wake pipe with a
+timeout, so a dead worker wakes it at once and an idle leader costs no core.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import time
+from multiprocessing.connection import wait
+from typing import Any, Callable, Optional
+
+from hogwild.config.env import DistEnv
+from hogwild.config.schema import Config
+from hogwild.data.datasets import shard
+from hogwild.errors import Fault
+from hogwild.replica.board import Board
+from hogwild.replica.build import Replica
+from hogwild.replica.resources import available_cores
+from hogwild.replica.worker import WorkerSpec, worker_main
+
+logger = logging.getLogger(__name__)
+
+
+def worker_specs(cfg: Config, env: DistEnv, k: int, n_train: int) -> list[WorkerSpec]:
+    """This replica's K workers: global shard index, thread budget and batch quota of each."""
+    num_global = k * env.world_size
+    threads = max(1, available_cores() // (k * env.local_world_size))
+    quotas = []
+    for i in range(k):
+        n_shard = len(shard(n_train, num_global, env.rank * k + i, cfg.train.seed))
+        if cfg.train.max_steps is not None:
+            quotas.append(cfg.train.max_steps // k + (1 if i < cfg.train.max_steps % k else 0))
+        else:
+            quotas.append(cfg.train.epochs * -(-n_shard // min(cfg.train.batch_size, n_shard)))
+    return [WorkerSpec(i, env.rank * k + i, num_global, threads, q, sum(quotas)) for i, q in enumerate(quotas)]
+
+
+class WorkerPool:
+    def __init__(self, cfg: Config, specs: list[WorkerSpec], rep: Replica, board: Board) -> None:
+        # fork would copy autograd's and CUDA's threads into a broken child (design rule 5).
+        self._ctx = mp.get_context("spawn")
+        self.cfg, self.specs, self.rep, self.board = cfg, specs, rep, board
+        # Workers past sync.max_lag wait on it; the leader notifies it after every round.
+        self.gate = self._ctx.Condition()
+        self._wake_r, self._wake_w = self._ctx.Pipe(duplex=False)
+        self.procs: list[Any] = [None] * len(specs)
+        self.restarts = 0
+
+    def _spawn(self, i: int) -> None:
+        p = self._ctx.Process(
+            # Not daemonic: a worker may start DataLoader processes (data.loader_workers). Workers
+            # still never outlive the leader: they leave their loop when it is gone, and stop()
+            # ends them on every exit path.
+            target=worker_main, name=f"hogwild-worker-{self.specs[i].global_index}", daemon=False,
+            args=(self.cfg, self.specs[i], self.rep.ds, self.rep.flat, self.rep.opt_state, self.board,
+                  self._wake_w, self.gate))
+        p.start()
+        self.procs[i] = p
+
+    def start(self) -> None:
+        for i in range(len(self.specs)):
+            self._spawn(i)
+
+    def wait(self, timeout: float) -> None:
+        """Sleep until a worker wakes us, dies, or ``timeout`` passes; drain the pipe."""
+        live = [p.sentinel for p in self.procs if p is not None and p.exitcode is None]
+        for obj in wait([self._wake_r, *live], timeout=max(0.0, timeout)):
+            if obj is self._wake_r:
+                while self._wake_r.poll():
+                    self._wake_r.recv_bytes()
+
+    def wait_ready(self, timeout: float, max_restarts: int, stopping: Callable[[], bool]) -> bool:
+        """Block until every worker has built its model and shard; a worker that dies on the
+        way is respawned like any other. False if ``stopping()`` turned true first."""
+        deadline = time.monotonic() + timeout
+        while not self.board.all_ready():
+            if stopping():
+                return False
+            msg = self.check(max_restarts)
+            if msg:
+                raise Fault(f"{msg}, before training started")
+            if time.monotonic() > deadline:
+                raise Fault(f"workers not ready after {timeout:.0f}s (fault.startup_timeout_s)")
+            self.wait(0.1)
+        return True
+
+    def go(self) -> None:
+        self.board.control["go"] = 1.0
+
+    def check(self, max_restarts: int) -> Optional[str]:
+        """Respawn dead workers on their own shard; a message once the bound is passed."""
+        stats, stopping = self.board.stats, bool(self.board.control["stop"])
+        for i, p in enumerate(self.procs):
+            if p is None or p.exitcode is None or stats[i]["done"] > 0 or stopping:
+                continue
+            if self.restarts >= max_restarts:
+                return (f"worker {self.specs[i].global_index} died (exit code {p.exitcode}) and "
+                        f"fault.max_worker_restarts={max_restarts} respawns are used up")
+            self.restarts += 1
+            logger.warning("worker %d died (exit code %s); respawning on the same shard "
+                           "(restart %d of %d)", self.specs[i].global_index, p.exitcode,
+                           self.restarts, max_restarts)
+            self._spawn(i)
+        return None
+
+    def release(self) -> None:
+        """Wake workers waiting for a round: the lag limit moved, or they must stop."""
+        with self.gate:
+            self.gate.notify_all()
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p is not None and p.is_alive():
+                p.kill()
+
+    def stop(self, timeout: float) -> None:
+        """Ask workers to stop, then terminate, then kill: never more than ~timeout + 2 s."""
+        self.board.control["stop"] = 1.0
+        self.release()
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            if p is not None:
+                p.join(max(0.0, deadline - time.monotonic()))
+        for sig_name in ("terminate", "kill"):
+            alive = [p for p in self.procs if p is not None and p.is_alive()]
+            if not alive:
+                break
+            logger.warning("%s %d worker(s) that did not stop in time", sig_name, len(alive))
+            for p in alive:
+                getattr(p, sig_name)()
+            for p in alive:
+                p.join(1.0)
+        self._wake_r.close()
+        self._wake_w.close()

@@ -1,0 +1,178 @@
+"""The Hogwild worker: read a batch of its own shard, compute a gradient privately, and
+write the update straight into the shared parameters, in place, without a lock.
+
+Workers talk to their leader only through the shared board (replica/board.py) and one pipe used
+to wake the leader; they never import the leader.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Condition
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from hogwild.config.schema import Config
+from hogwild.data.datasets import Dataset, ShardSampler, shard
+from hogwild.data.mapped import MapSplit, Prefetcher
+from hogwild.replica.board import Board
+from hogwild.replica.faults import StepFn, inject_faults, startup_faults
+from hogwild.replica.lr_schedule import LRSchedule
+from hogwild.replica.models import build_model
+from hogwild.replica.optim import FlatOptimizer, Optimizer, clip_grad_norm, grads_finite, make_optimizer
+from hogwild.replica.shared import bind, param_slots
+from hogwild.replica.task import LossFn, make_loss, task_kind
+
+logger = logging.getLogger(__name__)
+
+WORKER_NICENESS = 5
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    local_index: int
+    """Index among this replica's workers (its stats row)."""
+    global_index: int
+    """Index among all workers of all replicas: picks the shard and the seed offset."""
+    num_global: int
+    threads: int
+    quota: int
+    """Batches this worker processes in the whole run."""
+    replica_quota: int = 0
+    """Batches all workers of this replica process: the length of the learning-rate schedule."""
+
+
+def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
+                opt_state: Optional[dict[str, Tensor]], board: Board, wake: Connection,
+                gate: Condition) -> None:
+    # Oversubscribed intra-op threads make Hogwild slower than one process (design rule 4
+    # in docs/design.md).
+    torch.set_num_threads(spec.threads)
+    # Lower priority than the leader: its short sync bursts then preempt workers at once
+    # instead of queueing behind them for a scheduler tick on a fully loaded machine.
+    os.nice(WORKER_NICENESS)
+    # The leader owns Ctrl-C/SIGTERM and stops workers through the control block.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    logging.basicConfig(level=logging.INFO, format=f"[worker {spec.global_index}] %(message)s")
+    torch.manual_seed(cfg.train.seed + spec.global_index)
+
+    model = build_model(cfg.model, ds, cfg.train.seed)
+    bind(model, flat)
+    if opt_state is None:
+        opt_state = FlatOptimizer.new_state(cfg.optim, flat.numel(),
+                                            lambda n: torch.zeros(n, device=flat.device))
+    params = list(model.parameters())
+    opt = make_optimizer(cfg.optim, flat, param_slots(model), params, opt_state)
+    sampler = ShardSampler(shard(len(ds.train), spec.num_global, spec.global_index, cfg.train.seed),
+                           cfg.train.batch_size, cfg.train.seed + spec.global_index)
+    loss_fn = make_loss(cfg.loss, task_kind(cfg, ds))
+    step_fn = make_step_fn(model, params, ds, sampler, flat.device, loss_fn, cfg.data.loader_workers,
+                           bf16=cfg.train.precision == "bf16")
+    sched = LRSchedule(cfg.sched, cfg.optim.lr, spec.replica_quota or spec.quota)
+    # One throw-away forward/backward: the allocator's and autograd's first-call costs land
+    # in startup (reported as such), not in the first training steps.
+    startup_faults(spec.global_index)
+    model.eval()  # a training-mode forward would move BatchNorm's shared running statistics
+    step_fn(int(board.row(spec.local_index)["pos"]))
+    model.train()
+    run_loop(inject_faults(step_fn, params, spec.global_index), opt, params, spec, board, wake, gate,
+             sched, cfg.optim.clip_grad_norm)
+
+
+def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, sampler: ShardSampler,
+                 device: torch.device, loss_fn: LossFn = F.cross_entropy, loader_workers: int = 0,
+                 bf16: bool = False) -> StepFn:
+    """One step's loss and gradient; ``bf16``: the forward and the loss under bf16 autocast, with
+    float32 weights and gradients (the shared buffer never holds anything else)."""
+    prefetch = Prefetcher(ds.train, sampler, loader_workers) if loader_workers and isinstance(ds.train, MapSplit) else None
+
+    def step_fn(step: int) -> tuple[Tensor, int]:
+        inputs, y = prefetch.batch(step) if prefetch else ds.train.batch(sampler.batch(step))
+        if device.type != "cpu":
+            inputs = tuple(t.to(device, non_blocking=True) for t in inputs)
+            y = y.to(device, non_blocking=True)
+        for p in params:
+            p.grad = None
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = loss_fn(model(*inputs), y)
+        loss.float().backward()
+        return loss, len(y)
+    return step_fn
+
+
+def wait_for_round(stats: np.ndarray, ctrl: np.void, gate: Condition, parent: int) -> float:
+    """Block, without spinning, while this replica is ``sync.max_lag`` steps past a round that
+    has not completed (the leader moves ``lag_limit`` and notifies ``gate`` after each round).
+    Returns the seconds waited."""
+    t0 = time.perf_counter()
+    with gate:
+        while stats["pos"].sum() >= ctrl["lag_limit"] and not ctrl["stop"] and os.getppid() == parent:
+            gate.wait(0.1)
+    return time.perf_counter() - t0
+
+
+def run_loop(step_fn: StepFn, opt: Optimizer, params: list[Tensor], spec: WorkerSpec,
+             board: Board, wake: Optional[Connection], gate: Optional[Condition] = None,
+             sched: Optional[LRSchedule] = None, clip: Optional[float] = None) -> None:
+    stats, ctrl = board.stats, board.control
+    row = stats[spec.local_index]
+    parent = os.getppid()
+    row["ready"] = 1.0
+    if wake is not None:
+        wake.send_bytes(b"r")
+    # Replicas start together once every worker everywhere is up (spawn takes seconds).
+    while not ctrl["go"] and not ctrl["stop"]:
+        if os.getppid() != parent:
+            return
+        time.sleep(0.005)
+    # Read after "go": a respawned worker resumes where its predecessor stopped, and a replica
+    # that joins a running job learns its slot's positions from a peer while its workers wait.
+    step = int(row["pos"])
+    loss_ema = float(row["loss"]) if row["loss"] > 0 else 0.0
+    while step < spec.quota and not ctrl["stop"]:
+        if os.getppid() != parent:  # leader gone (kill -9): never outlive it
+            return
+        if gate is not None and stats["pos"].sum() >= ctrl["lag_limit"]:
+            row["lag_wait_s"] += wait_for_round(stats, ctrl, gate, parent)
+            continue  # stop may have been set while waiting
+        t0 = time.perf_counter()
+        syncing = bool(ctrl["syncing"])
+        loss, batch = step_fn(step)
+        lval = float(loss.detach())
+        grads = [p.grad for p in params]
+        if np.isfinite(lval) and grads_finite(grads):
+            if sched is not None:  # the replica's step: every worker of it uses one rate at one step
+                opt.set_lr(sched.lr_at(int(stats["pos"].sum())))
+            if clip is not None:
+                clip_grad_norm(grads, clip)
+            opt.step(grads)
+            row["applied"] += 1
+            loss_ema = lval if loss_ema == 0.0 else 0.98 * loss_ema + 0.02 * lval
+            row["loss"] = loss_ema
+        else:
+            row["skipped"] += 1  # a poisoned update never reaches the shared model
+        step += 1
+        row["pos"] = step
+        row["samples"] += batch
+        dt = time.perf_counter() - t0
+        row["step_s"] += dt
+        if syncing:
+            row["sync_s"] += dt
+            row["sync_steps"] += 1
+        target = min(ctrl["next_sync_at"], ctrl["next_report_at"])
+        if wake is not None and ctrl["notified"] < target <= stats["pos"].sum():
+            ctrl["notified"] = target
+            wake.send_bytes(b"s")
+    row["done"] = 1.0
+    if wake is not None:
+        wake.send_bytes(b"d")

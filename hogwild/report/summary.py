@@ -1,0 +1,102 @@
+"""The run's final report (``metrics.json``) and the status and exit code it ends with."""
+
+from __future__ import annotations
+
+import math
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from hogwild.checkpoint.resume import Counters, Restored
+from hogwild.errors import EXIT_FAILED, EXIT_FAULT, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, EXIT_WRITE, first_line
+from hogwild.replica.board import Totals
+from hogwild.replica.task import Task
+from hogwild.report.metrics import write_json
+from hogwild.sync.rounds import SyncStats
+from hogwild.sync.schedule import SyncSchedule
+
+_FAULT_STATUS = {EXIT_FAULT: "failed", EXIT_FAILED: "training_failed", EXIT_WRITE: "write_failed"}
+
+
+def status_of(stop_signal: Optional[int], fault: Optional[str], fault_code: int = EXIT_FAULT) -> str:
+    if stop_signal is not None:
+        return signal.Signals(stop_signal).name
+    return _FAULT_STATUS[fault_code] if fault is not None else "ok"
+
+
+def exit_code(status: str) -> int:
+    codes = {"ok": EXIT_OK, "SIGINT": EXIT_SIGINT, "SIGTERM": EXIT_SIGTERM}
+    codes.update({name: code for code, name in _FAULT_STATUS.items()})
+    return codes.get(status, EXIT_FAULT)
+
+
+def write_report(path: Path, result: dict[str, Any]) -> None:
+    """``metrics.json``, tried twice; if the disk still refuses, ``result`` says so (exit 5)."""
+    for attempt in (1, 2):
+        try:
+            write_json(path, result)
+            return
+        except OSError as e:
+            if attempt == 2:
+                why = f"metrics.json: could not write {path}: {first_line(e)}"
+                earlier = result.get("error")
+                result.update(status="write_failed", exit_code=EXIT_WRITE,
+                              error=f"{earlier}; and {why}" if earlier else why)
+
+
+@dataclass
+class Timing:
+    wall_s: float
+    train_s: float
+    startup_s: Optional[float]
+    time_to_target_s: Optional[float]
+    worker_steps_to_target: Optional[float] = None
+
+
+def final_report(*, status: str, error: Optional[str], counters: Counters, job: Totals,
+                 task: Task, scores: dict[str, float], train_loss: float, timing: Timing, sync: SyncStats,
+                 workers: int, threads: int, replicas: int, sync_mode: str,
+                 schedule: SyncSchedule, resumed: Optional[Restored], run_dir: Path) -> dict[str, Any]:
+    def nan_if_none(x: Optional[float]) -> float:
+        return math.nan if x is None else x
+
+    result: dict[str, Any] = {
+        "status": status,
+        "exit_code": exit_code(status),
+        "task": task.kind,
+        **{f"test_{name}": value for name, value in scores.items()},
+        **{f"baseline_{name}": value for name, value in task.baseline.items()},
+        "train_loss": train_loss,
+        "steps": counters.steps,
+        "samples": int(counters.samples),
+        "samples_per_s": job.samples / max(timing.train_s, 1e-9),
+        "wall_s": timing.wall_s,
+        "train_s": timing.train_s,
+        "time_to_target_s": nan_if_none(timing.time_to_target_s),
+        "worker_steps_to_target": nan_if_none(timing.worker_steps_to_target),
+        "startup_s": nan_if_none(timing.startup_s),
+        "workers": workers,
+        "threads_per_worker": threads,
+        "replicas": replicas,
+        "syncs": counters.syncs,
+        "max_drift": schedule.max_drift,
+        "mean_drift": schedule.mean_drift,
+        "mean_sync_s": sync.mean_sync_s,
+        "steps_per_sync": sync.steps_per_sync,
+        "max_steps_per_sync": sync.max_steps_per_sync,
+        "lag_wait_s": job.lag_wait_s,
+        "worker_stall_s": job.stall_s(),
+        "worker_restarts": counters.worker_restarts,
+        "skipped_nonfinite": counters.skipped_nonfinite,
+        "sync_mode": sync_mode if replicas > 1 else "none",
+        "final_interval": schedule.interval,
+        "resumed_from": resumed.path if resumed else "",
+        "steps_lost_on_resume": resumed.steps_lost if resumed else None,
+        "run_dir": str(run_dir.resolve()),
+    }
+    if task.kind == "classification":
+        result["chance_accuracy"] = task.baseline["accuracy"]
+    if error:
+        result["error"] = error
+    return result

@@ -1,0 +1,148 @@
+"""What a leader reports while it trains: TensorBoard curves, test evaluations and the
+progress display. Only rank 0 writes; the others call no-ops."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+
+from hogwild.config.schema import Config
+from hogwild.data.datasets import Split
+from hogwild.replica.board import Board
+from hogwild.replica.lr_schedule import LRSchedule
+from hogwild.replica.task import Task, evaluate, reached
+from hogwild.report.metrics import Metrics, Progress
+from hogwild.sync.rounds import RoundStats
+
+logger = logging.getLogger(__name__)
+
+# Points per curve: spread over the run's steps (workers wake the leader at each one), so a
+# run of one second draws a curve too; at least one loss point a second on long runs.
+LOSS_POINTS, EVAL_POINTS = 100, 30
+# Evaluation runs on the leader's core beside the workers: keep it under ~10% of the time.
+EVAL_COST_FACTOR = 10
+
+
+class Telemetry:
+    def __init__(self, cfg: Config, run_dir: Path, is_rank0: bool, model: nn.Module, test: Split,
+                 device: torch.device, task: Task) -> None:
+        self.cfg, self.run_dir, self.is_rank0 = cfg, run_dir, is_rank0
+        self.model, self.test, self.device, self.task = model, test, device, task
+        self.metrics = Metrics(run_dir, is_rank0)
+        self.scores: dict[str, float] = {m: math.nan for m in task.metrics}
+        """The last test evaluation: every metric the task reports."""
+        self.time_to_target: Optional[float] = None
+        self.worker_steps_to_target: Optional[float] = None
+        """Steps one worker of this replica had made (mean) when the target was first seen. R
+        machines make their steps at the same time, so a cluster's time to the target follows it."""
+        self._t0 = time.monotonic()
+        self._next_tb = self._next_eval = self._eval_ok_at = self._t0
+        self._tb_pos = self._eval_pos = self._initial = 0.0
+        self._loss_every = self._eval_every = 1.0
+        self._eval_pending = False  # its step came, but its cost budget has not
+        self.progress: Optional[Progress] = None
+        self.lr: Optional[LRSchedule] = None
+
+    def warm_up(self, step: int) -> None:
+        """The accuracy before training, during startup: the first evaluation's one-off costs
+        then never count against the evaluation budget while workers train."""
+        if self.is_rank0:
+            self.evaluate(step)
+
+    def start(self, board: Board, total_steps: int) -> None:
+        """Training starts now: clocks, curves and the progress display count from here."""
+        self._t0 = self._next_tb = self._next_eval = self._eval_ok_at = time.monotonic()
+        initial = board.replica_pos()
+        self._initial = initial
+        self._tb_pos, self._eval_pos = initial, initial + 1
+        self._loss_every = max(1.0, (total_steps - initial) / LOSS_POINTS)
+        self._eval_every = max(1.0, (total_steps - initial) / EVAL_POINTS)
+        self._next_eval = self._t0 + self.cfg.eval.every_s
+        self.progress = Progress(total_steps, self.cfg.train.log_every_s, self.is_rank0, int(initial))
+        self.lr = LRSchedule(self.cfg.sched, self.cfg.optim.lr, total_steps)  # what the workers follow
+        board.control["next_report_at"] = initial
+
+    def next_due(self) -> float:
+        """The time of the next sample that no worker will wake the leader for."""
+        if not self.is_rank0:
+            return self._next_tb
+        return min(self._next_tb, self._next_eval, self._eval_ok_at if self._eval_pending else math.inf)
+
+    @property
+    def test_loss(self) -> float:
+        return self.scores["loss"]
+
+    def evaluate(self, step: int) -> None:
+        self.scores = evaluate(self.model, self.test, self.device, self.task)
+        for name, value in self.scores.items():
+            self.metrics.scalar(f"test/{name}", value, step)
+
+    def round(self, stats: Optional[RoundStats]) -> None:
+        """A sync round's figures (sync/rounds.py measures them; only this class writes)."""
+        if stats is None:
+            return
+        if stats.seconds:
+            self.metrics.scalar("sync/seconds", stats.seconds, stats.step)
+        if stats.steps_between is not None:
+            self.metrics.scalar("sync/steps_between", stats.steps_between, stats.step)
+        rec = stats.drift
+        if rec is not None:
+            self.metrics.scalar("sync/drift_mean", rec.mean, stats.step)
+            self.metrics.scalar("sync/drift_max", rec.max, stats.step)
+            if self.cfg.sync.target_drift is not None:
+                self.metrics.scalar("sync/interval", rec.interval, stats.step)
+
+    def tick(self, board: Board, base_steps: int, syncs: int) -> None:
+        now = time.monotonic()
+        elapsed = max(now - self._t0, 1e-9)
+        pos = board.replica_pos()
+        step, loss, rate = base_steps + board.applied(), board.loss(), board.samples() / elapsed
+        if pos >= self._tb_pos or now >= self._next_tb:
+            self._tb_pos, self._next_tb = self._grid_after(pos, self._loss_every), now + 1.0
+            if math.isfinite(loss):
+                self.metrics.scalar("train/loss", loss, step)
+            self.metrics.scalar("perf/samples_per_s", rate, step)
+            if self.lr is not None:
+                self.metrics.scalar("train/lr", self.lr.lr_at(int(pos)), step)
+            self.metrics.scalar("sync/lag_wait_s", float(board.stats["lag_wait_s"].sum()), step)
+            for i, row in enumerate(board.stats):
+                self.metrics.scalar(f"perf/samples_per_s_worker{i}", float(row["samples"]) / elapsed, step)
+        self._eval_pending = self.is_rank0 and pos >= self._eval_pos
+        if self.is_rank0 and ((self._eval_pending and now >= self._eval_ok_at) or now >= self._next_eval):
+            t0 = time.monotonic()
+            self.evaluate(step)
+            self._eval_pos, self._next_eval = self._grid_after(pos, self._eval_every), t0 + self.cfg.eval.every_s
+            self._eval_ok_at = t0 + EVAL_COST_FACTOR * (time.monotonic() - t0)
+            self._eval_pending = False
+            self._check_target((pos - self._initial) / len(board.stats))
+        # Workers wake the leader when the replica crosses this position; a point already
+        # passed would wake nobody, so a pending evaluation waits on next_due() instead.
+        eval_at = self._eval_pos if self.is_rank0 and not self._eval_pending else math.inf
+        board.control["next_report_at"] = min(self._tb_pos, eval_at)
+        if self.progress is not None:
+            head = self.task.headline
+            self.progress.update(int(pos), f"loss {loss:.4f} | {rate:,.0f} samples/s"
+                                 f" | test {head} {self.scores[head]:.4f} | syncs {syncs}")
+
+    def _grid_after(self, pos: float, every: float) -> float:
+        """The next point of a fixed grid of positions: a leader woken late does not push
+        every later point back, so the run gets its planned number of points."""
+        return self._initial + (math.floor((pos - self._initial) / every) + 1) * every
+
+    def _check_target(self, worker_steps: float) -> None:
+        t = self.cfg.train.target
+        if self.time_to_target is None and reached(self.task, t, self.scores):
+            self.time_to_target = time.monotonic() - self._t0
+            self.worker_steps_to_target = worker_steps
+            logger.info("test %s %.4f reached train.target.value=%.4f after %.2fs", t.metric,
+                        self.scores[str(t.metric)], t.value, self.time_to_target)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.close()

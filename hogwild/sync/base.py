@@ -1,0 +1,181 @@
+"""What every cross-replica sync rule shares: the round's control vector, the agreed
+context, the :class:`SyncRule` base class and the registry that ``sync.mode`` picks from.
+
+A rule only computes the *target* parameters of this replica from a snapshot, using
+collectives among the leaders. The leader then moves the live buffer by
+``target - snapshot`` in place, so updates that workers applied while the collective ran
+survive (design rule 2 in docs/design.md). A rule never touches the live buffer itself.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+import torch
+from torch import Tensor
+
+from hogwild.config.schema import SyncConfig
+from hogwild.sync.comm import Comm
+
+_WIRE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class RoundVector:
+    """Layout of the control vector every round all-reduces (SUM): five job-wide flags, then
+    one "my snapshot is finite" slot per rank, then one slot per rank for the drift it
+    measured in the previous round."""
+
+    ALL_DONE, ANY_STOP, WANT_CKPT, REACHED, REFORM = range(5)
+    NUM_FLAGS = 5
+
+    @staticmethod
+    def size(world: int) -> int:
+        return RoundVector.NUM_FLAGS + 2 * world
+
+    @staticmethod
+    def healthy_slot(rank: int) -> int:
+        return RoundVector.NUM_FLAGS + rank
+
+    @staticmethod
+    def drift_slot(world: int, rank: int) -> int:
+        return RoundVector.NUM_FLAGS + world + rank
+
+    @staticmethod
+    def world(ctl: Tensor) -> int:
+        return (ctl.numel() - RoundVector.NUM_FLAGS) // 2
+
+    @staticmethod
+    def ends_job(ctl: Tensor) -> bool:
+        """The reduced flags end the job after this round: every replica done, a stop, or the
+        target accuracy reached (the leaders' loop leaves on exactly these)."""
+        R = RoundVector
+        return bool(ctl[R.ALL_DONE] >= R.world(ctl) or ctl[R.ANY_STOP] > 0 or ctl[R.REACHED] > 0)
+
+
+@dataclass(frozen=True)
+class SyncContext:
+    """What every leader agreed on in this round's control exchange."""
+
+    rank: int
+    world_size: int
+    healthy: list[bool]
+    """Per rank: its snapshot is finite. Unhealthy replicas contribute nothing."""
+
+    @property
+    def n_healthy(self) -> int:
+        return sum(self.healthy)
+
+    @property
+    def first_healthy(self) -> int:
+        return self.healthy.index(True)
+
+
+class SyncRule(ABC):
+    name: ClassVar[str]
+
+    def __init__(self, cfg: SyncConfig, comm: Comm, params: Optional[int] = None) -> None:
+        self.cfg = cfg
+        self.comm = comm
+        self.params = params
+        """How many leading values of the flat buffer are parameters; the rest are float buffers
+        (BatchNorm's running statistics), which rules that step past the replicas' mean must
+        not extrapolate. None: all of it is parameters."""
+        self.wire = _WIRE[cfg.dtype]
+        self._residual: Optional[Tensor] = None  # error feedback of the compressed wire
+        self._scratch: dict[str, Tensor] = {}
+        self.ending = False
+        """The job ends with the round being made (its flags say so, or it is the final one):
+        its target is the model the job ends with."""
+        self.spread: Optional[float] = None
+        """Set by rules whose target is not the replicas' consensus (the outer-momentum rules
+        step past their mean): this replica's ``||snap - mean||`` in the round just made. Drift
+        measures how far replicas moved apart, not how far the outer step went."""
+
+    def scratch(self, name: str, numel: int, like: Tensor) -> Tensor:
+        """A buffer kept across rounds: fresh multi-MB allocations page-fault on every sync."""
+        buf = self._scratch.get(name)
+        if buf is None or buf.numel() != numel or buf.dtype != like.dtype or buf.device != like.device:
+            buf = torch.empty(numel, dtype=like.dtype, device=like.device)
+            self._scratch[name] = buf
+        return buf
+
+    def prime(self, flat: Tensor) -> None:
+        """Called once with the replica's parameters before training starts."""
+        del flat
+
+    @abstractmethod
+    def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
+        """The parameters this replica should hold. ``snap`` must be left as it is."""
+
+    def exchange(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float,
+                 final: bool = False) -> tuple[Tensor, Tensor]:
+        """Reduce the control vector, then compute the target: (target, reduced control).
+
+        Rules whose data collective is itself a SUM all_reduce fuse both into one call. The
+        target may be the rule's own state: the round only reads it. ``final``: the job's last
+        round (workers stopped, every leader in it); its target is the model the job ends with.
+        """
+        ctl = self.comm.all_reduce(ctl, timeout_s, "the sync round")
+        self.ending = final or RoundVector.ends_job(ctl)
+        return self.target(snap, context(ctl, rank)), ctl
+
+    def _fused_sum(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float,
+                   final: bool = False) -> tuple[Tensor, Tensor, int]:
+        """One collective for the whole round: the control flags travel in front of the
+        parameters, and an unhealthy replica sends zeros. Returns (sum of the healthy
+        snapshots, in a scratch buffer; reduced control; healthy count)."""
+        c = ctl.numel()
+        buf = self.scratch("fused", c + snap.numel(), snap)
+        buf[:c].copy_(ctl)
+        if ctl[RoundVector.healthy_slot(rank)] > 0:
+            buf[c:].copy_(snap)
+        else:
+            buf[c:].zero_()
+        self.comm.all_reduce(buf, timeout_s, "the sync round")
+        ctl = buf[:c].clone()
+        self.ending = final or RoundVector.ends_job(ctl)
+        return buf[c:], ctl, context(ctl, rank).n_healthy
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        del state
+
+    def _all_reduce_sum(self, x: Tensor) -> Tensor:
+        return self.comm.all_reduce(x)
+
+    def _masked(self, snap: Tensor, ctx: SyncContext) -> Tensor:
+        return snap if ctx.healthy[ctx.rank] else torch.zeros_like(snap)
+
+    def _mean(self, x: Tensor, ctx: SyncContext) -> Tensor:
+        """Mean over healthy replicas of ``x``, on the configured wire dtype."""
+        x = self._masked(x, ctx)
+        if self.wire == torch.float32:
+            return self._all_reduce_sum(x.clone()).div_(ctx.n_healthy)
+        # Reduced precision: send the rounded value, keep the rounding error for next time.
+        if self._residual is None or self._residual.shape != x.shape:
+            self._residual = torch.zeros_like(x)
+        corrected = x + self._residual
+        low = corrected.to(self.wire)
+        self._residual = corrected - low.float()
+        return self._all_reduce_sum(low).float().div_(ctx.n_healthy)
+
+
+_RULES: dict[str, type[SyncRule]] = {}
+
+
+def register(cls: type[SyncRule]) -> type[SyncRule]:
+    _RULES[cls.name] = cls
+    return cls
+
+
+def context(ctl: Tensor, rank: int) -> SyncContext:
+    world = RoundVector.world(ctl)
+    first = RoundVector.healthy_slot(0)
+    healthy = [bool(x > 0.5) for x in ctl[first:first + world].tolist()]
+    return SyncContext(rank, world, healthy)
+
+

@@ -1,0 +1,180 @@
+"""One sync round on the live buffer while the workers train (:func:`sync_round`), and this
+replica's bookkeeping of its rounds (count, timings, drift, next sync point)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from hogwild.errors import Fault
+from hogwild.replica.board import Board
+from hogwild.sync.comm import Comm
+from hogwild.sync.rules import RoundVector, SyncRule, context
+from hogwild.sync.schedule import DriftRecord, SyncSchedule
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RoundOutcome:
+    all_done: bool
+    any_stop: bool
+    checkpoint: bool
+    reached: bool
+    """Some replica reached train.target_accuracy: the whole job ends after this round."""
+    reform: bool
+    """Elastic mode: some leader saw a joiner or a newer epoch; all re-form after this round."""
+    healthy: bool
+    """This replica's snapshot was finite (else it was restored from the consensus)."""
+    drift: float
+    """This replica's ``||snap - target|| / ||target||`` in this round."""
+    last_drifts: list[float]
+    """Every replica's drift of the previous round (piggybacked; inf where unhealthy)."""
+    stats: Optional["RoundStats"] = None
+    """Filled by :meth:`Rounds.run`: what the round cost and measured, for the caller to log."""
+
+
+@dataclass
+class RoundStats:
+    """One round's figures. Rounds never write TensorBoard: the leader hands these to its
+    telemetry, so the sync package knows nothing of reporting."""
+
+    step: int
+    """This replica's position when the round ended (the x axis)."""
+    seconds: float
+    steps_between: Optional[float] = None
+    """Replica steps since the previous round's snapshot (None for a finishing round)."""
+    drift: Optional[DriftRecord] = None
+    """The previous round's drift over every replica, once measured."""
+
+
+def sync_round(flat: Tensor, rule: SyncRule, *, done: bool = False, stop: bool = False,
+               want_checkpoint: bool = False, reached: bool = False, last_drift: float = 0.0,
+               final: bool = False, timeout_s: float = 300.0, reform: bool = False) -> RoundOutcome:
+    """One round on the live buffer ``flat`` while workers may keep writing to it.
+
+    ``snap = flat.clone(); target = rule(snap); flat += target - snap``: updates applied
+    during the collective survive (design rule 2 in docs/design.md). With ``final`` (workers
+    stopped) the replica lands exactly on ``target`` so every replica ends bit-for-bit identical.
+    """
+    rank, world = rule.comm.rank, rule.comm.world_size
+    snap = rule.scratch("snapshot", flat.numel(), flat).copy_(flat)
+    # One reduction instead of an isfinite mask: NaN/Inf anywhere make the norm non-finite. The
+    # same pass gives the scale of the drift, so the round reads the buffer once less.
+    scale = float(snap.norm())
+    healthy = math.isfinite(scale)
+    R = RoundVector
+    ctl = torch.zeros(R.size(world), dtype=flat.dtype, device=flat.device)
+    ctl[R.ALL_DONE], ctl[R.ANY_STOP] = float(done), float(stop)
+    ctl[R.WANT_CKPT], ctl[R.REACHED], ctl[R.REFORM] = float(want_checkpoint), float(reached), float(reform)
+    ctl[R.healthy_slot(rank)] = float(healthy)
+    ctl[R.drift_slot(world, rank)] = last_drift  # non-finite values are dropped by the reader
+    target, red = rule.exchange(snap, ctl, rank, timeout_s, final)
+    if context(red, rank).n_healthy == 0:
+        raise Fault("sync: every replica holds non-finite parameters; nothing to sync from "
+                    "(lower optim.lr, or resume from the last good checkpoint)")
+    with torch.no_grad():
+        delta = torch.sub(target, snap, out=snap)  # the snapshot's last use: its memory takes the change
+        # Drift: this replica's distance to the consensus, relative to its size. A rule that steps
+        # past the replicas' mean (outer momentum) measured it to that mean on the way.
+        gap = rule.spread if rule.spread is not None else float(delta.norm())
+        drift = gap / max(scale, 1e-12) if healthy else math.inf
+        if final or not healthy:
+            flat.copy_(target)
+        else:
+            flat.add_(delta)
+    f = red.cpu()
+    return RoundOutcome(all_done=bool(f[R.ALL_DONE] == world), any_stop=bool(f[R.ANY_STOP] > 0),
+                        checkpoint=bool(f[R.WANT_CKPT] > 0), reached=bool(f[R.REACHED] > 0),
+                        reform=bool(f[R.REFORM] > 0), healthy=healthy, drift=drift,
+                        last_drifts=[float(x) for x in f[R.drift_slot(world, 0):]])
+
+
+@dataclass
+class SyncStats:
+    """Every replica's rounds, summed up after the final one."""
+
+    mean_sync_s: float = 0.0
+    """Wall time of one round in a leader, including any wait for a slower replica."""
+    steps_per_sync: float = 0.0
+    """The real interval: a replica's mean steps between the snapshots of two rounds."""
+    max_steps_per_sync: float = 0.0
+    """The largest such gap of any replica (at most ``interval + max_lag`` with one worker)."""
+    final: Optional[RoundStats] = field(default=None, repr=False)
+    """The final round's drift, which no later round carries."""
+
+
+class Rounds:
+    def __init__(self, flat: torch.Tensor, rule: SyncRule, comm: Comm, board: Board,
+                 schedule: SyncSchedule, syncs: int = 0) -> None:
+        self.flat, self.rule, self.comm, self.board = flat, rule, comm, board
+        self.schedule = schedule
+        self.syncs = syncs  # rounds of the whole lineage, restored ones included
+        self.times: list[float] = []  # this process's rounds
+        self.last_drift = 0.0
+        self.gaps: list[float] = []  # replica steps between consecutive snapshots
+        self._last_snap = board.replica_pos()
+        rule.prime(flat)
+        board.control["next_sync_at"] = schedule.next_sync_at
+        board.control["lag_limit"] = schedule.lag_limit
+
+    def run(self, *, done: bool, stop: bool, want_checkpoint: bool, reached: bool, final: bool,
+            timeout_s: float, reform: bool = False) -> RoundOutcome:
+        t0 = time.perf_counter()
+        ctl = self.board.control
+        ctl["syncing"] = 1.0
+        pos_at_snap = self.board.replica_pos()
+        try:
+            out = sync_round(self.flat, self.rule, done=done, stop=stop, want_checkpoint=want_checkpoint,
+                             reached=reached, last_drift=self.last_drift, final=final, timeout_s=timeout_s,
+                             reform=reform)
+        finally:
+            ctl["syncing"] = 0.0
+        if not out.healthy:
+            logger.warning("replica %d held non-finite parameters; excluded from the sync and "
+                           "restored from the consensus of the others", self.comm.rank)
+        self.last_drift = out.drift
+        dt = time.perf_counter() - t0
+        self.syncs += 1
+        self.times.append(dt)
+        stats = RoundStats(step=int(self.board.replica_pos()), seconds=dt)
+        if len(self.times) > 1:  # the drifts riding on round 1 were measured by nobody
+            stats.drift = self.schedule.record_drift(out.last_drifts)
+        if not (done or final):  # a finished replica's rounds say nothing about the interval
+            self.gaps.append(pos_at_snap - self._last_snap)
+            stats.steps_between = self.gaps[-1]
+        self._last_snap = pos_at_snap
+        ctl["next_sync_at"] = self.schedule.after_round(pos_at_snap)
+        ctl["lag_limit"] = self.schedule.lag_limit
+        out.stats = stats
+        return out
+
+    def rebase(self) -> None:
+        """Positions jumped (healed from a peer): the next interval counts from here."""
+        self._last_snap = pos = self.board.replica_pos()
+        self.board.control["next_sync_at"] = self.schedule.after_round(pos)
+        self.board.control["lag_limit"] = self.schedule.lag_limit
+
+    def close(self) -> SyncStats:
+        """After the final round: record its drift (it has no later round to ride on) and
+        sum up every replica's rounds, in one small gather."""
+        mine = torch.tensor([self.last_drift, _mean(self.times), _mean(self.gaps), max(self.gaps, default=0.0)],
+                            dtype=torch.float64)
+        gathered = self.comm.all_gather(mine)
+        if self.comm.world_size == 1:
+            return SyncStats()
+        final = RoundStats(step=int(self.board.replica_pos()), seconds=0.0,
+                           drift=self.schedule.record_drift([float(g[0]) for g in gathered]))
+        return SyncStats(mean_sync_s=_mean([float(g[1]) for g in gathered]),
+                         steps_per_sync=_mean([float(g[2]) for g in gathered]),
+                         max_steps_per_sync=max(float(g[3]) for g in gathered), final=final)
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
