@@ -87,3 +87,12 @@ def tb_scalars(run_dir: Path, tag: str) -> list[float]:
     acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
     acc.Reload()
     return [e.value for e in acc.Scalars(tag)]
+
+
+def run_metrics(cfg: Any, run_dir: str) -> dict[str, Any]:
+    """One leader in this process (the public API's path); what its metrics.json holds."""
+    from hogwild.leader.core import run
+
+    result = run(cfg, run_dir)
+    assert result.metrics is not None, result
+    return result.metrics

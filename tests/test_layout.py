@@ -1,30 +1,76 @@
-"""The package's shape: no import cycle, workers never reach the leader, small modules, launch scripts that parse (fast tier)."""
+"""The package's shape (fast tier): data flows one way through the subpackages, no import
+cycle, nobody writes another object's private state, the wheel lists every subpackage, and
+the launch scripts parse."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from tests.conftest import REPO
 
 PKG = REPO / "hogwild"
-MAX_LINES = 300
+# The flow, from what the user says to what the user runs. A package may import its own
+# modules, the shared modules (errors, files) and the packages before it, never one after.
+ORDER = ("config", "data", "replica", "sync", "checkpoint", "report", "elastic", "leader", "api", "cli")
+SHARED = {"errors", "files", "__init__"}  # __init__ re-exports api lazily
+# Elastic mode is the conductor's business: elastic/ stands on sync/ alone, and only the
+# conductor (and the CLI that picks it) may know it.
+ELASTIC_MAY_IMPORT = {"config", "sync"}
+ELASTIC_KNOWN_BY = {"elastic", "leader", "cli"}
+# A sanity bound (docs/design.md): a module past it hides two ideas.
+MAX_LINES = 600
 
 
-def _imports(path: Path) -> set[str]:
-    """hogwild modules ``path`` imports, function-level (lazy) imports included."""
+def _module(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _imports(path: Path, known: set[str]) -> set[str]:
+    """hogwild modules ``path`` imports (``sync.rounds``), function-level imports included."""
     deps: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "hogwild":
-            parts = node.module.split(".")
-            deps |= {a.name for a in node.names} if len(parts) == 1 else {parts[1]}
+            base = node.module.partition(".")[2]
+            for alias in node.names:
+                sub = f"{base}.{alias.name}".strip(".")
+                deps.add(sub if sub in known else base or "__init__")
         elif isinstance(node, ast.Import):
-            deps |= {a.name.split(".")[1] for a in node.names if a.name.startswith("hogwild.")}
-    return deps - {path.stem}
+            deps |= {a.name.partition(".")[2] for a in node.names if a.name.startswith("hogwild.")}
+    return deps
 
 
-def _graph() -> dict[str, set[str]]:
-    return {p.stem: _imports(p) for p in PKG.glob("*.py") if p.stem != "__init__"}
+def _graph(root: Path = PKG) -> dict[str, set[str]]:
+    files = {_module(p, root): p for p in root.rglob("*.py")}
+    return {m: _imports(p, set(files)) - {m} for m, p in files.items()}
+
+
+def _package(module: str) -> str:
+    head = module.split(".")[0]
+    return "shared" if head in SHARED else head
+
+
+def _violations(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for mod, deps in graph.items():
+        src = _package(mod)
+        for dep in deps:
+            dst = _package(dep)
+            if dst in (src, "shared") or (src == "shared" and mod == "__init__"):
+                continue
+            if src == "shared":
+                bad.append(f"{mod} -> {dep}: errors/files import no package")
+            elif dst == "elastic" and src not in ELASTIC_KNOWN_BY:
+                bad.append(f"{mod} -> {dep}: only the conductor knows elastic/")
+            elif src == "elastic" and dst not in ELASTIC_MAY_IMPORT:
+                bad.append(f"{mod} -> {dep}: elastic/ stands on config/ and sync/ only")
+            elif src != "elastic" and dst != "elastic" and ORDER.index(dst) > ORDER.index(src):
+                bad.append(f"{mod} -> {dep}: {src}/ comes before {dst}/ in the flow")
+    return sorted(bad)
 
 
 def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
@@ -37,27 +83,69 @@ def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
+def test_every_package_is_in_the_flow() -> None:
+    packages = {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    modules = {p.stem for p in PKG.glob("*.py")}
+    assert packages | (modules - SHARED) == set(ORDER), "a new package needs its place in ORDER"
+
+
+def test_data_flows_one_way() -> None:
+    assert _violations(_graph()) == []
+
+
 def test_no_import_cycle() -> None:
     graph = _graph()
     cyclic = sorted(m for m in graph if m in _reachable(graph, m))
     assert not cyclic, f"modules on an import cycle: {cyclic}"
 
 
-def test_workers_never_import_the_leader() -> None:
-    reach = _reachable(_graph(), "worker")
-    assert not reach & {"leader", "pool", "rounds", "telemetry", "train"}, reach
+def test_workers_never_import_the_conductor() -> None:
+    reach = {_package(m) for m in _reachable(_graph(), "replica.worker")}
+    assert not reach & {"sync", "checkpoint", "report", "elastic", "leader", "cli"}, reach
 
 
-def test_modules_stay_small() -> None:
-    sizes = {p.name: len(p.read_text().splitlines()) for p in PKG.glob("*.py")}
-    assert not {n: s for n, s in sizes.items() if s > MAX_LINES}, sizes
+def test_nobody_writes_another_objects_private_state() -> None:
+    """``other._x = ...`` couples two classes through a name one of them may rename; a class
+    sets its own private state, or offers a method."""
+    writes = []
+    for path in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else (
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            for t in targets:
+                for sub in ast.walk(t):
+                    if (isinstance(sub, ast.Attribute) and sub.attr.startswith("_") and not sub.attr.startswith("__")
+                            and not (isinstance(sub.value, ast.Name) and sub.value.id in ("self", "cls"))):
+                        writes.append(f"{path.relative_to(REPO)}:{node.lineno} {ast.unparse(t)}")
+    assert writes == []
 
 
-def test_the_layout_detector_sees_a_cycle(tmp_path: Path) -> None:
-    (tmp_path / "a.py").write_text("from hogwild.b import x\n")
-    (tmp_path / "b.py").write_text("def f():\n    from hogwild import a\n")
-    graph = {p.stem: _imports(p) for p in tmp_path.glob("*.py")}
-    assert graph == {"a": {"b"}, "b": {"a"}} and "a" in _reachable(graph, "a")
+def test_modules_stay_readable() -> None:
+    sizes = {str(p.relative_to(PKG)): len(p.read_text().splitlines()) for p in PKG.rglob("*.py")}
+    assert not {n: s for n, s in sizes.items() if s > MAX_LINES}
+
+
+def test_the_wheel_lists_every_subpackage() -> None:
+    """pyproject.toml names the packages one by one (conf/ is mapped onto hogwild.conf); a new
+    subpackage left out of the list would be missing from every install but an editable one."""
+    listed = set(re.findall(r'"(hogwild[\w.]*)"', (REPO / "pyproject.toml").read_text().split("packages = [")[1]
+                            .split("]")[0]))
+    on_disk = {"hogwild"} | {f"hogwild.{p.name}" for p in PKG.iterdir() if (p / "__init__.py").exists()}
+    assert listed == on_disk | {"hogwild.conf"}
+
+
+def test_the_layout_detector_sees_a_cycle_and_a_backward_import(tmp_path: Path) -> None:
+    (tmp_path / "sync").mkdir()
+    (tmp_path / "replica").mkdir()
+    (tmp_path / "sync" / "a.py").write_text("from hogwild.replica.b import x\n")
+    (tmp_path / "replica" / "b.py").write_text("def f():\n    from hogwild.sync import a\n")
+    graph = _graph(tmp_path)
+    assert graph == {"sync.a": {"replica.b"}, "replica.b": {"sync.a"}}
+    assert "sync.a" in _reachable(graph, "sync.a")
+    assert _violations(graph) == ["replica.b -> sync.a: replica/ comes before sync/ in the flow"]
+    assert _violations({"sync.x": {"elastic.y"}, "elastic.y": {"replica.z"}}) == [
+        "elastic.y -> replica.z: elastic/ stands on config/ and sync/ only",
+        "sync.x -> elastic.y: only the conductor knows elastic/"]
 
 
 def test_launch_scripts_parse() -> None:

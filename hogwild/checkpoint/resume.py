@@ -7,8 +7,7 @@ run starts from them and adds what its own workers do.
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -115,25 +114,6 @@ def steps_lost(previous: Optional[tuple[float, float]], path: str, run_dir: Path
     if known < world or not here:
         return None  # some replica has no record, or the checkpoint is from another run_dir
     return max(0, round(base_sum / world + applied - ckpt_steps))
-
-
-def payload(*, model_name: str, shapes: list[tuple[int, ...]], flat: Tensor,
-            opt_state: Optional[dict[str, Tensor]], positions: Tensor, counters: Counters,
-            sync_state: dict[str, Tensor], config: dict[str, Any], lineage: str) -> dict[str, Any]:
-    """A checkpoint: tensors and plain values only, so it loads with ``weights_only=True``."""
-    return {
-        "format": checkpoint.FORMAT,
-        "lineage": lineage,
-        "written_at": time.time(),
-        "model": model_name,
-        "shapes": [list(s) for s in shapes],
-        "flat": flat.detach().to("cpu", copy=True),
-        "opt_state": {k: v.detach().to("cpu", copy=True) for k, v in (opt_state or {}).items()},
-        "positions": positions,
-        "counters": asdict(counters),
-        "sync_state": sync_state,
-        "config": config,
-    }
 
 
 def resume(cfg: Config, run_dir: Path, rep: Replica, board: Board, rule: SyncRule, comm: Comm, env: DistEnv,

@@ -8,19 +8,48 @@ values or a diverged loss is not written, and the last good file stays.
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
+from torch import Tensor, nn
 
 from hogwild.checkpoint import store as checkpoint
 from hogwild.checkpoint.health import diverged
-from hogwild.checkpoint.resume import Counters, payload
+from hogwild.checkpoint.resume import Counters
 from hogwild.errors import EXIT_FAILED, EXIT_WRITE
 from hogwild.replica.board import Board, Totals
 from hogwild.replica.build import Replica
+from hogwild.replica.shared import state_dict_of
 
 logger = logging.getLogger(__name__)
+
+
+def payload(*, model_name: str, shapes: list[tuple[int, ...]], flat: Tensor,
+            opt_state: Optional[dict[str, Tensor]], positions: Tensor, counters: Counters,
+            sync_state: dict[str, Tensor], config: dict[str, Any], lineage: str,
+            model: Optional[nn.Module] = None) -> dict[str, Any]:
+    """A checkpoint: tensors and plain values only, so it loads with ``weights_only=True``.
+    ``state_dict`` (the module's names, views of the same ``flat`` copy, stored once) is the
+    part that leaves hogwild: ``torch.load(path, weights_only=True)["state_dict"]``."""
+    cpu = flat.detach().to("cpu", copy=True)
+    return {
+        "format": checkpoint.FORMAT,
+        "lineage": lineage,
+        "written_at": time.time(),
+        "model": model_name,
+        "shapes": [list(s) for s in shapes],
+        "flat": cpu,
+        "state_dict": state_dict_of(model, cpu) if model is not None else {},
+        "opt_state": {k: v.detach().to("cpu", copy=True) for k, v in (opt_state or {}).items()},
+        "positions": positions,
+        "counters": asdict(counters),
+        "sync_state": sync_state,
+        "config": config,
+    }
+
 
 
 class Saver:
@@ -62,7 +91,7 @@ class Saver:
             return f"{bad}: not checkpointed; {self.kept()}", EXIT_FAILED
         data = payload(model_name=self.model_name, shapes=rep.shapes, flat=rep.flat, opt_state=rep.opt_state,
                        positions=positions, counters=counters, sync_state=sync_state, config=config,
-                       lineage=self.lineage)
+                       lineage=self.lineage, model=rep.model)
         try:
             self.last_good = str(checkpoint.save(self.run_dir, data, self.keep))
         except checkpoint.CheckpointWriteError as e:

@@ -17,52 +17,56 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from hogwild.cli.common import import_from_cwd
 from hogwild.config.compose import CONF_DIR, preflight, register_resolvers, to_config
 from hogwild.config.env import DistEnv
 from hogwild.errors import Fault, UserError, report, say_error
 from hogwild.replica.task import HEADLINE
+from hogwild.report.summary import RunResult
 
 logger = logging.getLogger(__name__)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def _hydra_main(dcfg: DictConfig) -> Optional[float]:
-    from hogwild.leader.core import Leader
-    from hogwild.leader.elastic import ElasticLeader
+    from hogwild.leader.core import leader_for
 
     try:
         cfg = to_config(dcfg)
-        leader = ElasticLeader if cfg.sync.coordinator else Leader
-        result = leader(cfg, HydraConfig.get().runtime.output_dir).run()
+        result = leader_for(cfg, HydraConfig.get().runtime.output_dir).run()
     except (UserError, Fault) as e:
         report(e)
-    if "verdict" in result:
-        scores = ", ".join(f"{k[5:]} {v:.4f}" for k, v in result.items() if k.startswith("test_"))
-        logger.info("test %s; %d steps, %.0f samples/s in %.1fs", scores, result["steps"],
-                    result["samples_per_s"], result["wall_s"])
-        verdict = result.get("verdict", "")
-        (logger.info if verdict.startswith("learned") else logger.warning)("verdict: %s", verdict)
-        run_dir = Path(result["run_dir"])
-        outputs = [name for name in ("metrics.json", "checkpoints/last.pt", "tb/") if (run_dir / name).exists()]
-        logger.info("outputs in %s: %s (tensorboard --logdir %s/tb)", run_dir, ", ".join(outputs), run_dir)
-    if result["exit_code"] != 0:
-        if result.get("error"):
-            say_error(result["error"])
-        if result.get("peer_lost"):
+    log_result(result)
+    if result.exit_code != 0:
+        if result.error:
+            say_error(result.error)
+        if result.peer_lost:
             # A collective to the lost peer is still pending inside Gloo/NCCL; tearing the
             # interpreter down would destroy its thread and abort (SIGABRT) instead of exiting 3.
             logging.shutdown()
             sys.stdout.flush()
-            os._exit(result["exit_code"])
-        raise SystemExit(result["exit_code"])
-    return float(result.get(f"test_{HEADLINE[result['task']]}", 0.0)) if "task" in result else 0.0
+            os._exit(result.exit_code)
+        raise SystemExit(result.exit_code)
+    m = result.metrics or {}
+    return float(m.get(f"test_{HEADLINE[m['task']]}", 0.0)) if "task" in m else 0.0
+
+
+def log_result(result: RunResult) -> None:
+    """The end of a run in three lines: the test scores, the verdict, and where the outputs are."""
+    m = result.metrics
+    if m is None or "verdict" not in m:
+        return
+    scores = ", ".join(f"{k[5:]} {v:.4f}" for k, v in m.items() if k.startswith("test_"))
+    logger.info("test %s; %d steps, %.0f samples/s in %.1fs", scores, m["steps"], m["samples_per_s"], m["wall_s"])
+    verdict = m.get("verdict", "")
+    (logger.info if verdict.startswith("learned") else logger.warning)("verdict: %s", verdict)
+    run_dir = Path(m["run_dir"])
+    outputs = [name for name in ("metrics.json", "checkpoints/last.pt", "tb/") if (run_dir / name).exists()]
+    logger.info("outputs in %s: %s (tensorboard --logdir %s/tb)", run_dir, ", ".join(outputs), run_dir)
 
 
 def main() -> None:
-    # A user's model module next to where the command runs (model._target_=mynets.Net) must
-    # import here and in every spawned worker, which inherits this sys.path.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    import_from_cwd()
     register_resolvers()
     try:
         DistEnv.from_env()  # torchrun's variables: Hydra reads them too, inside its own config

@@ -1,6 +1,6 @@
-"""The leader: one per replica. Builds the shared model, runs its Hogwild workers, and is
-the replica's only member of the ``torch.distributed`` group. Flow: config -> shared model +
-data -> workers (replica/pool.py) | sync rounds (sync/rules.py) -> metrics.
+"""The leader: one per replica. Builds the shared model, runs its Hogwild workers, and meets
+the other replicas through the :class:`~hogwild.leader.api.Group` it is handed. Flow: config ->
+shared model + data -> workers (replica/pool.py) | sync rounds (sync/rounds.py) -> metrics.
 
 A *sync round* is the leaders' only meeting point. Every leader enters round k when its
 replica has made ``sync.interval`` more steps since round k-1 (sync/schedule.py), when its
@@ -21,13 +21,13 @@ from omegaconf import OmegaConf
 
 from hogwild.checkpoint import store as checkpoint
 from hogwild.checkpoint.health import loss_bar
-from hogwild.checkpoint.resume import Counters, Restored, resume
+from hogwild.checkpoint.resume import Counters
 from hogwild.checkpoint.saver import Saver
 from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
-from hogwild.errors import EXIT_FAILED, EXIT_FAULT, StopNow
-from hogwild.files import RunDirLock
-from hogwild.leader.stopping import Stopper
+from hogwild.errors import EXIT_FAILED, StopNow
+from hogwild.leader.api import Control, Crew, Group
+from hogwild.leader.torchrun import TorchrunGroup
 from hogwild.replica import resources
 from hogwild.replica.board import Board, Totals, previous_attempt
 from hogwild.replica.build import build_replica
@@ -36,11 +36,10 @@ from hogwild.replica.models import model_id
 from hogwild.replica.pool import WorkerPool, worker_specs
 from hogwild.replica.resources import resolve_workers
 from hogwild.report.metrics import flatten
-from hogwild.report.summary import Timing, exit_code, final_report, status_of, write_report
+from hogwild.report.summary import RunResult, Timing, exit_code, final_report, status_of, write_report
 from hogwild.report.telemetry import Telemetry
 from hogwild.report.verdict import judge
-from hogwild.sync.comm import Comm, PeerLost
-from hogwild.sync.group import destroy_group, join_torchrun_group
+from hogwild.sync.comm import PeerLost
 from hogwild.sync.rounds import Rounds
 from hogwild.sync.rules import make_rule
 from hogwild.sync.schedule import SyncSchedule
@@ -54,251 +53,247 @@ LOCAL_GRACE = 0.25
 
 
 class Leader:
-    def __init__(self, cfg: Config, run_dir: str, env: Optional[DistEnv] = None) -> None:
-        self.cfg, self.env, self.run_dir = cfg, env or DistEnv.from_env(), Path(run_dir)
-        self.device = torch.device("cuda", self.env.local_rank) if cfg.device == "cuda" else torch.device("cpu")
-        self.is_rank0 = self.env.rank == 0
-        self.stopper = Stopper()
-        self.fault, self.fault_code = None, EXIT_FAULT  # type: Optional[str], int
-        self.degraded = False  # a peer is gone: no more collectives
-        self.restored: Optional[Restored] = None
-        self.t_start, self.next_ckpt = time.monotonic(), 0.0
+    def __init__(self, cfg: Config, run_dir: str, group: Optional[Group] = None,
+                 ctl: Optional[Control] = None) -> None:
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.ctl = ctl or Control()
+        self.group = group or TorchrunGroup()
+        self.env: DistEnv = self.group.env
+        self.t_start = time.monotonic()
         self.t_train: Optional[float] = None
-        self.lock: Optional[RunDirLock] = None
-        self.comm: Comm  # set by _connect
+        self.crew: Optional[Crew] = None
 
     # ---------------------------------------------------------------- setup
-    def _setup(self) -> None:
-        cfg, env = self.cfg, self.env
+    def _setup(self) -> Crew:
+        """Everything the run needs, built here and nowhere else."""
+        cfg, env, group = self.cfg, self.env, self.group
         torch.set_num_threads(1)  # the leader sleeps; the cores belong to the workers
-        self.k = resolve_workers(cfg.workers, env.local_world_size)
-        resources.check(cfg, self.k, env.local_world_size)  # before anything is allocated
-        self.rep = rep = build_replica(cfg)
-        self._connect()
-        self.rule = make_rule(cfg.sync, self.comm, rep.param_numel)
-        board_file = self.run_dir / "progress" / f"rank{env.rank}.board"
+        k = resolve_workers(cfg.workers, env.local_world_size)
+        resources.check(cfg, k, env.local_world_size)  # before anything is allocated
+        rep = build_replica(cfg)
+        comm, run_dir = group.connect(cfg, self.run_dir, k, rep)
+        self.run_dir = run_dir
+        rule = make_rule(cfg.sync, comm, rep.param_numel)
+        board_file = run_dir / "progress" / f"rank{env.rank}.board"
         previous = previous_attempt(board_file)  # read before this attempt overwrites it
-        self.board = Board(self.k, board_file)
-        self.schedule = SyncSchedule.from_config(cfg.sync, env.distributed)
-        self.restored = r = self._resume(previous)
-        self.base = r.counters if r else Counters()
-        self.saver = Saver(self.run_dir, cfg.checkpoint.keep, r.lineage if r else checkpoint.new_lineage(),
-                           model_id(cfg.model), r.path if r else None)
-        self.specs = worker_specs(cfg, env, self.k, len(rep.ds.train))
-        self.tel = Telemetry(cfg, self.run_dir, env.rank == 0, rep.model, rep.ds.test, self.device, rep.task)
-        self.rounds = Rounds(rep.flat, self.rule, self.comm, self.board, self.schedule, self.base.syncs)
-
-    def _connect(self) -> None:  # the group, the agreed run_dir, and its one writer's lock (design rule 17)
-        sc = self.cfg.sync
-        self.comm, self.run_dir = join_torchrun_group(self.env, sc.backend, sc.timeout_s, self.cfg.device,
-                                                      self.run_dir, self.k, self.rep.flat.device)
-        if self.is_rank0:
-            self.lock = RunDirLock(self.run_dir)
-            self.lock.acquire()
-
-    def _resume(self, previous: Optional[tuple[float, float]]) -> Optional[Restored]:
-        return resume(self.cfg, self.run_dir, self.rep, self.board, self.rule, self.comm, self.env, previous)
+        board = Board(k, board_file)
+        schedule = SyncSchedule.from_config(cfg.sync, env.distributed)
+        restored = group.restore(cfg, run_dir, rep, board, rule, previous)
+        base = restored.counters if restored else Counters()
+        saver = Saver(run_dir, cfg.checkpoint.keep, restored.lineage if restored else checkpoint.new_lineage(),
+                      model_id(cfg.model), restored.path if restored else None)
+        specs = worker_specs(cfg, env, k, len(rep.ds.train))
+        device = torch.device("cuda", env.local_rank) if cfg.device == "cuda" else torch.device("cpu")
+        tel = Telemetry(cfg, run_dir, env.rank == 0, rep.model, rep.ds.test, device, rep.task)
+        rounds = Rounds(rep.flat, rule, comm, board, schedule, base.syncs)
+        pool = WorkerPool(cfg, specs, rep, board)
+        crew = Crew(cfg=cfg, env=env, run_dir=run_dir, workers=k, rep=rep, comm=comm, rule=rule, board=board,
+                    schedule=schedule, restored=restored, base=base, saver=saver, specs=specs, tel=tel,
+                    rounds=rounds, pool=pool)
+        group.attach(crew)
+        return crew
 
     # ---------------------------------------------------------------- rounds
-    def _round(self, done: bool, stop: bool, final: bool = False) -> tuple[bool, bool]:
+    def _round(self, crew: Crew, done: bool, stop: bool, final: bool = False) -> tuple[bool, bool]:
+        ctl, group = self.ctl, self.group
+        group.before_round()
         # A stopping leader may have a dead peer (torchrun SIGTERMs survivors): bound the wait.
         wait_s = min(self.cfg.fault.shutdown_timeout_s, 10.0) if stop else self.cfg.sync.timeout_s
-        out = self.rounds.run(done=done, stop=stop, final=final, timeout_s=wait_s,
-                              want_checkpoint=self.is_rank0 and time.monotonic() >= self.next_ckpt,
-                              reached=self.tel.time_to_target is not None, reform=self._reform_wanted())
-        self.tel.round(out.stats)
-        self.pool.release()  # workers waiting at the lag limit may go on
+        out = crew.rounds.run(done=done, stop=stop, final=final, timeout_s=wait_s,
+                              want_checkpoint=group.writer and time.monotonic() >= ctl.next_ckpt,
+                              reached=crew.tel.time_to_target is not None, reform=group.wants_reform())
+        crew.tel.round(out.stats)
+        crew.pool.release()  # workers waiting at the lag limit may go on
         if out.checkpoint and not final:
-            self._checkpoint()
+            self._checkpoint(crew)
         # A round that ends the job admits nobody: the members go on to their final collectives,
         # which a joiner just healed would never enter. It finds the job finished and leaves.
         if out.reform and not (final or out.all_done or out.any_stop or out.reached):
-            self._reform()
+            group.reform()
         return out.all_done or out.reached, out.any_stop
-
-    # Hooks of the elastic mode (leader/elastic.py); a torchrun job's group never changes.
-    def _reform_wanted(self) -> bool:
-        return False
-
-    def _reform(self) -> None:  # every leader calls it after the same round
-        pass
 
     def _recover(self, e: PeerLost) -> bool:
         """A collective failed: True if the group re-formed and the loop may go on."""
-        self.degraded = True
-        self._fail(f"{e}; keeping the last periodic checkpoint")
+        why = self.group.recover(e)
+        if why is None:
+            return True
+        self.ctl.degraded = True
+        self.ctl.fail(why)
         return False
 
-    def _gather_positions(self) -> torch.Tensor:  # every replica's data positions, in rank order
-        return torch.stack(self.comm.all_gather(torch.from_numpy(self.board.stats["pos"].copy()))).cpu()
-
-    def _report_extra(self) -> dict[str, Any]:
-        return {}
-
-    def _start_barrier(self) -> None:
-        self.comm.all_reduce(torch.zeros(1), self.cfg.sync.timeout_s, "the start barrier")
-
-    def _checkpoint(self, write: bool = True) -> Totals:
-        """Collective (positions and totals of every replica), written by rank 0 only, and
+    def _checkpoint(self, crew: Crew, write: bool = True) -> Totals:
+        """Collective (positions and totals of every replica), written by the writer only, and
         only if the model is good. Returns the job-wide totals it reduced on the way."""
-        own = self._own()
-        positions = self._gather_positions()
-        job = Totals.from_tensor(self.comm.all_reduce(own.to_tensor()))
-        self.saver.gathered(positions, job, own)
+        own = self._own(crew)
+        positions = self.group.positions()
+        job = Totals.from_tensor(crew.comm.all_reduce(own.to_tensor()))
+        crew.saver.gathered(positions, job, own)
         if write:
-            self._write(positions, job)
+            if self.group.may_write():
+                self._write(crew, positions, job)
+            else:
+                self.ctl.checkpoint_in(self.cfg.checkpoint.every_s)
         return job
 
-    def _write(self, positions: torch.Tensor, job: Totals) -> None:
-        self.next_ckpt = time.monotonic() + self.cfg.checkpoint.every_s
-        if self.is_rank0:
-            failed = self.saver.write(self.rep, positions=positions, counters=self.base.plus(job, self.rounds.syncs),
-                                      sync_state=self.rule.state_dict(), config=self._config_dict(),
-                                      loss=self.board.loss())
+    def _write(self, crew: Crew, positions: torch.Tensor, job: Totals) -> None:
+        self.ctl.checkpoint_in(self.cfg.checkpoint.every_s)
+        if self.group.writer:
+            failed = crew.saver.write(crew.rep, positions=positions, counters=crew.base.plus(job, crew.rounds.syncs),
+                                      sync_state=crew.rule.state_dict(), config=self._config_dict(),
+                                      loss=crew.board.loss())
             if failed is not None:
-                self._fail(*failed)
+                self.ctl.fail(*failed)
 
-    def _write_local(self) -> None:
+    def _write_alone(self, crew: Crew) -> None:
         """A checkpoint of this replica alone, without a collective (see Saver.local_view)."""
-        self._write(*self.saver.local_view(self.board, self.env.rank, self.env.world_size, self._own()))
+        if not self.group.may_write_alone():
+            self.ctl.checkpoint_in(self.cfg.checkpoint.every_s)
+            return
+        self._write(crew, *crew.saver.local_view(crew.board, self.env.rank, self.env.world_size, self._own(crew)))
 
-    def _own(self) -> Totals:  # this replica's counters (elastic mode adds its slot's earlier processes')
-        return self.board.totals(self.pool.restarts)
-
-    def _fail(self, msg: str, code: int = EXIT_FAULT) -> None:
-        if self.fault is None:
-            self.fault, self.fault_code = msg, code
-            logger.error("stopping: %s", msg)
+    def _own(self, crew: Crew) -> Totals:  # this replica's counters (elastic mode adds its slot's earlier processes')
+        return self.group.own(crew.board.totals(crew.pool.restarts))
 
     def _config_dict(self) -> dict[str, Any]:
         return OmegaConf.to_container(OmegaConf.structured(self.cfg), resolve=True)  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ loop
-    def _check_faults(self) -> None:
-        msg = self.pool.check(self.cfg.fault.max_worker_restarts)
+    def _check_faults(self, crew: Crew) -> None:
+        msg = crew.pool.check(self.cfg.fault.max_worker_restarts)
         if msg:
-            self._fail(msg)
-        skipped = self.board.skipped()
+            self.ctl.fail(msg)
+        skipped = crew.board.skipped()
         if skipped > self.cfg.fault.max_nonfinite:  # the model is not training: a failed run
-            self._fail(f"{skipped} non-finite updates skipped, more than fault.max_nonfinite="
-                       f"{self.cfg.fault.max_nonfinite}", EXIT_FAILED)
+            self.ctl.fail(f"{skipped} non-finite updates skipped, more than fault.max_nonfinite="
+                          f"{self.cfg.fault.max_nonfinite}", EXIT_FAILED)
 
-    def _loop(self) -> None:
+    def _loop(self, crew: Crew) -> None:
+        ctl, group, board, tel = self.ctl, self.group, crew.board, crew.tel
         while True:
             # Sleep until the next thing due (eval, metrics, checkpoint), a worker's wake-up or death.
             now = time.monotonic()
-            due = min(self.tel.next_due(), self.next_ckpt if self.is_rank0 else now + 1.0, now + 1.0)
-            self.pool.wait(min(max(due - now, 0.001), 0.5))
-            self._check_faults()
-            reached = self.tel.time_to_target is not None
-            done = self.board.all_done()
-            stop = self.stopper.signal is not None or self.fault is not None
+            due = min(tel.next_due(), ctl.next_ckpt if group.writer else now + 1.0, now + 1.0)
+            crew.pool.wait(min(max(due - now, 0.001), 0.5))
+            self._check_faults(crew)
+            reached = tel.time_to_target is not None
+            done = board.all_done()
+            stop = ctl.stopping
             if not self.env.distributed:
                 if done or stop or reached:
                     return
-                if time.monotonic() >= self.next_ckpt:
-                    self._checkpoint()
-            elif done or stop or reached or self.schedule.due(self.board.replica_pos()):
+                if time.monotonic() >= ctl.next_ckpt:
+                    self._checkpoint(crew)
+            elif done or stop or reached or crew.schedule.due(board.replica_pos()):
                 try:
-                    all_done, any_stop = self._round(done, stop)
+                    all_done, any_stop = self._round(crew, done, stop)
                 except PeerLost as e:
                     if self._recover(e):
                         continue
                     return
-                if any_stop and self.stopper.signal is None:
-                    self._fail("another replica stopped the job")
+                if any_stop and not ctl.signalled:
+                    ctl.fail("another replica stopped the job")
                 if all_done or any_stop:
                     return
-            elif self.is_rank0 and time.monotonic() >= self.next_ckpt + LOCAL_GRACE * self.cfg.checkpoint.every_s:
+            elif group.writer and time.monotonic() >= ctl.next_ckpt + LOCAL_GRACE * self.cfg.checkpoint.every_s:
                 # No round brought the due checkpoint (a long interval, a slow peer): write this
                 # replica's own, so checkpoint.every_s holds (within the grace) between rounds.
-                self._write_local()
-            self.tel.tick(self.board, self.base.steps, self.rounds.syncs)
+                self._write_alone(crew)
+            tel.tick(board, crew.base.steps, crew.rounds.syncs)
 
     # ------------------------------------------------------------------- run
-    def run(self) -> dict[str, Any]:
+    def run(self) -> RunResult:
+        ctl = self.ctl
         try:
-            self.stopper.install()  # a SIGTERM during start-up stops it at once
-            self._setup()
-            self.pool = WorkerPool(self.cfg, self.specs, self.rep, self.board)
-            self.stopper.workers_started(self.pool.kill)
+            ctl.stopper.install()  # a SIGTERM during start-up stops it at once
+            self.crew = crew = self._setup()
+            pool = crew.pool
+            ctl.stopper.workers_started(pool.kill)
             logger.info("replica %d/%d: %d workers x %d threads, %d steps each, run dir %s",
-                        self.env.rank, self.env.world_size, self.k, self.specs[0].threads,
-                        self.specs[0].quota, self.run_dir.resolve())
+                        self.env.rank, self.env.world_size, crew.workers, crew.specs[0].threads,
+                        crew.specs[0].quota, crew.run_dir.resolve())
             try:
-                self.pool.start()
+                pool.start()
                 fault = self.cfg.fault
-                if not self.pool.wait_ready(fault.startup_timeout_s, fault.max_worker_restarts,
-                                            lambda: self.stopper.signal is not None):
+                if not pool.wait_ready(fault.startup_timeout_s, fault.max_worker_restarts, lambda: ctl.signalled):
                     raise StopNow()  # a signal while the workers warmed up: nothing trained yet
-                self.tel.warm_up(self.base.steps)
-                self.saver.loss_bar = loss_bar(self.tel.test_loss, self.rep.task.classes)
-                self._start_barrier()
-                self.pool.go()
+                crew.tel.warm_up(crew.base.steps)
+                crew.saver.loss_bar = loss_bar(crew.tel.test_loss, crew.rep.task.classes)
+                self.group.start()
+                pool.go()
                 self.t_train = time.monotonic()
-                self.next_ckpt = self.t_train + self.cfg.checkpoint.every_s
-                self.tel.start(self.board, sum(s.quota for s in self.specs))
-                self._loop()
+                ctl.checkpoint_in(self.cfg.checkpoint.every_s)
+                crew.tel.start(crew.board, sum(s.quota for s in crew.specs))
+                self._loop(crew)
             finally:
-                self.pool.stop(self.cfg.fault.shutdown_timeout_s)
-                self.tel.close()
-            return self._finish(time.monotonic() - self.t_train)
+                pool.stop(self.cfg.fault.shutdown_timeout_s)
+                crew.tel.close()
+            return self.group.finish(self._finish(crew, time.monotonic() - self.t_train))
         except StopNow:
-            self.fault = "stopped during start-up: nothing trained, no checkpoint written"
+            ctl.fault = "stopped during start-up: nothing trained, no checkpoint written"
             return self._outcome()
         finally:
-            if not self.degraded:
-                destroy_group()
-            if self.lock is not None:
-                self.lock.release()
+            self.group.close(ctl.degraded)
+            ctl.stopper.uninstall()
 
-    def _outcome(self, **extra: Any) -> dict[str, Any]:  # the result of a leader writing no metrics.json
-        status = status_of(self.stopper.signal, self.fault, self.fault_code)
-        return {"status": status, "exit_code": exit_code(status), "error": self.fault, **extra}
+    def _outcome(self, peer_lost: bool = False) -> RunResult:  # the result of a leader writing no metrics.json
+        status = status_of(self.ctl.stopper.signal, self.ctl.fault, self.ctl.fault_code)
+        return RunResult(status=status, exit_code=exit_code(status), error=self.ctl.fault, run_dir=self.run_dir,
+                         peer_lost=peer_lost)
 
-    def _finish(self, train_s: float) -> dict[str, Any]:
-        while self.env.distributed and not self.degraded:
+    def _finish(self, crew: Crew, train_s: float) -> RunResult:
+        ctl, group = self.ctl, self.group
+        while self.env.distributed and not ctl.degraded:
             try:
-                self._round(True, True, final=True)
+                self._round(crew, True, True, final=True)
                 break
             except PeerLost as e:
                 self._recover(e)  # elastic mode re-forms and the survivors retry the final round
-        if self.degraded:
-            # No collective can run, but rank 0's own replica (workers stopped) is still worth
+        if ctl.degraded:
+            # No collective can run, but the writer's own replica (workers stopped) is still worth
             # keeping: a peer that froze before the first checkpoint must not cost everything.
             logger.error("a peer replica is gone: no final sync%s",
-                         "; rank 0 checkpoints its own replica" if self.is_rank0 else "")
-            if self.is_rank0:
-                self._write_local()
+                         "; the writer checkpoints its own replica" if group.writer else "")
+            if group.writer:
+                self._write_alone(crew)
             return self._outcome(peer_lost=True)
-        dump_final(self.rep.flat, self.env.rank)
-        tel, board = self.tel, self.board
-        if self.is_rank0:  # judged before the final checkpoint: a failed run never writes one
-            tel.evaluate(self.base.steps + board.applied() * self.env.world_size)
-            verdict = judge(self.rep, tel.scores, self.saver.loss_bar, board.applied(), board.skipped())
+        dump_final(crew.rep.flat, self.env.rank)
+        tel, board = crew.tel, crew.board
+        if group.writer:  # judged before the final checkpoint: a failed run never writes one
+            tel.evaluate(crew.base.steps + board.applied() * self.env.world_size)
+            verdict = judge(crew.rep, tel.scores, crew.saver.loss_bar, board.applied(), board.skipped())
             if verdict.failure:
-                self._fail(f"{verdict.failure}; {self.saver.kept()}", EXIT_FAILED)
-        job = self._checkpoint(write=self.fault_code != EXIT_FAILED)  # workers are stopped: final totals
-        sync_stats = self.rounds.close()
-        self.tel.round(sync_stats.final)
-        if not self.is_rank0:
+                ctl.fail(f"{verdict.failure}; {crew.saver.kept()}", EXIT_FAILED)
+        job = self._checkpoint(crew, write=ctl.fault_code != EXIT_FAILED)  # workers are stopped: final totals
+        sync_stats = crew.rounds.close()
+        tel.round(sync_stats.final)
+        if not group.writer:
             return self._outcome()
-        status = status_of(self.stopper.signal, self.fault, self.fault_code)
-        counters = self.base.plus(job, self.rounds.syncs)
+        status = status_of(ctl.stopper.signal, ctl.fault, ctl.fault_code)
         assert self.t_train is not None
         timing = Timing(wall_s=time.monotonic() - self.t_start, train_s=train_s, startup_s=self.t_train - self.t_start,
                         time_to_target_s=tel.time_to_target, worker_steps_to_target=tel.worker_steps_to_target)
-        result = final_report(status=status, error=self.fault, counters=counters, job=job,
-                              task=self.rep.task, scores=tel.scores, train_loss=board.loss(),
-                              timing=timing, sync=sync_stats, workers=self.k, threads=self.specs[0].threads,
-                              replicas=self.env.world_size, sync_mode=self.cfg.sync.mode,
-                              schedule=self.schedule, resumed=self.restored, run_dir=self.run_dir)
-        result.update(verdict=verdict.summary, **self._report_extra())
-        write_report(self.run_dir / "metrics.json", result)
+        metrics = final_report(status=status, error=ctl.fault, counters=crew.base.plus(job, crew.rounds.syncs),
+                               job=job, task=crew.rep.task, scores=tel.scores, train_loss=board.loss(),
+                               timing=timing, sync=sync_stats, workers=crew.workers, threads=crew.specs[0].threads,
+                               replicas=self.env.world_size, sync_mode=self.cfg.sync.mode,
+                               schedule=crew.schedule, resumed=crew.restored, run_dir=crew.run_dir)
+        metrics.update(verdict=verdict.summary, **group.report())
+        write_report(crew.run_dir / "metrics.json", metrics)
         tel.metrics.hparams(flatten("", self._config_dict()), {f"test_{k}": v for k, v in tel.scores.items()})
         tel.metrics.close()
-        return result
+        return RunResult(status=metrics["status"], exit_code=metrics["exit_code"], error=metrics.get("error"),
+                         run_dir=crew.run_dir, metrics=metrics)
 
 
-def run(cfg: Config, run_dir: str, env: Optional[DistEnv] = None) -> dict[str, Any]:
-    return Leader(cfg, run_dir, env).run()
+def leader_for(cfg: Config, run_dir: str, env: Optional[DistEnv] = None) -> Leader:
+    """The leader ``cfg`` asks for: elastic with ``sync.coordinator``, else a torchrun group."""
+    if cfg.sync.coordinator:
+        from hogwild.leader.elastic import ElasticGroup
+
+        ctl = Control()
+        return Leader(cfg, run_dir, ElasticGroup(cfg, ctl, env), ctl)
+    return Leader(cfg, run_dir, TorchrunGroup(env))
+
+
+def run(cfg: Config, run_dir: str, env: Optional[DistEnv] = None) -> RunResult:
+    return leader_for(cfg, run_dir, env).run()

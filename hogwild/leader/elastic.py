@@ -1,5 +1,5 @@
-"""The leader in elastic mode (``sync.coordinator=HOST:PORT``): each replica is launched on
-its own, registers with the coordinator, and the group survives losing a replica.
+"""The elastic group (``sync.coordinator=HOST:PORT``): each replica is launched on its own,
+registers with the coordinator, and the group survives losing a replica.
 
 - A failed collective (a peer killed, stopped or dropped) does not stop the job: the
   survivors form the next epoch's group (elastic/membership.py) and go on; their workers never stop.
@@ -31,53 +31,70 @@ from hogwild.elastic.link import CoordinatorAway
 from hogwild.elastic.membership import Dropped, Epoch, Membership
 from hogwild.errors import EXIT_FAULT, Fault, StopNow, UserError
 from hogwild.files import RunDirLock
-from hogwild.leader.core import Leader
-from hogwild.replica.board import Totals
+from hogwild.leader.api import Control, Group
+from hogwild.replica.board import Board, Totals
+from hogwild.replica.build import Replica
 from hogwild.replica.models import model_id
-from hogwild.sync.comm import PeerLost
+from hogwild.report.summary import RunResult
+from hogwild.sync.comm import Comm, PeerLost
+from hogwild.sync.group import destroy_group
+from hogwild.sync.rules import SyncRule
 
 logger = logging.getLogger(__name__)
 
 
-class ElasticLeader(Leader):
-    def __init__(self, cfg: Config, run_dir: str, env: Optional[DistEnv] = None) -> None:
+class ElasticGroup(Group):
+    def __init__(self, cfg: Config, ctl: Control, env: Optional[DistEnv] = None) -> None:
         sc = cfg.sync
-        assert sc.slot is not None
-        base = env or DistEnv.from_env()
-        super().__init__(cfg, run_dir, dataclasses.replace(base, rank=sc.slot, world_size=sc.replicas))
-        self.is_rank0 = False  # the writer is decided by each epoch (see _became)
-        self._lock_refused = False
-        self._round_t0 = time.monotonic()
+        assert sc.slot is not None and sc.coordinator is not None
+        self.env = dataclasses.replace(env or DistEnv.from_env(), rank=sc.slot, world_size=sc.replicas)
+        self.cfg, self.ctl = cfg, ctl
+        self.connected = False  # the membership and its communicator exist from connect() on
+        self.lock: Optional[RunDirLock] = None
+        self.run_dir: Optional[Path] = None
+        self.lock_refused = False
+        self.is_writer = False  # decided by each epoch (see _became)
+        self.round_t0 = time.monotonic()
         self.carried: Optional[torch.Tensor] = None  # earlier processes' totals of this slot (_heal)
-        self._members: tuple[int, ...] = ()
-        self._tally = {"replicas_lost": 0, "replicas_joined": 0}  # as this slot saw them, for TensorBoard
+        self.members: tuple[int, ...] = ()
+        self.tally = {"replicas_lost": 0, "replicas_joined": 0}  # as this slot saw them, for TensorBoard
+        self.slot_positions: Optional[torch.Tensor] = None
+
+    @property
+    def writer(self) -> bool:
+        return self.is_writer
 
     # ---------------------------------------------------------------- setup
-    def _connect(self) -> None:
-        """Register with the coordinator (the group itself forms in _start_barrier)."""
-        sc, rep = self.cfg.sync, self.rep
+    def connect(self, cfg: Config, run_dir: Path, workers: int, rep: Replica) -> tuple[Comm, Path]:
+        """Register with the coordinator (the group itself forms in :meth:`start`)."""
+        sc = cfg.sync
         assert sc.coordinator is not None
+        # Here, not in __init__: the leader's signal handlers are installed by now, so a SIGTERM
+        # while the coordinator is slow to answer stops this replica cleanly.
         self.m = Membership(sc.coordinator, self.env.rank, self.env.world_size, sc.peer_timeout_s,
-                            sc.min_replicas, sc.timeout_s, lambda: self.stopper.signal is not None)
-        fingerprint = (f"model={model_id(self.cfg.model)} params={rep.flat.numel()} sync.mode={sc.mode} "
-                       f"workers={self.k} sync.replicas={sc.replicas}")
-        self.run_dir = Path(self.m.agree_job(fingerprint, str(self.run_dir)))
+                            sc.min_replicas, sc.timeout_s, lambda: self.ctl.signalled)
         self.comm = ElasticComm(self.m, sc.timeout_s)
-        self.positions = torch.zeros(self.env.world_size, self.k, dtype=torch.float64)
+        self.connected = True
+        fingerprint = (f"model={model_id(cfg.model)} params={rep.flat.numel()} sync.mode={sc.mode} "
+                       f"workers={workers} sync.replicas={sc.replicas}")
+        self.run_dir = Path(self.m.agree_job(fingerprint, str(run_dir)))
+        self.slot_positions = torch.zeros(self.env.world_size, workers, dtype=torch.float64)
+        return self.comm, self.run_dir
 
-    def _resume(self, previous: Optional[tuple[float, float]]) -> Optional[Restored]:
+    def restore(self, cfg: Config, run_dir: Path, rep: Replica, board: Board, rule: SyncRule,
+                previous: Optional[tuple[float, float]]) -> Optional[Restored]:
         """Every slot restores the same checkpoint itself (no group exists yet); a live peer's
         state, if any, replaces it when this slot joins."""
         del previous  # steps lost on resume need a collective over every slot; not reported here
-        path = resume_path(self.cfg.resume, self.run_dir, True, lambda p: p)
+        path = resume_path(cfg.resume, run_dir, True, lambda p: p)
         if path is None:
             return None
-        restored, sync_state = restore(path, model_id(self.cfg.model), self.rep.shapes, self.rep.flat,
-                                       self.rep.opt_state, self.board, self.env.rank, self.env.world_size)
-        self.rule.load_state_dict(sync_state)
+        restored, sync_state = restore(path, model_id(cfg.model), rep.shapes, rep.flat, rep.opt_state, board,
+                                       self.env.rank, self.env.world_size)
+        rule.load_state_dict(sync_state)
         return restored
 
-    def _start_barrier(self) -> None:
+    def start(self) -> None:
         """Join the running group (or form the first one) before the workers start."""
         t0 = time.monotonic()
         self._enter(self.m.join(), fresh=True)
@@ -90,57 +107,59 @@ class ElasticLeader(Leader):
         if ep.joiners and ep.source is not None:
             self._heal(ep, fresh)
         self._became(ep)
-        if self._members:
-            self._tally["replicas_lost"] += len(set(self._members) - set(ep.members)) + len(set(ep.joiners) & set(self._members))
-            self._tally["replicas_joined"] += len(ep.joiners)
-        self._members = ep.members
-        for tag, value in (("epoch", ep.number), ("members", len(ep.members)), *self._tally.items()):
+        if self.members:
+            self.tally["replicas_lost"] += (len(set(self.members) - set(ep.members))
+                                            + len(set(ep.joiners) & set(self.members)))
+            self.tally["replicas_joined"] += len(ep.joiners)
+        self.members = ep.members
+        for tag, value in (("epoch", ep.number), ("members", len(ep.members)), *self.tally.items()):
             self._tb(tag, value)
         logger.info("slot %d in epoch %d: members %s, rank %d of %d%s", self.env.rank, ep.number,
-                    list(ep.members), self.comm.rank, self.comm.world_size, " (writer)" if self.is_rank0 else "")
+                    list(ep.members), self.comm.rank, self.comm.world_size, " (writer)" if self.writer else "")
 
     def _heal(self, ep: Epoch, fresh: bool) -> None:
         assert ep.source is not None
-        src = ep.members.index(ep.source)
-        mine = self.env.rank == ep.source
-        state = {"flat": self.rep.flat, "opt": self.rep.opt_state or {}, "sync": self.rule.state_dict(),
-                 "counters": dataclasses.asdict(self.base), "syncs": self.rounds.syncs} if mine else None
+        crew = self.crew
+        rep, src, mine = crew.rep, ep.members.index(ep.source), self.env.rank == ep.source
+        state = {"flat": rep.flat, "opt": rep.opt_state or {}, "sync": crew.rule.state_dict(),
+                 "counters": dataclasses.asdict(crew.base), "syncs": crew.rounds.syncs} if mine else None
         got = self.comm.send_state(state, src)
         if self.env.rank not in ep.joiners:
             return
         with torch.no_grad():
-            self.rep.flat.copy_(got["flat"])
-            for name, buf in (self.rep.opt_state or {}).items():
+            rep.flat.copy_(got["flat"])
+            for name, buf in (rep.opt_state or {}).items():
                 buf.copy_(got["opt"][name])
-        self.rule.load_state_dict(got["sync"])
-        self.base = Counters.from_dict(got["counters"])
-        self.board.control["base_steps"] = self.base.steps
-        self.rounds.syncs = int(got["syncs"])
+        crew.rule.load_state_dict(got["sync"])
+        crew.base = Counters.from_dict(got["counters"])
+        crew.board.control["base_steps"] = crew.base.steps
+        crew.rounds.syncs = int(got["syncs"])
         pos = self.m.link.fetch(f"pos/{self.env.rank}") if fresh else None
         if pos is not None:  # workers not started: resume this slot's shard
-            self.board.stats["pos"] = np.frombuffer(pos, dtype=np.float64).copy()
+            crew.board.stats["pos"] = np.frombuffer(pos, dtype=np.float64).copy()
         done = self.m.link.fetch(f"done/{self.env.rank}") if fresh else None
         if done is not None:  # and count on from its earlier processes' totals at their last round
             self.carried = torch.from_numpy(np.frombuffer(done, dtype=np.float64).copy())
-        self.rounds.rebase()
+        crew.rounds.rebase()
         logger.info("slot %d healed from slot %d (step %d, %d syncs)", self.env.rank, ep.source,
-                    self.base.steps, self.rounds.syncs)
+                    crew.base.steps, crew.rounds.syncs)
 
     def _became(self, ep: Epoch) -> None:
         writer = self.comm.rank == 0
         if writer and self.lock is None:
+            assert self.run_dir is not None
             lock = RunDirLock(self.run_dir)
             try:
                 lock.acquire()
                 self.lock = lock
             except UserError as e:  # a dropped writer still holds it: nobody writes until it lets go
-                if not self._lock_refused:
+                if not self.lock_refused:
                     logger.warning("slot %d: %s", self.env.rank, e)
-                self._lock_refused = True
+                self.lock_refused = True
         if not writer and self.lock is not None:
             self.lock.release()
             self.lock = None
-        self.is_rank0 = writer and self.lock is not None
+        self.is_writer = writer and self.lock is not None
 
     def _regroup(self) -> None:
         """Move to the next epoch, whatever the reason; rejoin if the others dropped us."""
@@ -150,95 +169,93 @@ class ElasticLeader(Leader):
                     ep = self.m.advance()
                 except Dropped as d:
                     logger.warning("%s; rejoining as a new member (no writes until then)", d)
-                    self.is_rank0 = False
+                    self.is_writer = False
                     ep = self.m.join()
                 self._enter(ep)
                 return
             except PeerLost as e:  # a member died while the group formed: next epoch
                 logger.warning("slot %d: %s", self.env.rank, e)
 
-    # ----------------------------------------------------------------- hooks
-    def _round(self, done: bool, stop: bool, final: bool = False) -> tuple[bool, bool]:
-        self._round_t0 = time.monotonic()
-        self.m.put(f"pos/{self.env.rank}", self.board.stats["pos"].astype(np.float64).tobytes())
-        self.m.put(f"done/{self.env.rank}", self._own().to_tensor().numpy().tobytes())
-        return super()._round(done, stop, final)
+    # ---------------------------------------------------------------- rounds
+    def before_round(self) -> None:
+        self.round_t0 = time.monotonic()
+        self.m.put(f"pos/{self.env.rank}", self.crew.board.stats["pos"].astype(np.float64).tobytes())
+        self.m.put(f"done/{self.env.rank}", self.own(self.crew.board.totals(self.crew.pool.restarts))
+                   .to_tensor().numpy().tobytes())
 
-    def _reform_wanted(self) -> bool:
+    def wants_reform(self) -> bool:
         self._became(self.m.epoch)  # the writer may take the lock a dropped writer has let go
         away = self.m.memory.away_for()
         if away > self.cfg.sync.timeout_s:  # the group could not change any more: stop while it is whole
-            self._fail(f"sync.coordinator {self.m.endpoint} unreachable for {away:.0f}s (sync.timeout_s); "
-                       "stopping with a final sync and checkpoint")
-        return self.stopper.signal is None and self.fault is None and self.m.changed()
+            self.ctl.fail(f"sync.coordinator {self.m.endpoint} unreachable for {away:.0f}s (sync.timeout_s); "
+                          "stopping with a final sync and checkpoint")
+        return not self.ctl.stopping and self.m.changed()
 
-    def _reform(self) -> None:
+    def reform(self) -> None:
         try:
             self._regroup()
         except StopNow:  # stopped while the group re-formed: the lost-group path stops it cleanly
             raise PeerLost("sync: stopped by a signal while the group re-formed") from None
 
-    def _recover(self, e: PeerLost) -> bool:
+    def recover(self, e: PeerLost) -> Optional[str]:
         logger.warning("slot %d: %s; re-forming the group", self.env.rank, e)
         try:
             self._regroup()
         except (Fault, StopNow) as f:  # no quorum in time, or a signal: a minority stops, never writes
-            self.is_rank0 = False
-            return super()._recover(PeerLost(str(f) or "sync: stopped by a signal while waiting for a group"))
-        stall = time.monotonic() - self._round_t0
+            self.is_writer = False
+            return super().recover(PeerLost(str(f) or "sync: stopped by a signal while waiting for a group"))
+        stall = time.monotonic() - self.round_t0
         self.m.put(f"stall/{self.m.epoch.number}/{self.env.rank}", str(stall))
         self._tb("survivor_stall_s", stall)
-        return True
+        return None
 
     def _tb(self, tag: str, value: float) -> None:
         """TensorBoard's ``elastic/*`` as they happen (from slot 0's leader, the TensorBoard writer)."""
-        self.tel.metrics.scalar(f"elastic/{tag}", value, self.base.steps + self.board.applied())
+        self.crew.tel.metrics.scalar(f"elastic/{tag}", value, self.crew.step())
 
-    def _finish(self, train_s: float) -> dict[str, Any]:
-        result = super()._finish(train_s)
-        if not self.degraded:
-            self.m.put("finished", str(self.m.epoch.number))  # a replica that wakes later exits
-            if self.comm.rank == 0 and not self.is_rank0:
-                result.update(status="failed", exit_code=EXIT_FAULT,
-                              error=f"no metrics.json and no final checkpoint: the run_dir lock is held by a dropped "
-                                    f"writer (its pid is in {self.run_dir}/.hogwild.lock)")
-        return result
-
-    def _write(self, positions: torch.Tensor, job: Any) -> None:
+    # --------------------------------------------------------------- writing
+    def may_write(self) -> bool:
         # A writer that was stopped past the timeout wakes up believing it still writes; the
         # others have moved on. One look at the epoch before each write keeps it out.
-        # While the coordinator is away, the collective that gathered ``job`` just now is the proof
-        # that this group is whole and current (_write_local, which has none, waits).
+        # While the coordinator is away, the collective that gathered the totals just now is the
+        # proof that this group is whole and current (may_write_alone, which has none, waits).
         try:
             newer = self.m.current() != self.m.epoch.number
         except CoordinatorAway:
             newer = False
-        if self.is_rank0 and newer:
+        if self.writer and newer:
             logger.warning("slot %d: a newer group exists; not writing", self.env.rank)
-            self.next_ckpt = time.monotonic() + self.cfg.checkpoint.every_s
-            return
-        super()._write(positions, job)
+        return not newer
 
-    def _own(self) -> Totals:
-        own = super()._own()
-        return own if self.carried is None else Totals.from_tensor(own.to_tensor() + self.carried)
+    def may_write_alone(self) -> bool:
+        return self.m.memory.away_since is None
 
-    def _write_local(self) -> None:
-        if self.m.memory.away_since is None:
-            super()._write_local()
-        else:
-            self.next_ckpt = time.monotonic() + self.cfg.checkpoint.every_s
+    def own(self, totals: Totals) -> Totals:
+        return totals if self.carried is None else Totals.from_tensor(totals.to_tensor() + self.carried)
 
-    def _gather_positions(self) -> torch.Tensor:
+    def positions(self) -> torch.Tensor:
         """Every slot's positions as published at its last round (a lost slot's stay put)."""
+        assert self.slot_positions is not None
         for s in range(self.env.world_size):
             raw = self.m.link.fetch(f"pos/{s}")
             if raw is not None:
-                self.positions[s] = torch.from_numpy(np.frombuffer(raw, dtype=np.float64).copy())
-        self.positions[self.env.rank] = torch.from_numpy(self.board.stats["pos"].astype(np.float64))
-        return self.positions.clone()
+                self.slot_positions[s] = torch.from_numpy(np.frombuffer(raw, dtype=np.float64).copy())
+        self.slot_positions[self.env.rank] = torch.from_numpy(self.crew.board.stats["pos"].astype(np.float64))
+        return self.slot_positions.clone()
 
-    def _report_extra(self) -> dict[str, Any]:
+    # ------------------------------------------------------------------- end
+    def finish(self, result: RunResult) -> RunResult:
+        if self.ctl.degraded:
+            return result
+        self.m.put("finished", str(self.m.epoch.number))  # a replica that wakes later exits
+        if self.comm.rank == 0 and not self.writer:
+            return dataclasses.replace(
+                result, status="failed", exit_code=EXIT_FAULT,
+                error=f"no metrics.json and no final checkpoint: the run_dir lock is held by a dropped "
+                      f"writer (its pid is in {self.run_dir}/.hogwild.lock)")
+        return result
+
+    def report(self) -> dict[str, Any]:
         history = self.m.history()
         lost = sum(len(set(a.members) - set(b.members)) + len(set(b.joiners) & set(a.members))
                    for a, b in zip(history, history[1:]))
@@ -246,20 +263,21 @@ class ElasticLeader(Leader):
         heal = [self._float(f"heal/{ep.number}/{s}") for ep in history[1:] for s in ep.joiners]
         stall = [self._float(f"stall/{ep.number}/{s}") for ep in history[1:] for s in ep.members
                  if s not in ep.joiners]
+        assert self.slot_positions is not None
         return {"elastic": True, "epochs": len(history), "replicas_lost": lost, "replicas_joined": joined,
                 "heal_s": max((h for h in heal if h is not None), default=0.0),
                 "survivor_stall_s": max((s for s in stall if s is not None), default=0.0),
-                "slot_positions": self.positions.sum(dim=1).tolist()}
+                "slot_positions": self.slot_positions.sum(dim=1).tolist()}
 
     def _float(self, key: str) -> Optional[float]:
         raw = self.m.link.fetch(key)
         return None if raw is None else float(raw)
 
-    def run(self) -> dict[str, Any]:
-        try:
-            return super().run()
-        finally:
-            if isinstance(getattr(self, "comm", None), ElasticComm):
-                self.comm.abandon()
-            if hasattr(self, "m"):
-                self.m.close()
+    def close(self, degraded: bool) -> None:
+        if not degraded:
+            destroy_group()
+        if self.lock is not None:
+            self.lock.release()
+        if self.connected:
+            self.comm.abandon()
+            self.m.close()

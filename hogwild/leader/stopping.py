@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 from typing import Any, Callable, Optional
 
 from hogwild.errors import EXIT_SIGINT, StopNow
@@ -21,10 +22,23 @@ class Stopper:
         self.signal: Optional[int] = None
         """The signal that asked the run to stop, if any."""
         self._kill: Optional[Callable[[], None]] = None
+        self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._handle)
-        signal.signal(signal.SIGINT, self._handle)
+        """Take SIGINT and SIGTERM for the run. Only the main thread may set handlers: a run
+        started from another thread (hogwild.train in a script's worker thread) is stopped by
+        its caller instead."""
+        if threading.current_thread() is not threading.main_thread():
+            logger.debug("not in the main thread: SIGINT/SIGTERM keep their handlers")
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        """Give the caller's handlers back: a script that called hogwild.train gets its own Ctrl-C."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
 
     def workers_started(self, kill: Callable[[], None]) -> None:
         """From now on a signal stops gracefully; ``kill`` is the forced exit's last resort."""

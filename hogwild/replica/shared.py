@@ -97,6 +97,16 @@ def alloc(n: int, device: str, dtype: torch.dtype = torch.float32) -> Tensor:
     return torch.zeros(n, dtype=dtype).share_memory_()
 
 
+def state_dict_of(model: nn.Module, flat: Tensor) -> dict[str, Tensor]:
+    """``model.state_dict()``'s names and shapes with the values of ``flat`` (a copy of the shared
+    buffer): the portable half of a checkpoint, which loads into the user's own module with
+    ``load_state_dict``. Shared slots are views of ``flat``, so ``torch.save`` stores their
+    values once; what the buffer does not hold (``num_batches_tracked``) comes from ``model``."""
+    slots = {s.name: s for s in layout(model)}
+    return {name: slots[name].view(flat) if name in slots else t.detach().to("cpu", copy=True)
+            for name, t in model.state_dict(keep_vars=False).items()}
+
+
 def bind(model: nn.Module, flat: Tensor, copy_values: bool = False) -> None:
     """Point every parameter of ``model`` at its slice of ``flat``.
 
@@ -118,8 +128,10 @@ def bind(model: nn.Module, flat: Tensor, copy_values: bool = False) -> None:
             mod = model.get_submodule(owner)
             view = slot.view(flat)
             if copy_values:
-                view.copy_(mod._buffers[leaf])
-            mod._buffers[leaf] = view  # the module now reads and updates the shared slice
+                view.copy_(mod.get_buffer(leaf))
+            # The module now reads and updates the shared slice; re-registering keeps the
+            # buffer's persistence (a non-persistent buffer stays out of state_dict).
+            mod.register_buffer(leaf, view, persistent=leaf not in mod._non_persistent_buffers_set)
 
 
 def share_model(model: nn.Module, device: str) -> Tensor:

@@ -31,6 +31,32 @@ def exit_code(status: str) -> int:
     return codes.get(status, EXIT_FAULT)
 
 
+@dataclass
+class RunResult:
+    """How a leader's run ended. ``metrics`` is what ``metrics.json`` holds, on the one leader that
+    writes it (rank 0, or the elastic writer); None elsewhere and when nothing trained."""
+
+    status: str
+    """ok | SIGINT | SIGTERM | failed | training_failed | write_failed"""
+    exit_code: int
+    error: Optional[str] = None
+    run_dir: Optional[Path] = None
+    metrics: Optional[dict[str, Any]] = None
+    peer_lost: bool = False
+    """A collective to a lost peer may still be pending in Gloo/NCCL: the process must exit at
+    once rather than tear the interpreter down (which would abort instead of exiting 3)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == EXIT_OK
+
+    @property
+    def checkpoint(self) -> Optional[Path]:
+        """The run's last checkpoint (``checkpoints/last.pt``), if it wrote one."""
+        last = self.run_dir / "checkpoints" / "last.pt" if self.run_dir else None
+        return last if last is not None and last.is_file() else None
+
+
 def write_report(path: Path, result: dict[str, Any]) -> None:
     """``metrics.json``, tried twice; if the disk still refuses, ``result`` says so (exit 5)."""
     for attempt in (1, 2):

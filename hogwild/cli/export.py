@@ -1,0 +1,38 @@
+"""``hogwild-export checkpoint=PATH out=FILE``: the model alone, as a plain ``state_dict``.
+
+The file loads anywhere with ``model.load_state_dict(torch.load(FILE, weights_only=True))``,
+without hogwild installed. A checkpoint from before checkpoints carried a ``state_dict`` is
+named by rebuilding its model, so the stored ``_target_`` rule of ``hogwild-eval`` applies.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Optional
+
+from hogwild.cli.common import checkpoint_args, import_from_cwd
+from hogwild.errors import UserError, report
+
+logger = logging.getLogger(__name__)
+
+USAGE = "hogwild-export checkpoint=PATH out=FILE [model._target_=...] [trust_targets=true]"
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    import_from_cwd()
+    from hogwild.checkpoint.portable import export
+
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        named, trusted, overrides = checkpoint_args(args, USAGE, ("checkpoint", "out"))
+        n = export(named["checkpoint"], named["out"], overrides, trusted)
+    except UserError as e:
+        report(e)
+    logger.info("wrote %s: a state_dict of %d tensors (load it with "
+                "model.load_state_dict(torch.load(path, weights_only=True)))", named["out"], n)
+
+
+if __name__ == "__main__":
+    main()

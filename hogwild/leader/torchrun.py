@@ -1,0 +1,59 @@
+"""The torchrun group: the ranks torchrun started, fixed for the whole run. Rank 0 writes.
+
+A lost peer cannot be replaced here: the survivors stop, rank 0 keeps its own replica's
+checkpoint, and torchrun's ``--max-restarts`` restarts the job, which resumes from it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from hogwild.checkpoint.resume import Restored, resume
+from hogwild.config.env import DistEnv
+from hogwild.config.schema import Config
+from hogwild.files import RunDirLock
+from hogwild.leader.api import Group
+from hogwild.replica.board import Board
+from hogwild.replica.build import Replica
+from hogwild.sync.comm import Comm
+from hogwild.sync.group import destroy_group, join_torchrun_group
+from hogwild.sync.rules import SyncRule
+
+
+class TorchrunGroup(Group):
+    def __init__(self, env: Optional[DistEnv] = None) -> None:
+        self.env = env or DistEnv.from_env()
+        self.lock: Optional[RunDirLock] = None
+        self.comm: Optional[Comm] = None
+
+    @property
+    def writer(self) -> bool:
+        return self.env.rank == 0
+
+    def connect(self, cfg: Config, run_dir: Path, workers: int, rep: Replica) -> tuple[Comm, Path]:
+        """The group, the agreed run_dir, and its one writer's lock (design rule 17)."""
+        sc = cfg.sync
+        self.comm, run_dir = join_torchrun_group(self.env, sc.backend, sc.timeout_s, cfg.device, run_dir,
+                                                 workers, rep.flat.device)
+        if self.writer:
+            self.lock = RunDirLock(run_dir)
+            self.lock.acquire()
+        return self.comm, run_dir
+
+    def restore(self, cfg: Config, run_dir: Path, rep: Replica, board: Board, rule: SyncRule,
+                previous: Optional[tuple[float, float]]) -> Optional[Restored]:
+        assert self.comm is not None
+        return resume(cfg, run_dir, rep, board, rule, self.comm, self.env, previous)
+
+    def start(self) -> None:
+        crew = self.crew
+        crew.comm.all_reduce(torch.zeros(1), crew.cfg.sync.timeout_s, "the start barrier")
+
+    def close(self, degraded: bool) -> None:
+        if not degraded:  # a collective to the lost peer may still be pending: leave the group be
+            destroy_group()
+        if self.lock is not None:
+            self.lock.release()

@@ -1,0 +1,153 @@
+"""Elastic membership in one process (fast tier): several slots, each a thread with its own
+:class:`Membership`, against a coordinator store served from a thread here. No training, no
+Gloo group: only the epochs, quorum, joins, drops and the job's identity, in seconds.
+
+Timeouts are short but every wait is bounded by a deadline, never a fixed sleep, so a loaded
+machine makes these slower, not wrong.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterator
+
+import pytest
+
+from hogwild.elastic.coordinator import serve
+from hogwild.elastic.membership import Dropped, Epoch, Membership
+from hogwild.errors import Fault, StopNow, UserError
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+PEER_S = 1.0  # sync.peer_timeout_s: heartbeats every 0.2 s
+TIMEOUT_S = 20.0  # sync.timeout_s: long enough for a busy machine, only reached by the quorum test
+
+
+@pytest.fixture
+def coordinator() -> Iterator[str]:
+    ready, stop = threading.Event(), threading.Event()
+    port = free_port()
+    thread = threading.Thread(target=serve, args=("127.0.0.1", port, ready, stop), daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    yield f"127.0.0.1:{port}"
+    stop.set()
+    thread.join(5)
+
+
+def _slots(endpoint: str, n: int, slots: int = 3, timeout_s: float = TIMEOUT_S,
+           stopped: Callable[[], bool] = lambda: False) -> list[Membership]:
+    return [Membership(endpoint, s, slots, PEER_S, None, timeout_s, stopped) for s in range(n)]
+
+
+def _all(calls: list[Callable[[], Epoch]]) -> list[Epoch]:
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return [f.result(timeout=60) for f in [pool.submit(c) for c in calls]]
+
+
+def _close(ms: list[Membership]) -> None:
+    for m in ms:
+        m.close()
+
+
+def test_the_first_epoch_holds_every_slot_and_all_agree(coordinator: str) -> None:
+    ms = _slots(coordinator, 3)
+    try:
+        epochs = _all([m.join for m in ms])
+        assert len(set(epochs)) == 1, epochs
+        ep = epochs[0]
+        assert ep.number == 1 and ep.members == (0, 1, 2) and ep.joiners == (0, 1, 2)
+        assert [m.changed() for m in ms] == [False] * 3, "a formed group has nothing to re-form"
+    finally:
+        _close(ms)
+
+
+def test_survivors_form_the_next_epoch_without_a_dead_slot_and_it_rejoins_as_a_joiner(coordinator: str) -> None:
+    ms = _slots(coordinator, 3)
+    try:
+        _all([m.join for m in ms])
+        ms[2].close()  # its heartbeat stops: a killed replica
+        survivors = _all([ms[0].advance, ms[1].advance])
+        assert survivors[0] == survivors[1] and survivors[0].members == (0, 1) and survivors[0].number == 2
+        assert survivors[0].source == 0
+
+        back = Membership(coordinator, 2, 3, PEER_S, None, TIMEOUT_S)  # the restarted process
+        ms.append(back)
+        with ThreadPoolExecutor(3) as pool:
+            joining = pool.submit(back.join)
+            # The members notice the request at a round (Membership.changed) and re-form with it.
+            deadline = time.monotonic() + 30
+            while not ms[0].changed():
+                assert time.monotonic() < deadline, "the join request never showed"
+                time.sleep(0.05)
+            members = [pool.submit(m.advance) for m in ms[:2]]
+            epochs = [f.result(timeout=60) for f in [*members, joining]]
+        assert len(set(epochs)) == 1 and epochs[0].members == (0, 1, 2) and epochs[0].joiners == (2,)
+        assert epochs[0].source == 0
+        assert [e.number for e in ms[0].history()] == [1, 2, 3]
+    finally:
+        _close(ms)
+
+
+def test_a_minority_never_forms_a_group_and_says_who_is_alive(coordinator: str) -> None:
+    ms = _slots(coordinator, 3, timeout_s=3.0)
+    try:
+        _all([m.join for m in ms])
+        ms[1].close()
+        ms[2].close()
+        with pytest.raises(Fault, match=r"no group with a quorum formed within 3s .*slots alive: \[0\]"):
+            ms[0].advance()
+        assert ms[0].current() == 1, "a minority formed an epoch"
+    finally:
+        _close(ms)
+
+
+def test_a_silent_member_is_dropped_and_learns_it(coordinator: str) -> None:
+    ms = _slots(coordinator, 3)
+    try:
+        _all([m.join for m in ms])
+        ms[2].heartbeat.stop()  # stopped (SIGSTOP, a long GC pause): its process lives on
+        epochs = _all([ms[0].advance, ms[1].advance])
+        assert epochs[0].members == (0, 1)
+        with pytest.raises(Dropped, match="replica 2 was dropped"):
+            ms[2].advance()
+    finally:
+        _close(ms)
+
+
+def test_a_signal_while_waiting_for_a_group_stops_the_wait(coordinator: str) -> None:
+    stop = threading.Event()
+    lone = Membership(coordinator, 0, 3, PEER_S, None, TIMEOUT_S, stop.is_set)
+    try:
+        threading.Timer(0.5, stop.set).start()
+        with pytest.raises(StopNow):
+            lone.join()  # 1 of 3 slots: no quorum ever; the signal ends the wait, not the timeout
+    finally:
+        lone.close()
+
+
+def test_a_replica_of_another_job_is_refused_and_the_run_dir_is_the_first_ones(coordinator: str) -> None:
+    a, b, c = _slots(coordinator, 3)
+    try:
+        assert a.agree_job("model=mlp params=9610", "runs/a") == "runs/a"
+        assert b.agree_job("model=mlp params=9610", "runs/elsewhere") == "runs/a"
+        with pytest.raises(UserError, match=r"sync.coordinator .*model=convnet.* differs from the running job's"):
+            c.agree_job("model=convnet params=1", "runs/a")
+    finally:
+        _close([a, b, c])
+
+
+def test_a_slot_that_wakes_after_the_job_finished_leaves(coordinator: str) -> None:
+    ms = _slots(coordinator, 2, slots=2)
+    try:
+        _all([m.join for m in ms])
+        ms[0].put("finished", "1")
+        late = Membership(coordinator, 1, 2, PEER_S, None, TIMEOUT_S)
+        ms.append(late)
+        with pytest.raises(Fault, match="finished while replica 1 was away"):
+            late.join()
+    finally:
+        _close(ms)

@@ -1,0 +1,218 @@
+"""Faults are real here: workers are SIGKILLed, leaders SIGTERMed, files truncated (slow tier)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hogwild.checkpoint import store as checkpoint
+from tests.conftest import clean_env, compose_cfg, free_port, metrics, run_cli, wait_training
+from tests.conftest import run_metrics as run
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(x) for x in text.split()]
+
+
+def _workers(leader: int) -> list[int]:
+    out = []
+    for c in _children(leader):
+        try:
+            cmd = Path(f"/proc/{c}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "multiprocessing.spawn" in cmd and "resource_tracker" not in cmd:
+            out.append(c)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text() if Path(f"/proc/{pid}/stat").exists() else ""
+    return " Z " not in stat
+
+
+def _start(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", *args], cwd=tmp_path,
+                            env=env or clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def _wait_training(proc: subprocess.Popen[str], n: int, timeout: float = 60) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ws = _workers(proc.pid)
+        if len(ws) == n:
+            return ws
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("workers never started")
+
+
+def test_kill9_worker_is_respawned_and_run_meets_bar(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = _start(tmp_path, "workers=2", "train.epochs=150", f"run_dir={out}")
+    victim = _wait_training(proc, 2)[0]
+    wait_training(out, proc)  # training, not just spawning
+    os.kill(victim, signal.SIGKILL)
+    log, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, log[-3000:]
+    m = metrics(out)
+    assert m["worker_restarts"] >= 1 and m["test_accuracy"] >= 0.95
+    assert "respawning on the same shard" in log
+
+
+def test_crashing_worker_past_restart_bound_stops_with_checkpoint(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    env = clean_env(HOGWILD_FAULT="crash:0:5")
+    proc = run_cli(["workers=2", "fault.max_worker_restarts=2", f"run_dir={out}"], cwd=tmp_path, env=env)
+    assert proc.returncode == 3
+    assert "fault.max_worker_restarts=2" in proc.stderr
+    assert metrics(out)["worker_restarts"] == 2
+    assert (out / "checkpoints" / "last.pt").exists()
+
+
+def test_injected_nan_gradient_is_skipped_and_model_stays_finite(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    env = clean_env(HOGWILD_FAULT="nan:0:10,nan:1:20")
+    proc = run_cli(["workers=2", f"run_dir={out}"], cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = metrics(out)
+    assert m["skipped_nonfinite"] == 2 and m["test_accuracy"] >= 0.95
+    assert torch.isfinite(checkpoint.load(out / "checkpoints" / "last.pt")["flat"]).all()
+
+
+def test_too_many_nonfinite_updates_stop_the_run(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    env = clean_env(HOGWILD_FAULT="nan:0:3,nan:0:4,nan:0:5")
+    proc = run_cli(["workers=1", "fault.max_nonfinite=1", f"run_dir={out}"], cwd=tmp_path, env=env)
+    assert proc.returncode == 4 and "fault.max_nonfinite=1" in proc.stderr  # a failed training run
+    assert metrics(out)["status"] == "training_failed"
+
+
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_checkpoints_exits_on_time_and_leaves_nothing(tmp_path: Path, sig: int, code: int) -> None:
+    out = tmp_path / "run"
+    shm_before = _shm()
+    proc = _start(tmp_path, "workers=2", "train.epochs=100000", f"run_dir={out}")
+    workers = _wait_training(proc, 2)
+    wait_training(out, proc)
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    log, _ = proc.communicate(timeout=60)
+    assert time.monotonic() - t0 < 30, "shutdown took longer than 30 s"
+    assert proc.returncode == code, log[-3000:]
+    ck = checkpoint.load(out / "checkpoints" / "last.pt")
+    assert ck["counters"]["steps"] > 0
+    assert metrics(out)["status"] == signal.Signals(sig).name
+    time.sleep(0.5)
+    assert not [w for w in workers if _alive(w)], "a worker outlived its leader"
+    assert not {s for s in _shm() - shm_before if "torch" in s}, "shared memory segment left behind"
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run(compose_cfg(["workers=1", "train.max_steps=40", f"run_dir={out}"]), str(out))
+    run(compose_cfg(["workers=1", "train.max_steps=80", f"run_dir={out}", "resume=true"]), str(out))
+    newest = checkpoint.candidates(out)[0]
+    assert newest.name.startswith("step_000000080-")
+    newest.write_bytes(newest.read_bytes()[:1000])  # truncated mid-write by a crash
+    proc = run_cli(["workers=1", "train.max_steps=100", f"run_dir={out}", "resume=true"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "falling back to an older checkpoint" in proc.stdout + proc.stderr
+    m = metrics(out)
+    assert Path(m["resumed_from"]).name.startswith("step_000000040-") and m["steps"] == 100
+
+
+def test_torchrun_restart_after_leader_kill_resumes_and_loses_at_most_one_checkpoint_interval(
+        tmp_path: Path) -> None:
+    """A leader is killed at a random moment; torchrun restarts the job, which resumes and
+    counts the steps it lost exactly. They are bounded by checkpoint.every_s of training plus
+    a write, plus what the survivor may run past a round that never completes (sync.max_lag)."""
+    out, every_s, interval, batch = tmp_path / "run", 1.0, 20, 32
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+           "--max-restarts=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+           "--rdzv-id=restart-test", "-m", "hogwild.cli.train", "workers=1", "train.epochs=200",
+           f"checkpoint.every_s={every_s}", f"sync.interval={interval}", "sync.timeout_s=30",
+           f"train.batch_size={batch}", f"run_dir={out}"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=clean_env(OMP_NUM_THREADS="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Watch checkpoints as they come: their steps and write times give the job's speed just
+    # before the kill, and the kill comes at a random moment after the second one.
+    seen: list[tuple[float, int]] = []
+    kill_at, deadline = None, time.monotonic() + 120
+    while kill_at is None or time.monotonic() < kill_at:
+        assert time.monotonic() < deadline and proc.poll() is None, "checkpoints did not come"
+        try:
+            ck = checkpoint.load(out / "checkpoints" / "last.pt")
+        except checkpoint.CheckpointError:
+            ck = None  # not written yet, or swapped right now
+        if ck is not None and (not seen or ck["written_at"] > seen[-1][0]):
+            seen.append((ck["written_at"], ck["counters"]["steps"]))
+            if len(seen) == 2:
+                kill_at = time.monotonic() + random.uniform(0.0, 2 * every_s)
+        time.sleep(0.02)
+    leaders = [c for c in _children(proc.pid) if "hogwild.cli.train" in Path(f"/proc/{c}/cmdline").read_text()]
+    assert leaders
+    os.kill(leaders[-1], signal.SIGKILL)
+    log, _ = proc.communicate(timeout=280)
+    assert proc.returncode == 0, log[-4000:]
+    m = metrics(out)
+    assert m["resumed_from"], "the restarted job did not resume from a checkpoint"
+    assert m["test_accuracy"] >= 0.95
+    lost = m["steps_lost_on_resume"]
+    assert lost is not None, "the restarted job did not count its lost steps"
+    (t1, s1), (t2, s2) = seen[-2], seen[-1]
+    assert t2 - t1 <= every_s + 1.0, f"checkpoints {t2 - t1:.2f}s apart with checkpoint.every_s={every_s}"
+    # Steps per second of the job just before the kill (or after, if faster): 1.5 x that for a
+    # machine whose speed changes while other work runs beside it.
+    rate = max((s2 - s1) / (t2 - t1), m["samples_per_s"] / batch)
+    bound = 1.5 * rate * (every_s + 1.0) + 2 * interval + 10
+    assert lost <= bound, f"lost {lost} steps, bound {bound:.0f} at {rate:.0f} steps/s; checkpoints {seen}"
+
+
+def test_second_ctrl_c_forces_exit_without_traceback(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = _start(tmp_path, "workers=2", "train.epochs=100000", f"run_dir={out}")
+    workers = _wait_training(proc, 2)
+    wait_training(out, proc)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    log, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and time.monotonic() - t0 < 10, log[-3000:]
+    assert "Traceback" not in log
+    time.sleep(0.5)
+    assert not [w for w in workers if _alive(w)]
+
+
+def test_a_fault_at_startup_is_one_line_and_exit_3(tmp_path: Path) -> None:
+    """Workers that cannot be ready within fault.startup_timeout_s: a fault (exit 3), not a traceback."""
+    out = tmp_path / "run"
+    proc = run_cli(["workers=2", "fault.startup_timeout_s=0.05", f"run_dir={out}"], cwd=tmp_path)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("hogwild: error:")]
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert lines == [lines[0]] and "workers not ready after" in lines[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr + proc.stdout

@@ -1,0 +1,68 @@
+"""The leader's decisions after a sync round, with the round itself stubbed (fast tier)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Optional
+
+import pytest
+
+from hogwild.config.env import DistEnv
+from hogwild.config.schema import Config
+from hogwild.leader.api import Group
+from hogwild.leader.core import Leader
+from hogwild.sync.rounds import RoundOutcome
+
+
+class _Group(Group):
+    """A group that records what the leader asked of it."""
+
+    def __init__(self) -> None:
+        self.env, self.did = DistEnv(), []  # type: DistEnv, list[str]
+
+    @property
+    def writer(self) -> bool:
+        return False
+
+    def connect(self, *a: Any) -> Any:
+        raise AssertionError("not here")
+
+    def restore(self, *a: Any) -> Optional[Any]:
+        raise AssertionError("not here")
+
+    def start(self) -> None:
+        pass
+
+    def reform(self) -> None:
+        self.did.append("reform")
+
+    def close(self, degraded: bool) -> None:
+        pass
+
+
+def _after_round(final: bool = False, **flags: bool) -> list[str]:
+    """Leader._round on a leader whose round's agreed flags are ``flags`` (a re-formation
+    asked for by someone); what the leader did next."""
+    agreed = {"all_done": False, "any_stop": False, "checkpoint": False, "reached": False, "reform": True, **flags}
+    group = _Group()
+    leader = Leader(Config(), str(Path("unused")), group)
+    leader.ctl.next_ckpt = float("inf")
+    crew = SimpleNamespace(
+        rounds=SimpleNamespace(run=lambda **kw: RoundOutcome(healthy=True, drift=0.0, last_drifts=[], **agreed)),
+        pool=SimpleNamespace(release=lambda: None),
+        tel=SimpleNamespace(time_to_target=None, round=lambda stats: None))
+    leader._round(crew, done=final, stop=final, final=final)  # type: ignore[arg-type]
+    return group.did
+
+
+@pytest.mark.parametrize("ending", [dict(all_done=True), dict(any_stop=True), dict(reached=True), dict(final=True)])
+def test_a_round_that_ends_the_job_admits_no_joiner(ending: dict[str, bool]) -> None:
+    """Elastic mode: a joiner admitted in the last round would be healed and start training while
+    the members went on to their final collectives (seen under load: Gloo's "Received data size
+    doesn't match expected size", a survivor aborted, the joiner waited 300 s for a quorum)."""
+    assert _after_round(**ending) == []
+
+
+def test_a_round_of_a_running_job_re_forms_when_asked() -> None:
+    assert _after_round() == ["reform"]
