@@ -12,14 +12,13 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from hogwild.config.registry import DATASETS, MODELS
 from hogwild.config.sync import SyncConfig
 from hogwild.config.train import LossConfig, OptimConfig, SchedConfig, TrainConfig
 from hogwild.config.validate import choice, positive, require
 from hogwild.errors import ConfigError
 from hogwild.files import writable_dir
 
-MODELS = ("mlp", "convnet", "sparse_linear")
-DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "npz", "sparse_synthetic", "image_folder")
 TASKS = ("auto", "classification", "regression", "language_model")
 DEVICES = ("cpu", "cuda")
 
@@ -39,7 +38,7 @@ class ModelConfig:
     """Dropout of the convnet (the parameter-server tutorial's net)."""
 
     def __post_init__(self) -> None:
-        choice(self.name, "model.name", MODELS)
+        MODELS.check(self.name)
         positive(self.hidden, "model.hidden")
         require(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
 
@@ -80,7 +79,7 @@ class DataConfig:
     """sparse_synthetic: classes of the hidden linear model."""
 
     def __post_init__(self) -> None:
-        choice(self.name, "data.name", DATASETS)
+        DATASETS.check(self.name)
         require(0.0 < self.test_fraction < 1.0, "data.test_fraction",
                  f"must be in (0, 1), got {self.test_fraction}")
         positive(self.image_size, "data.image_size", allow_zero=True)

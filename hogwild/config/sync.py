@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from hogwild.config.registry import SYNC_RULES
 from hogwild.config.validate import choice, positive, require
 
-SYNC_MODES = ("average", "broadcast", "diloco", "slowmo", "median", "trimmed_mean")
 BACKENDS = ("auto", "gloo", "nccl")
 SYNC_DTYPES = ("fp32", "bf16", "fp16")
 
@@ -56,7 +56,7 @@ class SyncConfig:
     """Elastic mode: live slots a new group needs (null: a majority of the last group)."""
 
     def __post_init__(self) -> None:
-        choice(self.mode, "sync.mode", SYNC_MODES)
+        SYNC_RULES.check(self.mode)
         positive(self.interval, "sync.interval")
         if self.max_lag is not None:
             positive(self.max_lag, "sync.max_lag", allow_zero=True)

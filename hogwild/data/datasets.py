@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from hogwild.config.registry import DATASETS
 from hogwild.config.schema import DataConfig
 from hogwild.data.splits import Dataset, Split
 from hogwild.errors import ConfigError
@@ -26,24 +27,18 @@ logger = logging.getLogger(__name__)
 
 
 Loader = Callable[[DataConfig], Dataset]
-_LOADERS: dict[str, Loader] = {}
 
 
 def register(name: str) -> Callable[[Loader], Loader]:
-    def deco(fn: Loader) -> Loader:
-        _LOADERS[name] = fn
-        return fn
-    return deco
+    """A built-in dataset, chosen by ``data.name``; the config check reads the same registry."""
+    return DATASETS.register(name)  # type: ignore[return-value]
 
 
 def load_dataset(cfg: DataConfig) -> Dataset:
-    from hogwild.data.mapped import load_image_folder, load_target
+    from hogwild.data.mapped import load_target
 
-    _LOADERS.setdefault("image_folder", load_image_folder)
     name = cfg._target_ or cfg.name
-    if not cfg._target_ and cfg.name not in _LOADERS:
-        raise ConfigError(f"data.name: unknown dataset {cfg.name!r}; choose one of {', '.join(_LOADERS)}")
-    ds = load_target(cfg) if cfg._target_ else _LOADERS[cfg.name](cfg)
+    ds = load_target(cfg) if cfg._target_ else DATASETS.get(cfg.name)(cfg)
     for split_name, split in (("train", ds.train), ("test", ds.test)):
         if len(split) == 0:
             raise ConfigError(f"data: the {split_name} split of {name!r} is empty")

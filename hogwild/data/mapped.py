@@ -17,6 +17,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, default_collate
 from torch.utils.data import Dataset as TorchDataset
 
+from hogwild.config.registry import DATASETS
 from hogwild.config.schema import DataConfig
 from hogwild.config.targets import call_target, import_target
 from hogwild.data.splits import Dataset
@@ -111,6 +112,7 @@ def load_target(cfg: DataConfig) -> Dataset:
     return _pair(out[0], out[1], "data._target_")
 
 
+@DATASETS.register("image_folder")
 def load_image_folder(cfg: DataConfig) -> Dataset:
     """``data=image_folder``: torchvision ImageFolder over ``root/train`` and ``root/val``."""
     import torchvision.transforms as T

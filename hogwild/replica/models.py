@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hogwild.config.registry import MODELS
 from hogwild.config.schema import ModelConfig
 from hogwild.config.targets import call_target, import_target
 from hogwild.data.datasets import Dataset
@@ -89,9 +89,8 @@ def _sparse_linear(cfg: ModelConfig, ds: Dataset) -> nn.Module:
     return SparseLinear(ds.input_shape[0], ds.num_classes)
 
 
-MODELS: dict[str, Callable[[ModelConfig, Dataset], nn.Module]] = {
-    "mlp": _mlp, "convnet": _convnet, "sparse_linear": _sparse_linear,
-}
+for _name, _build in (("mlp", _mlp), ("convnet", _convnet), ("sparse_linear", _sparse_linear)):
+    MODELS.register(_name)(_build)  # model.name; the config check reads the same registry
 
 
 def model_id(cfg: ModelConfig) -> str:
@@ -128,11 +127,9 @@ def _from_target(cfg: ModelConfig, ds: Dataset) -> nn.Module:
 
 def build_model(cfg: ModelConfig, ds: Dataset, seed: int) -> nn.Module:
     """Same seed, same initial weights: every replica and the equivalence test agree."""
-    if not cfg._target_ and cfg.name not in MODELS:
-        raise ConfigError(f"model.name: unknown model {cfg.name!r}; choose one of {', '.join(MODELS)}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = _from_target(cfg, ds) if cfg._target_ else MODELS[cfg.name](cfg, ds)
+        model = _from_target(cfg, ds) if cfg._target_ else MODELS.get(cfg.name)(cfg, ds)
     bad = check_dtypes(model)
     if bad:
         raise ConfigError(f"model: {bad}")

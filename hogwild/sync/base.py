@@ -16,6 +16,7 @@ from typing import ClassVar, Optional
 import torch
 from torch import Tensor
 
+from hogwild.config.registry import SYNC_RULES
 from hogwild.config.schema import SyncConfig
 from hogwild.sync.comm import Comm
 
@@ -164,11 +165,9 @@ class SyncRule(ABC):
         return self._all_reduce_sum(low).float().div_(ctx.n_healthy)
 
 
-_RULES: dict[str, type[SyncRule]] = {}
-
-
 def register(cls: type[SyncRule]) -> type[SyncRule]:
-    _RULES[cls.name] = cls
+    """A rule is chosen by its ``name`` (``sync.mode``); the config check reads the same registry."""
+    SYNC_RULES.register(cls.name)(cls)
     return cls
 
 

@@ -12,10 +12,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from hogwild.config.registry import SYNC_RULES
 from hogwild.config.schema import SyncConfig
-from hogwild.errors import ConfigError
 from hogwild.sync import outer
-from hogwild.sync.base import _RULES, RoundVector, SyncContext, SyncRule, context, register
+from hogwild.sync.base import RoundVector, SyncContext, SyncRule, context, register
 from hogwild.sync.comm import Comm
 
 __all__ = ["Average", "Broadcast", "Median", "RoundVector", "SyncContext", "SyncRule", "TrimmedMean",
@@ -27,9 +27,8 @@ logger = logging.getLogger(__name__)
 def make_rule(cfg: SyncConfig, comm: Comm, params: Optional[int] = None) -> SyncRule:
     """The rule ``sync.mode`` names; ``params``: the flat buffer's parameter prefix (the rest
     are float buffers)."""
-    if cfg.mode not in _RULES:
-        raise ConfigError(f"sync.mode: unknown rule {cfg.mode!r}; choose one of {', '.join(_RULES)}")
-    return _RULES[cfg.mode](cfg, comm, params)
+    rule: type[SyncRule] = SYNC_RULES.get(cfg.mode)
+    return rule(cfg, comm, params)
 
 
 @register

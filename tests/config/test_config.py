@@ -71,3 +71,32 @@ def test_workers_auto_is_cores_shared_by_local_replicas() -> None:
     assert resolve_workers("auto") == cores
     assert resolve_workers("auto", local_replicas=cores * 2) == 1
     assert resolve_workers(3) == 3
+
+
+def test_a_choice_is_checked_against_the_registry_its_implementations_fill() -> None:
+    """One list per choice: the config check reads the registry the rules, models and datasets
+    register into, so a new rule is valid with no second list to update."""
+    import pytest
+
+    from hogwild.config.registry import DATASETS, MODELS, SYNC_RULES
+    from hogwild.errors import ConfigError
+    from hogwild.sync.base import SyncRule, register
+    from hogwild.sync.rules import make_rule
+
+    assert set(SYNC_RULES.names()) == {"average", "broadcast", "diloco", "slowmo", "median", "trimmed_mean"}
+    assert "image_folder" in DATASETS.names() and "mlp" in MODELS.names()
+    with pytest.raises(ConfigError, match=r"sync.mode: unknown value 'toy'; choose one of .*slowmo"):
+        compose_cfg(["sync.mode=toy"])
+
+    @register
+    class Toy(SyncRule):
+        name = "toy"
+
+        def target(self, snap, ctx):  # type: ignore[no-untyped-def]
+            return snap
+
+    try:
+        cfg = compose_cfg(["sync.mode=toy"])
+        assert type(make_rule(cfg.sync, None, 0)) is Toy  # type: ignore[arg-type]
+    finally:
+        SYNC_RULES._items.pop("toy")  # noqa: SLF001 - the test's own rule leaves the registry
