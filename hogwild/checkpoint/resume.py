@@ -1,6 +1,6 @@
 """What a checkpoint holds, which checkpoint a run resumes from, and how it is restored.
 
-:class:`Counters` are the job-wide totals a checkpoint carries across restarts. A resumed
+:class:`~hogwild.replica.board.Counts` are the job-wide totals a checkpoint carries across restarts. A resumed
 run starts from them and adds what its own workers do.
 """
 
@@ -18,7 +18,7 @@ from hogwild.checkpoint import store as checkpoint
 from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
 from hogwild.errors import ConfigError
-from hogwild.replica.board import Board, Totals
+from hogwild.replica.board import Board, Counts
 from hogwild.replica.build import Replica
 from hogwild.replica.models import model_id
 from hogwild.sync.comm import Comm
@@ -29,31 +29,9 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class Counters:
-    steps: int = 0
-    """Updates applied, all replicas."""
-    samples: float = 0.0
-    syncs: int = 0
-    worker_restarts: int = 0
-    skipped_nonfinite: int = 0
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Counters":
-        return cls(steps=int(d.get("steps", 0)), samples=float(d.get("samples", 0)),
-                   syncs=int(d.get("syncs", 0)), worker_restarts=int(d.get("worker_restarts", 0)),
-                   skipped_nonfinite=int(d.get("skipped_nonfinite", 0)))
-
-    def plus(self, job: Totals, syncs: int) -> "Counters":
-        """These restored counters plus this run's job-wide totals, ``syncs`` rounds in all."""
-        return Counters(steps=self.steps + int(job.applied), samples=self.samples + job.samples,
-                        syncs=syncs, worker_restarts=self.worker_restarts + int(job.restarts),
-                        skipped_nonfinite=self.skipped_nonfinite + int(job.skipped))
-
-
-@dataclass
 class Restored:
     path: str
-    counters: Counters
+    counters: Counts
     lineage: str
     """The run lineage this run continues: its checkpoints carry the same id."""
     steps_lost: Optional[int] = None
@@ -95,7 +73,7 @@ def restore(path: str, model_name: str, shapes: list[tuple[int, ...]], flat: Ten
     else:
         logger.warning("checkpoint was made with another replicas x workers layout; "
                        "data positions restart from the beginning of each shard")
-    counters = Counters.from_dict(ckpt.get("counters", {}))
+    counters = Counts.from_dict(ckpt.get("counters", {}))
     lineage = str(ckpt.get("lineage") or checkpoint.new_lineage())
     restored = Restored(path, counters, lineage)
     board.control["base_steps"] = counters.steps

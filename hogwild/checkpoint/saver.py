@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
@@ -18,9 +17,8 @@ from torch import Tensor, nn
 
 from hogwild.checkpoint import store as checkpoint
 from hogwild.checkpoint.health import diverged
-from hogwild.checkpoint.resume import Counters
 from hogwild.errors import EXIT_FAILED, EXIT_WRITE
-from hogwild.replica.board import Board, Totals
+from hogwild.replica.board import Board, Counts
 from hogwild.replica.build import Replica
 from hogwild.replica.shared import state_dict_of
 
@@ -28,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 
 def payload(*, model_name: str, shapes: list[tuple[int, ...]], flat: Tensor,
-            opt_state: Optional[dict[str, Tensor]], positions: Tensor, counters: Counters,
+            opt_state: Optional[dict[str, Tensor]], positions: Tensor, counters: Counts,
             sync_state: dict[str, Tensor], config: dict[str, Any], lineage: str,
             model: Optional[nn.Module] = None) -> dict[str, Any]:
     """A checkpoint: tensors and plain values only, so it loads with ``weights_only=True``.
@@ -45,7 +43,7 @@ def payload(*, model_name: str, shapes: list[tuple[int, ...]], flat: Tensor,
         "state_dict": state_dict_of(model, cpu) if model is not None else {},
         "opt_state": {k: v.detach().to("cpu", copy=True) for k, v in (opt_state or {}).items()},
         "positions": positions,
-        "counters": asdict(counters),
+        "counters": counters.lineage(),
         "sync_state": sync_state,
         "config": config,
     }
@@ -61,12 +59,12 @@ class Saver:
         """Set once the starting loss is known (checkpoint/health.py: loss_bar)."""
         self._seen: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
 
-    def gathered(self, positions: torch.Tensor, job: Totals, own: Totals) -> None:
+    def gathered(self, positions: torch.Tensor, job: Counts, own: Counts) -> None:
         """Every replica's positions and the job totals, as a collective just saw them, with
         this replica's own totals at that moment."""
         self._seen = (positions.clone(), job.to_tensor(), own.to_tensor())
 
-    def local_view(self, board: Board, rank: int, world: int, own: Totals) -> tuple[torch.Tensor, Totals]:
+    def local_view(self, board: Board, rank: int, world: int, own: Counts) -> tuple[torch.Tensor, Counts]:
         """Positions and job totals for a checkpoint written between rounds, without a
         collective: the other replicas as last gathered, this one as it is now. Their steps
         since then are not in this checkpoint, and a resumed run counts them as lost."""
@@ -77,12 +75,12 @@ class Saver:
         positions, job, own_then = self._seen
         positions = positions.clone()
         positions[rank] = torch.from_numpy(board.stats["pos"].copy())
-        return positions, Totals.from_tensor(job + own.to_tensor() - own_then)
+        return positions, Counts.from_tensor(job + own.to_tensor() - own_then)
 
     def kept(self) -> str:
         return f"kept the last good checkpoint {self.last_good}" if self.last_good else "no good checkpoint to keep"
 
-    def write(self, rep: Replica, *, positions: torch.Tensor, counters: Counters, sync_state: dict[str, Any],
+    def write(self, rep: Replica, *, positions: torch.Tensor, counters: Counts, sync_state: dict[str, Any],
               config: dict[str, Any], loss: float) -> Optional[tuple[str, int]]:
         """Write a checkpoint of ``rep`` if it is good. Returns (why not, exit code) when the
         run must stop: the model went bad, or the disk refused the file twice."""

@@ -18,13 +18,13 @@ from typing import Any, Optional
 
 import torch
 
-from hogwild.checkpoint.resume import Counters, Restored
+from hogwild.checkpoint.resume import Restored
 from hogwild.checkpoint.saver import Saver
 from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
 from hogwild.errors import EXIT_FAULT
 from hogwild.leader.stopping import Stopper
-from hogwild.replica.board import Board, Totals
+from hogwild.replica.board import Board, Counts
 from hogwild.replica.build import Replica
 from hogwild.replica.pool import WorkerPool
 from hogwild.replica.worker import WorkerSpec
@@ -82,7 +82,7 @@ class Crew:
     board: Board
     schedule: SyncSchedule
     restored: Optional[Restored]
-    base: Counters
+    base: Counts
     """The lineage's counters before this process: restored, or received when healed."""
     saver: Saver
     specs: list[WorkerSpec]
@@ -144,7 +144,7 @@ class Group(ABC):
         crew = self.crew
         return torch.stack(crew.comm.all_gather(torch.from_numpy(crew.board.stats["pos"].copy()))).cpu()
 
-    def own(self, totals: Totals) -> Totals:
+    def own(self, totals: Counts) -> Counts:
         """This replica's counters as the job sees them."""
         return totals
 

@@ -21,7 +21,6 @@ from omegaconf import OmegaConf
 
 from hogwild.checkpoint import store as checkpoint
 from hogwild.checkpoint.health import loss_bar
-from hogwild.checkpoint.resume import Counters
 from hogwild.checkpoint.saver import Saver
 from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
@@ -29,7 +28,7 @@ from hogwild.errors import EXIT_FAILED, StopNow
 from hogwild.leader.api import Control, Crew, Group
 from hogwild.leader.torchrun import TorchrunGroup
 from hogwild.replica import resources
-from hogwild.replica.board import Board, Totals, previous_attempt
+from hogwild.replica.board import Board, Counts, previous_attempt
 from hogwild.replica.build import build_replica
 from hogwild.replica.faults import dump_final
 from hogwild.replica.models import model_id
@@ -79,7 +78,7 @@ class Leader:
         board = Board(k, board_file)
         schedule = SyncSchedule.from_config(cfg.sync, env.distributed)
         restored = group.restore(cfg, run_dir, rep, board, rule, previous)
-        base = restored.counters if restored else Counters()
+        base = restored.counters if restored else Counts()
         saver = Saver(run_dir, cfg.checkpoint.keep, restored.lineage if restored else checkpoint.new_lineage(),
                       model_id(cfg.model), restored.path if restored else None)
         specs = worker_specs(cfg, env, k, len(rep.ds.train))
@@ -121,12 +120,12 @@ class Leader:
         self.ctl.fail(why)
         return False
 
-    def _checkpoint(self, crew: Crew, write: bool = True) -> Totals:
+    def _checkpoint(self, crew: Crew, write: bool = True) -> Counts:
         """Collective (positions and totals of every replica), written by the writer only, and
         only if the model is good. Returns the job-wide totals it reduced on the way."""
         own = self._own(crew)
         positions = self.group.positions()
-        job = Totals.from_tensor(crew.comm.all_reduce(own.to_tensor()))
+        job = Counts.from_tensor(crew.comm.all_reduce(own.to_tensor()))
         crew.saver.gathered(positions, job, own)
         if write:
             if self.group.may_write():
@@ -135,7 +134,7 @@ class Leader:
                 self.ctl.checkpoint_in(self.cfg.checkpoint.every_s)
         return job
 
-    def _write(self, crew: Crew, positions: torch.Tensor, job: Totals) -> None:
+    def _write(self, crew: Crew, positions: torch.Tensor, job: Counts) -> None:
         self.ctl.checkpoint_in(self.cfg.checkpoint.every_s)
         if self.group.writer:
             failed = crew.saver.write(crew.rep, positions=positions, counters=crew.base.plus(job, crew.rounds.syncs),
@@ -151,7 +150,7 @@ class Leader:
             return
         self._write(crew, *crew.saver.local_view(crew.board, self.env.rank, self.env.world_size, self._own(crew)))
 
-    def _own(self, crew: Crew) -> Totals:  # this replica's counters (elastic mode adds its slot's earlier processes')
+    def _own(self, crew: Crew) -> Counts:  # this replica's counters (elastic mode adds its slot's earlier processes')
         return self.group.own(crew.board.totals(crew.pool.restarts))
 
     def _config_dict(self) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from hogwild.checkpoint.resume import Counters, Restored, restore, resume_path
+from hogwild.checkpoint.resume import Restored, restore, resume_path
 from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
 from hogwild.elastic.comm import ElasticComm
@@ -32,7 +32,7 @@ from hogwild.elastic.membership import Dropped, Epoch, Membership
 from hogwild.errors import EXIT_FAULT, Fault, StopNow, UserError
 from hogwild.files import RunDirLock
 from hogwild.leader.api import Control, Group
-from hogwild.replica.board import Board, Totals
+from hogwild.replica.board import Board, Counts
 from hogwild.replica.build import Replica
 from hogwild.replica.models import model_id
 from hogwild.report.summary import RunResult
@@ -122,7 +122,7 @@ class ElasticGroup(Group):
         crew = self.crew
         rep, src, mine = crew.rep, ep.members.index(ep.source), self.env.rank == ep.source
         state = {"flat": rep.flat, "opt": rep.opt_state or {}, "sync": crew.rule.state_dict(),
-                 "counters": dataclasses.asdict(crew.base), "syncs": crew.rounds.syncs} if mine else None
+                 "counters": crew.base.lineage(), "syncs": crew.rounds.syncs} if mine else None
         got = self.comm.send_state(state, src)
         if self.env.rank not in ep.joiners:
             return
@@ -131,7 +131,7 @@ class ElasticGroup(Group):
             for name, buf in (rep.opt_state or {}).items():
                 buf.copy_(got["opt"][name])
         crew.rule.load_state_dict(got["sync"])
-        crew.base = Counters.from_dict(got["counters"])
+        crew.base = Counts.from_dict(got["counters"])
         crew.board.control["base_steps"] = crew.base.steps
         crew.rounds.syncs = int(got["syncs"])
         pos = self.m.link.fetch(f"pos/{self.env.rank}") if fresh else None
@@ -230,8 +230,8 @@ class ElasticGroup(Group):
     def may_write_alone(self) -> bool:
         return self.m.memory.away_since is None
 
-    def own(self, totals: Totals) -> Totals:
-        return totals if self.carried is None else Totals.from_tensor(totals.to_tensor() + self.carried)
+    def own(self, totals: Counts) -> Counts:
+        return totals if self.carried is None else Counts.from_tensor(totals.to_tensor() + self.carried)
 
     def positions(self) -> torch.Tensor:
         """Every slot's positions as published at its last round (a lost slot's stay put)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import numpy as np
 import torch
@@ -50,26 +50,49 @@ CONTROL = np.dtype([(name, np.float64) for name in (
 
 
 @dataclass
-class Totals:
-    """One replica's (or, once all-reduced, the job's) counters, in a fixed order."""
+class Counts:
+    """The one counter record: a replica's counts (from its board), the job's (all-reduced in
+    a fixed order as one tensor), or a run lineage's (the first five, which a checkpoint
+    carries across restarts; the rest describe one attempt)."""
 
-    applied: float = 0.0
+    steps: int = 0
+    """Updates applied."""
     samples: float = 0.0
-    skipped: float = 0.0
-    restarts: float = 0.0
+    skipped_nonfinite: int = 0
+    worker_restarts: int = 0
+    syncs: int = 0
     step_s: float = 0.0
     sync_s: float = 0.0
     sync_steps: float = 0.0
     pos: float = 0.0
     lag_wait_s: float = 0.0
 
+    LINEAGE: ClassVar[tuple[str, ...]] = ("steps", "samples", "skipped_nonfinite", "worker_restarts", "syncs")
+
     def to_tensor(self) -> Tensor:
         return torch.tensor(astuple(self), dtype=torch.float64)
 
     @classmethod
-    def from_tensor(cls, t: Tensor) -> "Totals":
+    def from_tensor(cls, t: Tensor) -> "Counts":
         values = t.double().cpu().tolist()
-        return cls(**{f.name: v for f, v in zip(fields(cls), values)})
+        return cls(**{f.name: _typed(f.type, v) for f, v in zip(fields(cls), values)})
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Counts":
+        """A checkpoint's counters (missing keys are zero, unknown ones ignored)."""
+        return cls(**{f.name: _typed(f.type, d[f.name]) for f in fields(cls) if f.name in d})
+
+    def lineage(self) -> dict[str, Any]:
+        """What a checkpoint stores."""
+        return {name: getattr(self, name) for name in self.LINEAGE}
+
+    def plus(self, job: "Counts", syncs: int) -> "Counts":
+        """These restored lineage counts plus this run's job-wide counts, ``syncs`` rounds in all."""
+        out = Counts(**{f.name: getattr(job, f.name) for f in fields(self)})
+        for name in ("steps", "samples", "skipped_nonfinite", "worker_restarts"):
+            setattr(out, name, getattr(self, name) + getattr(job, name))
+        out.syncs = syncs
+        return out
 
     def stall_s(self) -> float:
         """Extra time workers' steps took while a sync ran, beyond their usual step time."""
@@ -144,13 +167,17 @@ class Board:
         losses = [float(x) for x in self.stats["loss"] if x > 0]
         return sum(losses) / len(losses) if losses else float("nan")
 
-    def totals(self, restarts: int) -> Totals:
+    def totals(self, restarts: int) -> Counts:
         s = self.stats
-        return Totals(applied=float(s["applied"].sum()), samples=float(s["samples"].sum()),
-                      skipped=float(s["skipped"].sum()), restarts=float(restarts),
+        return Counts(steps=int(s["applied"].sum()), samples=float(s["samples"].sum()),
+                      skipped_nonfinite=int(s["skipped"].sum()), worker_restarts=restarts,
                       step_s=float(s["step_s"].sum()), sync_s=float(s["sync_s"].sum()),
                       sync_steps=float(s["sync_steps"].sum()), pos=float(s["pos"].sum()),
                       lag_wait_s=float(s["lag_wait_s"].sum()))
+
+
+def _typed(kind: Any, value: Any) -> Any:
+    return int(round(float(value))) if kind in (int, "int") else float(value)
 
 
 def previous_attempt(path: Path) -> Optional[tuple[float, float]]:

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from hogwild.checkpoint.resume import Counters, Restored
+from hogwild.checkpoint.resume import Restored
 from hogwild.errors import EXIT_FAILED, EXIT_FAULT, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, EXIT_WRITE, first_line
-from hogwild.replica.board import Totals
+from hogwild.replica.board import Counts
 from hogwild.replica.task import Task
 from hogwild.report.metrics import write_json
 from hogwild.sync.rounds import SyncStats
@@ -80,7 +80,7 @@ class Timing:
     worker_steps_to_target: Optional[float] = None
 
 
-def final_report(*, status: str, error: Optional[str], counters: Counters, job: Totals,
+def final_report(*, status: str, error: Optional[str], counters: Counts, job: Counts,
                  task: Task, scores: dict[str, float], train_loss: float, timing: Timing, sync: SyncStats,
                  workers: int, threads: int, replicas: int, sync_mode: str,
                  schedule: SyncSchedule, resumed: Optional[Restored], run_dir: Path) -> dict[str, Any]:

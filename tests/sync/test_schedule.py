@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hogwild.config.schema import SyncConfig
-from hogwild.replica.board import CONTROL, STATS, Board, Totals
+from hogwild.replica.board import CONTROL, STATS, Board, Counts
 from hogwild.sync.schedule import SyncSchedule
 
 
@@ -77,25 +77,37 @@ def test_board_loss_averages_only_workers_that_trained() -> None:
     assert b.loss() == 0.5
 
 
-def test_totals_round_trip_through_a_tensor_by_name() -> None:
+def test_counts_round_trip_through_a_tensor_by_name() -> None:
     b = Board(2)
     b.stats["applied"] = np.array([3.0, 4.0])
     b.stats["skipped"] = np.array([0.0, 2.0])
     t = b.totals(restarts=1)
-    assert (t.applied, t.skipped, t.restarts) == (7.0, 2.0, 1.0)
-    summed = Totals.from_tensor(t.to_tensor() * 2)  # what an all_reduce over 2 replicas gives
-    assert summed.applied == 14.0 and summed.restarts == 2.0 and summed.skipped == 4.0
+    assert (t.steps, t.skipped_nonfinite, t.worker_restarts) == (7, 2, 1)
+    summed = Counts.from_tensor(t.to_tensor() * 2)  # what an all_reduce over 2 replicas gives
+    assert (summed.steps, summed.worker_restarts, summed.skipped_nonfinite) == (14, 2, 4)
+    assert isinstance(summed.steps, int), "metrics.json shows steps as an integer"
+
+
+def test_a_lineage_adds_a_runs_counts_and_survives_a_checkpoint() -> None:
+    restored = Counts.from_dict({"steps": 100, "samples": 3200.0, "syncs": 4, "worker_restarts": 1,
+                                 "skipped_nonfinite": 0, "from_a_newer_version": 7})
+    job = Counts(steps=50, samples=1600.0, worker_restarts=2, skipped_nonfinite=3, lag_wait_s=1.5)
+    total = restored.plus(job, syncs=6)
+    assert total.lineage() == {"steps": 150, "samples": 4800.0, "skipped_nonfinite": 3, "worker_restarts": 3,
+                               "syncs": 6}
+    assert total.lag_wait_s == 1.5, "this attempt's own measures come from the job"
+    assert Counts.from_dict(total.lineage()).lineage() == total.lineage()
 
 
 def test_stall_is_the_extra_step_time_during_syncs() -> None:
     # 100 steps of 10 ms, 10 of them during syncs at 30 ms: 10 x 20 ms of stall.
-    t = Totals(step_s=0.9 + 0.3, sync_s=0.3, sync_steps=10, pos=100)
+    t = Counts(step_s=0.9 + 0.3, sync_s=0.3, sync_steps=10, pos=100)
     assert t.stall_s() == pytest.approx(0.2)
-    assert Totals(step_s=1.0, sync_s=0.0, sync_steps=0, pos=100).stall_s() == 0.0
+    assert Counts(step_s=1.0, sync_s=0.0, sync_steps=0, pos=100).stall_s() == 0.0
 
 
 def test_totals_tensor_is_float64() -> None:
-    assert Totals().to_tensor().dtype == torch.float64
+    assert Counts().to_tensor().dtype == torch.float64
 
 
 def test_lag_limit_is_one_interval_past_the_pending_round_by_default() -> None:
