@@ -35,7 +35,7 @@ from hogwild.replica.models import model_id
 from hogwild.replica.pool import WorkerPool, worker_specs
 from hogwild.replica.resources import resolve_workers
 from hogwild.report.metrics import flatten
-from hogwild.report.summary import RunResult, Timing, exit_code, final_report, status_of, write_report
+from hogwild.report.summary import RunResult, RunSummary, Timing, exit_code, status_of, write_report
 from hogwild.report.telemetry import Telemetry
 from hogwild.report.verdict import judge
 from hogwild.sync.comm import PeerLost
@@ -271,11 +271,11 @@ class Leader:
         assert self.t_train is not None
         timing = Timing(wall_s=time.monotonic() - self.t_start, train_s=train_s, startup_s=self.t_train - self.t_start,
                         time_to_target_s=tel.time_to_target, worker_steps_to_target=tel.worker_steps_to_target)
-        metrics = final_report(status=status, error=ctl.fault, counters=crew.base.plus(job, crew.rounds.syncs),
-                               job=job, task=crew.rep.task, scores=tel.scores, train_loss=board.loss(),
-                               timing=timing, sync=sync_stats, workers=crew.workers, threads=crew.specs[0].threads,
-                               replicas=self.env.world_size, sync_mode=self.cfg.sync.mode,
-                               schedule=crew.schedule, resumed=crew.restored, run_dir=crew.run_dir)
+        metrics = RunSummary(status=status, error=ctl.fault, counters=crew.base.plus(job, crew.rounds.syncs),
+                             job=job, task=crew.rep.task, scores=tel.scores, train_loss=board.loss(),
+                             timing=timing, sync=sync_stats, workers=crew.workers, threads=crew.specs[0].threads,
+                             replicas=self.env.world_size, sync_mode=self.cfg.sync.mode,
+                             schedule=crew.schedule, resumed=crew.restored, run_dir=crew.run_dir).metrics()
         metrics.update(verdict=verdict.summary, **group.report())
         write_report(crew.run_dir / "metrics.json", metrics)
         tel.metrics.hparams(flatten("", self._config_dict()), {f"test_{k}": v for k, v in tel.scores.items()})

@@ -80,49 +80,75 @@ class Timing:
     worker_steps_to_target: Optional[float] = None
 
 
-def final_report(*, status: str, error: Optional[str], counters: Counts, job: Counts,
-                 task: Task, scores: dict[str, float], train_loss: float, timing: Timing, sync: SyncStats,
-                 workers: int, threads: int, replicas: int, sync_mode: str,
-                 schedule: SyncSchedule, resumed: Optional[Restored], run_dir: Path) -> dict[str, Any]:
-    def nan_if_none(x: Optional[float]) -> float:
-        return math.nan if x is None else x
+@dataclass
+class RunSummary:
+    """Everything ``metrics.json`` reports, as the writer gathered it at the end of a run."""
 
+    status: str
+    error: Optional[str]
+    counters: Counts
+    """The lineage's counts, restored ones included."""
+    job: Counts
+    """This attempt's counts over every replica."""
+    task: Task
+    scores: dict[str, float]
+    train_loss: float
+    timing: Timing
+    sync: SyncStats
+    workers: int
+    threads: int
+    replicas: int
+    sync_mode: str
+    schedule: SyncSchedule
+    resumed: Optional[Restored]
+    run_dir: Path
+
+    def metrics(self) -> dict[str, Any]:
+        """The flat object ``metrics.json`` holds (keys documented in the README's Outputs)."""
+        return _metrics(self)
+
+
+def _nan_if_none(x: Optional[float]) -> float:
+    return math.nan if x is None else x
+
+
+def _metrics(s: RunSummary) -> dict[str, Any]:
     result: dict[str, Any] = {
-        "status": status,
-        "exit_code": exit_code(status),
-        "task": task.kind,
-        **{f"test_{name}": value for name, value in scores.items()},
-        **{f"baseline_{name}": value for name, value in task.baseline.items()},
-        "train_loss": train_loss,
-        "steps": counters.steps,
-        "samples": int(counters.samples),
-        "samples_per_s": job.samples / max(timing.train_s, 1e-9),
-        "wall_s": timing.wall_s,
-        "train_s": timing.train_s,
-        "time_to_target_s": nan_if_none(timing.time_to_target_s),
-        "worker_steps_to_target": nan_if_none(timing.worker_steps_to_target),
-        "startup_s": nan_if_none(timing.startup_s),
-        "workers": workers,
-        "threads_per_worker": threads,
-        "replicas": replicas,
-        "syncs": counters.syncs,
-        "max_drift": schedule.max_drift,
-        "mean_drift": schedule.mean_drift,
-        "mean_sync_s": sync.mean_sync_s,
-        "steps_per_sync": sync.steps_per_sync,
-        "max_steps_per_sync": sync.max_steps_per_sync,
-        "lag_wait_s": job.lag_wait_s,
-        "worker_stall_s": job.stall_s(),
-        "worker_restarts": counters.worker_restarts,
-        "skipped_nonfinite": counters.skipped_nonfinite,
-        "sync_mode": sync_mode if replicas > 1 else "none",
-        "final_interval": schedule.interval,
-        "resumed_from": resumed.path if resumed else "",
-        "steps_lost_on_resume": resumed.steps_lost if resumed else None,
-        "run_dir": str(run_dir.resolve()),
+        "status": s.status,
+        "exit_code": exit_code(s.status),
+        "task": s.task.kind,
+        **{f"test_{name}": value for name, value in s.scores.items()},
+        **{f"baseline_{name}": value for name, value in s.task.baseline.items()},
+        "train_loss": s.train_loss,
+        "steps": s.counters.steps,
+        "samples": int(s.counters.samples),
+        "samples_per_s": s.job.samples / max(s.timing.train_s, 1e-9),
+        "wall_s": s.timing.wall_s,
+        "train_s": s.timing.train_s,
+        "time_to_target_s": _nan_if_none(s.timing.time_to_target_s),
+        "worker_steps_to_target": _nan_if_none(s.timing.worker_steps_to_target),
+        "startup_s": _nan_if_none(s.timing.startup_s),
+        "workers": s.workers,
+        "threads_per_worker": s.threads,
+        "replicas": s.replicas,
+        "syncs": s.counters.syncs,
+        "max_drift": s.schedule.max_drift,
+        "mean_drift": s.schedule.mean_drift,
+        "mean_sync_s": s.sync.mean_sync_s,
+        "steps_per_sync": s.sync.steps_per_sync,
+        "max_steps_per_sync": s.sync.max_steps_per_sync,
+        "lag_wait_s": s.job.lag_wait_s,
+        "worker_stall_s": s.job.stall_s(),
+        "worker_restarts": s.counters.worker_restarts,
+        "skipped_nonfinite": s.counters.skipped_nonfinite,
+        "sync_mode": s.sync_mode if s.replicas > 1 else "none",
+        "final_interval": s.schedule.interval,
+        "resumed_from": s.resumed.path if s.resumed else "",
+        "steps_lost_on_resume": s.resumed.steps_lost if s.resumed else None,
+        "run_dir": str(s.run_dir.resolve()),
     }
-    if task.kind == "classification":
-        result["chance_accuracy"] = task.baseline["accuracy"]
-    if error:
-        result["error"] = error
+    if s.task.kind == "classification":
+        result["chance_accuracy"] = s.task.baseline["accuracy"]
+    if s.error:
+        result["error"] = s.error
     return result
