@@ -31,7 +31,7 @@ def payload(*, model_name: str, shapes: list[tuple[int, ...]], flat: Tensor,
             model: Optional[nn.Module] = None) -> dict[str, Any]:
     """A checkpoint: tensors and plain values only, so it loads with ``weights_only=True``.
     ``state_dict`` (the module's names, views of the same ``flat`` copy, stored once) is the
-    part that leaves hogwild: ``torch.load(path, weights_only=True)["state_dict"]``."""
+    part that leaves hogwild: ``torch.load(path, weights_only=True)["state_dict"]`` (design rule 22)."""
     cpu = flat.detach().to("cpu", copy=True)
     return {
         "format": checkpoint.FORMAT,

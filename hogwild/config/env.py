@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from hogwild.errors import UserError
+from hogwild.errors import ConfigError, UserError
 
 
 def _int_env(env: Mapping[str, str], key: str, default: int) -> int:
@@ -76,3 +76,12 @@ def default_run_id(env: Optional[Mapping[str, str]] = None) -> str:
 
 def hydra_output_subdir(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
     return ".hydra" if DistEnv.from_env(env).rank == 0 else None
+
+
+def split_endpoint(endpoint: str, key: str = "sync.coordinator") -> tuple[str, int]:
+    """``host:port`` (the last colon splits, so an IPv6 host keeps its own); one line naming
+    ``key`` when it is not one."""
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"{key}: expected host:port, got {endpoint!r}")
+    return host, int(port)

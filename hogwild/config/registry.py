@@ -2,9 +2,9 @@
 
 The implementations register themselves here (a sync rule class, a model builder, a dataset
 loader), and the config checks read the same table: a new rule needs no second list, and the
-list in an error message is always the list that works. The config package comes first in the
-flow, so a registry imports the modules that fill it (its *providers*) when first read, not at
-import time.
+list in an error message is always the list that works (design rule 21 in docs/design.md).
+The config package comes first in the flow, so a registry imports the modules that fill it
+(its *providers*) when first read, not at import time.
 """
 
 from __future__ import annotations

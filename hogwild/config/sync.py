@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from hogwild.config.env import split_endpoint
 from hogwild.config.registry import SYNC_RULES
 from hogwild.config.validate import choice, positive, require
 
@@ -73,8 +74,7 @@ class SyncConfig:
                  "must be >= sync.min_interval")
         choice(self.dtype, "sync.dtype", SYNC_DTYPES)
         if self.coordinator is not None:
-            host, _, port = self.coordinator.rpartition(":")
-            require(bool(host) and port.isdigit(), "sync.coordinator", f"expected host:port, got {self.coordinator!r}")
+            split_endpoint(self.coordinator)
             require(self.replicas >= 2, "sync.replicas", f"elastic mode needs at least 2 slots, got {self.replicas}")
             require(self.slot is not None and 0 <= self.slot < self.replicas, "sync.slot",
                     f"must be set to 0..{self.replicas - 1} with sync.coordinator, got {self.slot}")

@@ -32,6 +32,7 @@ from typing import Optional, Union
 
 import torch.distributed as dist
 
+from hogwild.config.env import split_endpoint
 from hogwild.errors import UserError, first_line
 from hogwild.sync.comm import PeerLost
 
@@ -46,13 +47,6 @@ CONNECT_S = 0.5
 
 class CoordinatorAway(PeerLost):
     """The coordinator cannot be reached right now."""
-
-
-def split_endpoint(endpoint: str) -> tuple[str, int]:
-    host, _, port = endpoint.rpartition(":")
-    if not host or not port.isdigit():
-        raise UserError(f"sync.coordinator: expected host:port, got {endpoint!r}")
-    return host, int(port)
 
 
 def connect(endpoint: str, timeout_s: float) -> dist.TCPStore:
