@@ -81,9 +81,14 @@ def hogwild_torchrun(replicas: int, workers: int, w: Workload, run_root: Path, e
     return _run(cmd, run_root, env=env)
 
 
+def reached(value: Any) -> bool:
+    """A time to the target exists: metrics.json has null when it was missed, the baselines NaN."""
+    return value is not None and value == value
+
+
 def median_of(fn: Callable[[], dict[str, Any]], repeats: int, key: str) -> dict[str, Any]:
     runs = [fn() for _ in range(repeats)]
-    vals = [float(r[key]) for r in runs if r.get(key) == r.get(key)]  # NaN: target missed
+    vals = [float(r[key]) for r in runs if reached(r.get(key))]
     accs = [float(r["test_accuracy"]) for r in runs]
     return {"median": statistics.median(vals) if vals else float("nan"), "missed": len(runs) - len(vals),
             "accuracy": statistics.median(accs), "runs": runs}

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from baselines import CONVNET, MLP, TINY, Workload  # noqa: E402
 from bench import hogwild, hogwild_torchrun, pyplot  # noqa: E402
+from bench import reached as target_reached  # noqa: E402
 
 logger = logging.getLogger("cross")
 SECTIONS = ("scaling", "drift")
@@ -45,7 +46,7 @@ def _interleaved(configs: dict[str, Callable[[], dict[str, Any]]], reps: int) ->
 
 
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    reached = [r for r in runs if r["time_to_target_s"] == r["time_to_target_s"]]  # NaN: missed
+    reached = [r for r in runs if target_reached(r["time_to_target_s"])]
     def median(key: str) -> float:
         return statistics.median(r[key] for r in reached) if reached else float("nan")
 

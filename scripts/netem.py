@@ -26,6 +26,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench import reached  # noqa: E402
+
 logger = logging.getLogger("netem")
 NS = ("hwbench0", "hwbench1")
 IFACE = ("hwveth0", "hwveth1")
@@ -155,7 +157,7 @@ def main() -> None:
                           ("hogwild 2x1 average bf16", lambda: hogwild(args.target, 50, ["sync.dtype=bf16"], root))):
             logger.info("%s over %d ms / %s", label, args.delay_ms, args.rate)
             runs = [fn() for _ in range(args.repeats)]
-            vals = [r["time_to_target_s"] for r in runs if r["time_to_target_s"] == r["time_to_target_s"]]
+            vals = [r["time_to_target_s"] for r in runs if reached(r["time_to_target_s"])]
             res[label] = {"median_s": statistics.median(vals) if vals else float("nan"),
                           "missed": len(runs) - len(vals),
                           "accuracy": statistics.median(r["test_accuracy"] for r in runs), "runs": runs}

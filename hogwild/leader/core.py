@@ -34,7 +34,7 @@ from hogwild.replica.faults import dump_final
 from hogwild.replica.models import model_id
 from hogwild.replica.pool import WorkerPool, worker_specs
 from hogwild.replica.resources import resolve_workers
-from hogwild.report.metrics import flatten
+from hogwild.report.metrics import flatten, strict
 from hogwild.report.summary import RunResult, RunSummary, Timing, exit_code, status_of, write_report
 from hogwild.report.telemetry import Telemetry
 from hogwild.report.verdict import judge
@@ -281,7 +281,7 @@ class Leader:
         tel.metrics.hparams(flatten("", self._config_dict()), {f"test_{k}": v for k, v in tel.scores.items()})
         tel.metrics.close()
         return RunResult(status=metrics["status"], exit_code=metrics["exit_code"], error=metrics.get("error"),
-                         run_dir=crew.run_dir, metrics=metrics)
+                         run_dir=crew.run_dir, metrics=strict(metrics))  # as metrics.json holds it
 
 
 def leader_for(cfg: Config, run_dir: str, env: Optional[DistEnv] = None) -> Leader:

@@ -4,6 +4,7 @@ and progress: a tqdm bar on a terminal, rate-limited plain log lines otherwise."
 from __future__ import annotations
 
 import json
+import math
 import logging
 import sys
 import time
@@ -42,8 +43,20 @@ class Metrics:
             self._tb.close()
 
 
+def strict(obj: Any) -> Any:
+    """``obj`` with every non-finite float as None: strict JSON has no NaN or Infinity, and a value
+    that does not exist (no target reached, no drift measured) is ``null``."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict(v) for v in obj]
+    return obj
+
+
 def write_json(path: str | Path, data: dict[str, Any]) -> None:
-    text = (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+    text = (json.dumps(strict(data), indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
     atomic_write(Path(path), lambda f: f.write(text))
 
 

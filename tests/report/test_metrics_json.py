@@ -1,0 +1,40 @@
+"""metrics.json is strict JSON (fast tier): a value that does not exist (no target reached, no
+drift measured) is ``null``, never a bare ``NaN`` that strict readers (``jq``, JavaScript,
+Go, ``json.loads(..., parse_constant=...)``) reject."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from hogwild.report.metrics import write_json
+
+
+def _strict(text: str) -> dict:
+    def refuse(name: str) -> float:
+        raise ValueError(f"non-standard JSON constant {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_missing_values_are_null_and_the_file_is_strict_json(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.json"
+    write_json(path, {"time_to_target_s": math.nan, "max_drift": math.inf, "nested": {"x": -math.inf},
+                      "steps": 60, "test_accuracy": 0.93, "list": [1.0, math.nan]})
+    m = _strict(path.read_text())
+    assert m == {"time_to_target_s": None, "max_drift": None, "nested": {"x": None}, "steps": 60,
+                 "test_accuracy": 0.93, "list": [1.0, None]}
+
+
+def test_a_real_runs_metrics_are_strict_json(tmp_path: Path) -> None:
+    import hogwild
+
+    result = hogwild.train(["workers=1", "train.max_steps=30", "eval.every_s=100", f"run_dir={tmp_path / 'run'}"])
+    m = _strict((tmp_path / "run" / "metrics.json").read_text())
+    assert m["time_to_target_s"] is None, "no target was set: the time to it does not exist"
+    assert result.metrics is not None and result.metrics["steps"] == m["steps"] == 30
+    with pytest.raises(ValueError):
+        _strict('{"x": NaN}')  # the reader used here does refuse what the old files held
