@@ -96,3 +96,18 @@ def run_metrics(cfg: Any, run_dir: str) -> dict[str, Any]:
     result = run(cfg, run_dir)
     assert result.metrics is not None, result
     return result.metrics
+
+
+def torch_shm() -> set[str]:
+    """torch's shared-memory files in /dev/shm (``torch_<pid>_...``)."""
+    return {p.name for p in Path("/dev/shm").glob("torch_*")} if Path("/dev/shm").is_dir() else set()
+
+
+def leaked_torch_shm(before: set[str]) -> set[str]:
+    """torch segments that appeared since ``before`` and whose creating process is gone: a
+    leak. A live process's segment belongs to a run still going (a test beside this one)."""
+    def owner_alive(name: str) -> bool:
+        parts = name.split("_")
+        return len(parts) > 1 and parts[1].isdigit() and Path(f"/proc/{parts[1]}").exists()
+
+    return {s for s in torch_shm() - before if not owner_alive(s)}

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from hogwild.checkpoint import store as checkpoint
-from tests.conftest import REPO, clean_env, wait_training
+from tests.conftest import REPO, clean_env, leaked_torch_shm, torch_shm, wait_training
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -151,10 +151,6 @@ def _ours(tag: str) -> list[int]:
     return pids
 
 
-def _torch_shm() -> set[str]:
-    return {p.name for p in Path("/dev/shm").glob("torch_*")}
-
-
 def _finite_checkpoints(run_dir: Path) -> dict[str, float]:
     out = {}
     for p in (run_dir / "checkpoints").glob("step_*.pt"):
@@ -181,7 +177,7 @@ def test_hostile_case(tmp_path: Path, good_run: Path, case: Case) -> None:
     case.prepare(tmp_path)
     good = _finite_checkpoints(tmp_path / "run") if case.good_before else {}
     tag = f"HOGWILD_TEST_TAG={uuid.uuid4().hex}"
-    shm_before = _torch_shm()
+    shm_before = torch_shm()
     args = case.args if case.module != "hogwild.cli.train" else [*QUICK, *case.args, f"run_dir={tmp_path / 'run'}"]
     proc = subprocess.Popen([sys.executable, "-m", case.module, *args], cwd=tmp_path, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -205,7 +201,7 @@ def test_hostile_case(tmp_path: Path, good_run: Path, case: Case) -> None:
         assert not list((tmp_path / "run").glob("checkpoints/*.pt")), "nothing trained, nothing to write"
     time.sleep(0.5)
     assert not _ours(tag.split("=")[1]), "a process of the run outlived it"
-    assert not (_torch_shm() - shm_before), "a shared-memory segment was left behind"
+    assert not leaked_torch_shm(shm_before), "a shared-memory segment was left behind"
 
 
 def test_a_second_job_on_a_live_run_dir_is_refused_and_the_first_finishes(tmp_path: Path) -> None:

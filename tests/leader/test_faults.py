@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from hogwild.checkpoint import store as checkpoint
-from tests.conftest import clean_env, compose_cfg, free_port, metrics, run_cli, wait_training
+from tests.conftest import (clean_env, compose_cfg, free_port, leaked_torch_shm, metrics, run_cli, torch_shm,
+                            wait_training)
 from tests.conftest import run_metrics as run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -107,14 +108,10 @@ def test_too_many_nonfinite_updates_stop_the_run(tmp_path: Path) -> None:
     assert metrics(out)["status"] == "training_failed"
 
 
-def _shm() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-
-
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_checkpoints_exits_on_time_and_leaves_nothing(tmp_path: Path, sig: int, code: int) -> None:
     out = tmp_path / "run"
-    shm_before = _shm()
+    shm_before = torch_shm()
     proc = _start(tmp_path, "workers=2", "train.epochs=100000", f"run_dir={out}")
     workers = _wait_training(proc, 2)
     wait_training(out, proc)
@@ -128,7 +125,7 @@ def test_signal_checkpoints_exits_on_time_and_leaves_nothing(tmp_path: Path, sig
     assert metrics(out)["status"] == signal.Signals(sig).name
     time.sleep(0.5)
     assert not [w for w in workers if _alive(w)], "a worker outlived its leader"
-    assert not {s for s in _shm() - shm_before if "torch" in s}, "shared memory segment left behind"
+    assert not leaked_torch_shm(shm_before), "shared memory segment left behind"
 
 
 def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path: Path) -> None:
