@@ -24,7 +24,8 @@ from hogwild.files import atomic_link, atomic_write
 
 logger = logging.getLogger(__name__)
 
-_STEP_RE = re.compile(r"^step_(\d+)(?:-([A-Za-z0-9]+))?\.pt$")
+# step_<steps>-<lineage>-q<seq>.pt; files of older versions lack the sequence (0) or the lineage.
+_STEP_RE = re.compile(r"^step_(\d+)(?:-([A-Za-z0-9]+))?(?:-q(\d+))?\.pt$")
 FORMAT = 1
 WRITE_TRIES = 2  # a failed write is retried once, then it is a fault
 
@@ -48,21 +49,28 @@ def new_lineage() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def step_name(steps: int, lineage: str) -> str:
+def step_name(steps: int, lineage: str, seq: int) -> str:
     # The lineage in the name: a resume=false run in the same run_dir never overwrites the
-    # files of an earlier run that reached the same step count.
-    return f"step_{steps:09d}-{lineage}.pt"
+    # files of an earlier run that reached the same step count. The sequence: see save().
+    return f"step_{steps:09d}-{lineage}-q{seq:09d}.pt"
 
 
 def save(run_dir: str | Path, payload: dict[str, Any], keep: int) -> Path:
     """Write ``payload`` (retried once), point ``last.pt`` at it, prune its lineage's older files.
 
-    Only files of the same lineage with fewer steps are pruned, so a bad or foreign file
-    never pushes a new checkpoint out, and a good one is never pruned for a bad one.
+    Files are ordered by a write sequence that only grows within a lineage, never by their step
+    count: in elastic mode the job's steps are a sum over the current members, which drops when
+    a replica is lost for good, and ordering by it made resume pick (and pruning keep) files
+    older than the newest. The sequence is one more than the highest of the lineage on disk,
+    so a new writer (another slot, another attempt) continues it. Only this lineage's files
+    are pruned: a foreign file never pushes a new checkpoint out.
     """
     d = ckpt_dir(run_dir)
     lineage, steps = str(payload["lineage"]), int(payload["counters"]["steps"])
-    path = d / step_name(steps, lineage)
+    ours = [(q, p) for _, lin, q, p in _scanned(d) if lin == lineage]
+    seq = 1 + max((q for q, _ in ours), default=int(payload.get("seq", 0)))
+    payload = {**payload, "seq": seq}
+    path = d / step_name(steps, lineage, seq)
     for attempt in range(1, WRITE_TRIES + 1):
         try:
             d.mkdir(parents=True, exist_ok=True)
@@ -77,8 +85,7 @@ def save(run_dir: str | Path, payload: dict[str, Any], keep: int) -> Path:
                 raise CheckpointWriteError(f"checkpoint: could not write {path}: {first_line(e)}"
                                            f" ({_free(d)} free there)") from None
             logger.warning("checkpoint: writing %s failed (%s); retrying once", path, first_line(e))
-    mine = [(s, p) for s, lin, p in _scanned(d) if lin == lineage and s <= steps]
-    for _, old in sorted(mine, reverse=True)[keep:]:
+    for _, old in sorted(ours, reverse=True)[max(keep - 1, 0):]:
         if old != path:
             old.unlink(missing_ok=True)
     logger.info("checkpoint %s", path)
@@ -93,15 +100,17 @@ def _free(d: Path) -> str:
         return "unknown space"
 
 
-def _scanned(d: Path) -> list[tuple[int, str, Path]]:
+def _scanned(d: Path) -> list[tuple[int, str, int, Path]]:
+    """(steps, lineage, write sequence, path) of every step file, read from the names."""
     if not d.is_dir():
         return []
-    return [(int(m.group(1)), m.group(2) or "", p) for p in d.iterdir() if (m := _STEP_RE.match(p.name))]
+    return [(int(m.group(1)), m.group(2) or "", int(m.group(3) or 0), p)
+            for p in d.iterdir() if (m := _STEP_RE.match(p.name))]
 
 
 def candidates(run_dir: str | Path) -> list[Path]:
-    """Step checkpoints of every lineage, most steps first (by name: cheap, not trusted)."""
-    return [p for _, _, p in sorted(_scanned(ckpt_dir(run_dir)), key=lambda t: t[0], reverse=True)]
+    """Step checkpoints of every lineage, newest first (by name: cheap, not trusted)."""
+    return [p for _, _, _, p in sorted(_scanned(ckpt_dir(run_dir)), key=lambda t: (t[2], t[0]), reverse=True)]
 
 
 def load(path: str | Path) -> dict[str, Any]:
@@ -156,9 +165,10 @@ def load_latest(run_dir: str | Path) -> Optional[tuple[dict[str, Any], Path]]:
     return max(ours, key=lambda cp: (_order(cp[0]), float(cp[0].get("written_at", 0.0))))
 
 
-def _order(ckpt: dict[str, Any]) -> tuple[int, int]:
+def _order(ckpt: dict[str, Any]) -> tuple[int, int, int]:
+    """Within a lineage: the write sequence first (files of older versions have none: 0)."""
     counters = ckpt.get("counters", {})
-    return int(counters.get("steps", 0)), int(counters.get("syncs", 0))
+    return int(ckpt.get("seq", 0)), int(counters.get("steps", 0)), int(counters.get("syncs", 0))
 
 
 def check_compatible(ckpt: dict[str, Any], path: str | Path, model_name: str,

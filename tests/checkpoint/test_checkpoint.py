@@ -34,7 +34,7 @@ def _names(run_dir: Path) -> list[str]:
 def test_keeps_last_n_of_its_lineage_and_points_last_at_newest(tmp_path: Path) -> None:
     for step in (10, 20, 30, 40):
         checkpoint.save(tmp_path, _payload(step), keep=2)
-    assert _names(tmp_path) == ["last.pt", "step_000000030-aaaa.pt", "step_000000040-aaaa.pt"]
+    assert _names(tmp_path) == ["last.pt", "step_000000030-aaaa-q000000003.pt", "step_000000040-aaaa-q000000004.pt"]
     assert checkpoint.load(checkpoint.ckpt_dir(tmp_path) / "last.pt")["flat"][0] == 40
 
 
@@ -42,9 +42,9 @@ def test_a_new_run_never_overwrites_or_prunes_an_older_runs_files(tmp_path: Path
     for step in (100, 200):
         checkpoint.save(tmp_path, _payload(step, "old"), keep=1)
     checkpoint.save(tmp_path, _payload(200, "new", value=-1), keep=1)  # resume=false, same step
-    assert "step_000000200-old.pt" in _names(tmp_path) and "step_000000200-new.pt" in _names(tmp_path)
+    assert {"step_000000200-old-q000000002.pt", "step_000000200-new-q000000001.pt"} <= set(_names(tmp_path))
     ckpt, path = checkpoint.load_latest(tmp_path)
-    assert ckpt["lineage"] == "new" and path.name == "step_000000200-new.pt"
+    assert ckpt["lineage"] == "new" and path.name == "step_000000200-new-q000000001.pt"
 
 
 def test_resume_follows_last_pt_not_the_highest_file_number(tmp_path: Path) -> None:
@@ -53,6 +53,22 @@ def test_resume_follows_last_pt_not_the_highest_file_number(tmp_path: Path) -> N
     checkpoint.save(tmp_path, _payload(80, "new"), keep=3)
     ckpt, _ = checkpoint.load_latest(tmp_path)
     assert (ckpt["lineage"], ckpt["counters"]["steps"]) == ("new", 80)
+
+
+def test_a_later_checkpoint_with_fewer_steps_is_the_newest_and_the_older_ones_are_pruned(tmp_path: Path) -> None:
+    """Elastic mode: the job's steps are summed over the current members, so they drop when a
+    replica is lost for good. Resume must take the file written last, never roll back to an
+    older one with more steps, and pruning must drop the older ones (issue 24, item 3)."""
+    checkpoint.save(tmp_path, _payload(300, value=1.0), keep=2)  # three replicas' sum
+    checkpoint.save(tmp_path, _payload(200, value=2.0), keep=2)  # a replica gone for good
+    checkpoint.save(tmp_path, _payload(250, value=3.0), keep=2)
+    ckpt, _ = checkpoint.load_latest(tmp_path)
+    assert float(ckpt["flat"][0]) == 3.0 and ckpt["counters"]["steps"] == 250
+    assert [p.name for p in checkpoint.candidates(tmp_path)] == [
+        "step_000000250-aaaa-q000000003.pt", "step_000000200-aaaa-q000000002.pt"]
+    # A new writer (another slot, another attempt) continues the sequence from the files.
+    checkpoint.save(tmp_path, {**_payload(100, value=4.0), "seq": 0}, keep=2)
+    assert float(checkpoint.load_latest(tmp_path)[0]["flat"][0]) == 4.0
 
 
 def test_the_newest_is_read_from_the_counters_inside(tmp_path: Path) -> None:
@@ -71,7 +87,7 @@ def test_corrupt_high_numbered_files_neither_win_nor_push_new_checkpoints_out(tm
         (d / name).write_bytes(b"not a checkpoint")
     for step in (10, 20, 30):
         checkpoint.save(tmp_path, _payload(step), keep=2)
-    assert {"step_000000020-aaaa.pt", "step_000000030-aaaa.pt"} <= set(_names(tmp_path))
+    assert {"step_000000020-aaaa-q000000002.pt", "step_000000030-aaaa-q000000003.pt"} <= set(_names(tmp_path))
     ckpt, _ = checkpoint.load_latest(tmp_path)
     assert ckpt["counters"]["steps"] == 30
 
@@ -88,7 +104,7 @@ def test_a_failed_write_is_retried_once_then_a_fault_and_keeps_the_good_files(tm
         with pytest.raises(checkpoint.CheckpointWriteError, match="No space left") as e:
             checkpoint.save(tmp_path, _payload(20), keep=1)
     assert len(calls) == 2 and e.value.exit_code == EXIT_WRITE
-    assert _names(tmp_path) == ["last.pt", "step_000000010-aaaa.pt"], "a temp file was left or a good file lost"
+    assert _names(tmp_path) == ["last.pt", "step_000000010-aaaa-q000000001.pt"], "a temp file was left or a good file lost"
 
 
 @pytest.mark.parametrize("bad", [
