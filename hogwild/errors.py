@@ -8,14 +8,21 @@ one line, never a traceback (docs/design.md, "Exit codes").
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
-from typing import NoReturn
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Callable, NoReturn, Optional, TypeVar
 
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_FAULT = 3
 EXIT_FAILED = 4  # the run finished, but training failed: loss diverged or updates mostly skipped
 EXIT_WRITE = 5  # a checkpoint or metrics.json could not be written (full disk, no permission)
+EXIT_INTERNAL = 70  # an unexpected exception (BSD's EX_SOFTWARE): one line, the traceback saved to a file
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
 
@@ -56,3 +63,45 @@ def report(e: UserError | Fault) -> NoReturn:
 class StopNow(Exception):
     """SIGINT/SIGTERM before any worker exists (or while a group forms): unwinds the set-up.
     Here, not in the leader, because the elastic membership raises it too."""
+
+
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def save_traceback(e: BaseException, folder: Optional[Path] = None) -> Path:
+    """Write ``e``'s full traceback to ``folder`` (the run directory, when one exists) or the
+    temp folder; the file's path."""
+    name = f"hogwild-crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
+    for where in (folder, Path(tempfile.gettempdir())):
+        if where is None:
+            continue
+        try:
+            path = where / name
+            path.write_text("".join(traceback.format_exception(type(e), e, e.__traceback__)))
+            return path
+        except OSError:
+            continue
+    return Path("/dev/null")
+
+
+def crash(e: BaseException, folder: Optional[Path] = None) -> NoReturn:
+    """An exception nobody expected: one line naming it and the file that holds the traceback,
+    exit :data:`EXIT_INTERNAL`. Never a raw traceback on the console."""
+    path = save_traceback(e, folder)
+    say_error(f"unexpected {type(e).__name__}: {first_line(e)} (the full traceback is in {path}; "
+              "please report it)")
+    raise SystemExit(EXIT_INTERNAL)
+
+
+def guarded(fn: F) -> F:
+    """A console script's entry point: user errors and faults are one line with their exit
+    code; anything else goes through :func:`crash`. SystemExit and KeyboardInterrupt pass."""
+    @functools.wraps(fn)
+    def run(*args: object, **kwargs: object) -> object:
+        try:
+            return fn(*args, **kwargs)
+        except (UserError, Fault) as e:
+            report(e)
+        except Exception as e:  # noqa: BLE001 - the one place every escaping exception is caught
+            crash(e)
+    return run  # type: ignore[return-value]

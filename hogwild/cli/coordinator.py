@@ -15,9 +15,10 @@ import threading
 import torch.distributed as dist
 
 from hogwild.elastic.coordinator import serve
-from hogwild.errors import first_line, say_error
+from hogwild.errors import first_line, guarded, say_error
 
 
+@guarded
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")

@@ -10,11 +10,12 @@ from typing import Optional
 import torch
 
 from hogwild.cli.common import checkpoint_args, import_from_cwd
-from hogwild.errors import UserError, report
+from hogwild.errors import UserError, guarded, report
 
 logger = logging.getLogger(__name__)
 
 
+@guarded
 def main(argv: Optional[list[str]] = None) -> None:
     import_from_cwd()
     from hogwild.checkpoint import store as checkpoint

@@ -12,13 +12,14 @@ import sys
 from typing import Optional
 
 from hogwild.cli.common import checkpoint_args, import_from_cwd
-from hogwild.errors import UserError, report
+from hogwild.errors import UserError, guarded, report
 
 logger = logging.getLogger(__name__)
 
 USAGE = "hogwild-export checkpoint=PATH out=FILE [model._target_=...] [trust_targets=true]"
 
 
+@guarded
 def main(argv: Optional[list[str]] = None) -> None:
     import_from_cwd()
     from hogwild.checkpoint.portable import export

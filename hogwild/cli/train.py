@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from hogwild.cli.common import import_from_cwd
 from hogwild.config.compose import CONF_DIR, preflight, register_resolvers, to_config
 from hogwild.config.env import DistEnv
-from hogwild.errors import Fault, UserError, report, say_error
+from hogwild.errors import Fault, UserError, crash, guarded, report, say_error
 from hogwild.replica.task import HEADLINE
 from hogwild.report.summary import RunResult
 
@@ -31,11 +31,14 @@ logger = logging.getLogger(__name__)
 def _hydra_main(dcfg: DictConfig) -> Optional[float]:
     from hogwild.leader.core import leader_for
 
+    run_dir = HydraConfig.get().runtime.output_dir
     try:
         cfg = to_config(dcfg)
-        result = leader_for(cfg, HydraConfig.get().runtime.output_dir).run()
+        result = leader_for(cfg, run_dir).run()
     except (UserError, Fault) as e:
         report(e)
+    except Exception as e:  # noqa: BLE001 - else Hydra prints the raw traceback and exits 1
+        crash(e, Path(run_dir) if Path(run_dir).is_dir() else None)
     log_result(result)
     if result.exit_code != 0:
         if result.error:
@@ -48,7 +51,8 @@ def _hydra_main(dcfg: DictConfig) -> Optional[float]:
             os._exit(result.exit_code)
         raise SystemExit(result.exit_code)
     m = result.metrics or {}
-    return float(m.get(f"test_{HEADLINE[m['task']]}", 0.0)) if "task" in m else 0.0
+    headline = m.get(f"test_{HEADLINE[m['task']]}") if "task" in m else None
+    return float("nan") if headline is None else float(headline)  # Hydra's sweepers read it
 
 
 def log_result(result: RunResult) -> None:
@@ -56,8 +60,10 @@ def log_result(result: RunResult) -> None:
     m = result.metrics
     if m is None or "verdict" not in m:
         return
-    scores = ", ".join(f"{k[5:]} {v:.4f}" for k, v in m.items() if k.startswith("test_"))
-    logger.info("test %s; %d steps, %.0f samples/s in %.1fs", scores, m["steps"], m["samples_per_s"], m["wall_s"])
+    # A score that does not exist (a diverged model's loss) is null in metrics.json.
+    scores = ", ".join(f"{k[5:]} {'n/a' if v is None else f'{v:.4f}'}" for k, v in m.items() if k.startswith("test_"))
+    logger.info("test %s; %d steps, %.0f samples/s in %.1fs", scores, m["steps"], m["samples_per_s"] or 0.0,
+                m["wall_s"])
     verdict = m.get("verdict", "")
     (logger.info if verdict.startswith("learned") else logger.warning)("verdict: %s", verdict)
     run_dir = Path(m["run_dir"])
@@ -65,6 +71,7 @@ def log_result(result: RunResult) -> None:
     logger.info("outputs in %s: %s (tensorboard --logdir %s/tb)", run_dir, ", ".join(outputs), run_dir)
 
 
+@guarded
 def main() -> None:
     import_from_cwd()
     register_resolvers()

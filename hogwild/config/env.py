@@ -51,14 +51,20 @@ class DistEnv:
         rank = _int_env(env, "RANK", 0)
         if not 0 <= rank < max(world, 1):
             raise UserError(f"environment variable RANK={rank} is outside WORLD_SIZE={world}")
+        local_world = _int_env(env, "LOCAL_WORLD_SIZE", 1)
+        if local_world < 1:
+            raise UserError(f"environment variable LOCAL_WORLD_SIZE={local_world}: must be at least 1")
+        port = _int_env(env, "MASTER_PORT", 29500)
+        if not 1 <= port <= 65535:
+            raise UserError(f"environment variable MASTER_PORT={port}: must be a TCP port, 1 to 65535")
         run_id = env.get("TORCHELASTIC_RUN_ID")
         return cls(
             rank=rank,
             world_size=world,
             local_rank=_int_env(env, "LOCAL_RANK", 0),
-            local_world_size=_int_env(env, "LOCAL_WORLD_SIZE", 1),
+            local_world_size=local_world,
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=_int_env(env, "MASTER_PORT", 29500),
+            master_port=port,
             run_id=None if run_id in (None, "", "none") else run_id,
             restart_count=_int_env(env, "TORCHELASTIC_RESTART_COUNT", 0),
         )

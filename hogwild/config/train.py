@@ -143,6 +143,8 @@ class TrainConfig:
             positive(self.max_steps, "train.max_steps")
         positive(self.batch_size, "train.batch_size")
         positive(self.seed, "train.seed", allow_zero=True)
+        # torch.manual_seed takes a signed 64-bit seed; each worker adds its index to it.
+        require(self.seed < 2**63 - 2**20, "train.seed", f"must be below 2**63 - 2**20, got {self.seed}")
         positive(self.log_every_s, "train.log_every_s")
         choice(self.precision, "train.precision", PRECISIONS)
         if self.target_accuracy is not None:

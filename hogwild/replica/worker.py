@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -24,6 +25,7 @@ from torch import Tensor
 from hogwild.config.schema import Config
 from hogwild.data.datasets import Dataset, ShardSampler, shard
 from hogwild.data.mapped import MapSplit, Prefetcher
+from hogwild.errors import first_line, save_traceback
 from hogwild.replica.board import Board
 from hogwild.replica.faults import StepFn, inject_faults, startup_faults
 from hogwild.replica.lr_schedule import LRSchedule
@@ -54,6 +56,22 @@ class WorkerSpec:
 def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
                 opt_state: Optional[dict[str, Tensor]], board: Board, wake: Connection,
                 gate: Condition) -> None:
+    """A spawned worker. An exception ends it with one line and its traceback in a file of the
+    run directory (the leader then respawns it or stops the run); without this, each death
+    printed a full traceback, four or five times over for a bug that every respawn hits."""
+    try:
+        _work(cfg, spec, ds, flat, opt_state, board, wake, gate)
+    except Exception as e:  # noqa: BLE001 - the worker's one exit for what nobody expected
+        run_dir = board.path.parent.parent if board.path is not None else None
+        path = save_traceback(e, run_dir)
+        sys.stderr.write(f"hogwild: worker {spec.global_index}: {type(e).__name__}: {first_line(e)} "
+                         f"(traceback in {path})\n")
+        sys.stderr.flush()
+        os._exit(1)  # a worker never runs the interpreter's teardown with shared tensors half-written
+
+
+def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor, opt_state: Optional[dict[str, Tensor]],
+          board: Board, wake: Connection, gate: Condition) -> None:
     # Oversubscribed intra-op threads make Hogwild slower than one process (design rule 4
     # in docs/design.md).
     torch.set_num_threads(spec.threads)

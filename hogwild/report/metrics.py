@@ -4,8 +4,8 @@ and progress: a tqdm bar on a terminal, rate-limited plain log lines otherwise."
 from __future__ import annotations
 
 import json
-import math
 import logging
+import math
 import sys
 import time
 from pathlib import Path

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -88,6 +89,12 @@ def test_crashing_worker_past_restart_bound_stops_with_checkpoint(tmp_path: Path
     assert "fault.max_worker_restarts=2" in proc.stderr
     assert metrics(out)["worker_restarts"] == 2
     assert (out / "checkpoints" / "last.pt").exists()
+    # Each death is one line naming the error and the file with its traceback, never the
+    # traceback itself (it used to be printed once per death, three times here).
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    deaths = re.findall(r"hogwild: worker 0: RuntimeError: injected crash at step 5 \(traceback in (\S+)\)", proc.stderr)
+    assert len(deaths) == 3, proc.stderr[-3000:]
+    assert all(Path(f).parent == out and "Traceback" in Path(f).read_text() for f in deaths)
 
 
 def test_injected_nan_gradient_is_skipped_and_model_stays_finite(tmp_path: Path) -> None:

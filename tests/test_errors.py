@@ -1,0 +1,45 @@
+"""Every exception that escapes an entry point is one line and a saved traceback (fast tier)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from hogwild.errors import EXIT_INTERNAL, ConfigError, Fault, guarded
+
+
+def test_an_unexpected_exception_is_one_line_naming_the_file_with_its_traceback(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+
+    @guarded
+    def main() -> None:
+        {}["missing"]
+
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert info.value.code == EXIT_INTERNAL
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("hogwild: error: unexpected KeyError: 'missing'"), err
+    saved = Path(re.search(r"traceback is in (\S+);", lines[0]).group(1))  # type: ignore[union-attr]
+    assert saved.parent == tmp_path and "Traceback" in saved.read_text() and 'main\n' in saved.read_text()
+
+
+@pytest.mark.parametrize("error, code", [(ConfigError("optim.lr: must be > 0"), 2), (Fault("sync: lost"), 3)])
+def test_user_errors_and_faults_keep_their_own_line_and_code(capsys: pytest.CaptureFixture[str],
+                                                             error: Exception, code: int) -> None:
+    @guarded
+    def main() -> None:
+        raise error
+
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert info.value.code == code
+    assert capsys.readouterr().err == f"hogwild: error: {error}\n"
