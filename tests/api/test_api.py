@@ -1,6 +1,7 @@
 """hogwild from Python: ``train`` returns a typed result or raises, the caller's signal handlers
 come back, and checkpoints load into the user's own module, with hogwild or without it
-(``hogwild-export``). Fast tier: each run is a few seconds of one worker on the digits."""
+(``hogwild-export``). Fast tier (each run is a few seconds of one worker on the digits) but
+for the export CLI's subprocesses."""
 
 from __future__ import annotations
 
@@ -114,6 +115,7 @@ def _export(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # a subprocess of the CLI, and a second interpreter
 def test_export_writes_a_state_dict_that_loads_without_hogwild(tmp_path: Path) -> None:
     result = hogwild.train([*QUICK, f"run_dir={tmp_path / 'run'}"])
     out = tmp_path / "weights.pt"
@@ -133,6 +135,7 @@ def test_export_writes_a_state_dict_that_loads_without_hogwild(tmp_path: Path) -
     assert "fc1.weight" in check.stdout
 
 
+@pytest.mark.slow  # a subprocess of the CLI each
 @pytest.mark.parametrize("args, key", [
     (["checkpoint=ck.pt"], "out"),
     (["out=w.pt"], "checkpoint"),
