@@ -212,6 +212,8 @@ class Membership:
         if newest <= self.epoch.number:
             self._try_form(newest)
         elif self._joining:
+            if not self.link.check(f"want/{self.slot}"):  # taken for a dead joiner's: ask again
+                self.link.set(f"want/{self.slot}", str(time.time()))
             ep = self.read(newest)
             if newest > self._asked_at and self.slot in ep.joiners:
                 self._joining, self.epoch = False, ep
@@ -243,9 +245,14 @@ class Membership:
             if self.link.compare_set(key, held, mine) != mine:
                 return  # the former died mid-way; another slot took over first
         old = self.read(number) if number > 0 else Epoch(0, ())
-        wanting = self.wanting()
-        alive = self._alive(sorted(set(old.members) | set(wanting)))
-        wanting = sorted(set(wanting) | set(self.wanting()))  # a slot restarted during the window joins
+        asked = self.wanting()
+        alive = self._alive(sorted(set(old.members) | set(asked)))
+        wanting = sorted(set(asked) | set(self.wanting()))  # a slot restarted during the window joins
+        # A request whose slot showed no heartbeat for the whole window is a joiner that died
+        # before admission: drop it, or every round would see it and re-form the group, forever.
+        # A live joiner puts its request back while it waits (see _step).
+        for s in sorted(set(asked) - set(alive)):
+            self.link.delete(f"want/{s}")
         need = self.min_replicas or (len(old.members) // 2 + 1 if old.members else self.slots)
         kept = [s for s in alive if s in old.members] if old.members else alive
         if len(kept) < need:

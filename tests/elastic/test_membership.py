@@ -151,3 +151,22 @@ def test_a_slot_that_wakes_after_the_job_finished_leaves(coordinator: str) -> No
             late.join()
     finally:
         _close(ms)
+
+
+def test_a_joiner_that_died_before_admission_stops_asking(coordinator: str) -> None:
+    """Its join request outlived it: every round saw a slot wanting in and re-formed the group
+    (a new epoch, a new Gloo group, an alive-window wait), forever (issue 24, item 4)."""
+    ms = _slots(coordinator, 3)
+    try:
+        _all([m.join for m in ms])
+        ms[2].close()
+        _all([ms[0].advance, ms[1].advance])  # slot 2 lost
+        ghost = Membership(coordinator, 2, 3, PEER_S, None, TIMEOUT_S)
+        ghost.put("want/2", "1")  # asked to join, then died before its heartbeat ever ran
+        ghost.close()
+        assert ms[0].changed()
+        epochs = _all([ms[0].advance, ms[1].advance])
+        assert epochs[0].members == (0, 1) and epochs[0].joiners == ()
+        assert not ms[0].changed() and not ms[1].changed(), "the dead joiner's request keeps re-forming the group"
+    finally:
+        _close(ms)
