@@ -232,7 +232,12 @@ class Membership:
         return None
 
     def _group_alive(self, ep: Epoch) -> bool:
-        return bool(set(ep.members) - set(self.stale(ep.members)))
+        """Some member of ``ep`` still serves it. A member slot that asks to join is a restarted
+        process whose old self is gone: its heartbeat (the same key) proves nothing about the
+        group, or a whole group restarted against a live coordinator would wait forever for
+        itself to admit itself."""
+        serving = set(ep.members) - set(self.wanting())
+        return bool(serving - set(self.stale(tuple(sorted(serving)))))
 
     def _try_form(self, number: int) -> None:
         if time.monotonic() - self.memory.back_at < self.peer_timeout_s:

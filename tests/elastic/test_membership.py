@@ -170,3 +170,19 @@ def test_a_joiner_that_died_before_admission_stops_asking(coordinator: str) -> N
         assert not ms[0].changed() and not ms[1].changed(), "the dead joiner's request keeps re-forming the group"
     finally:
         _close(ms)
+
+
+def test_a_whole_group_restarted_against_a_live_coordinator_forms_again(coordinator: str) -> None:
+    """Every replica died (or a minority timed out) while the coordinator kept running, and the
+    restart loop brought them all back: their own new heartbeats made the old epoch look alive,
+    so each waited to be admitted by a group that no longer existed (issue 24, item 1)."""
+    first = _slots(coordinator, 3)
+    _all([m.join for m in first])
+    _close(first)  # all three die
+    again = _slots(coordinator, 3, timeout_s=8.0)
+    try:
+        epochs = _all([m.join for m in again])
+        assert len(set(epochs)) == 1 and epochs[0].number == 2, epochs
+        assert epochs[0].members == (0, 1, 2) and epochs[0].joiners == (0, 1, 2)
+    finally:
+        _close(again)
