@@ -73,7 +73,7 @@ def train(overrides: Overrides = (), *, config: Optional[Config] = None) -> RunR
 
     cfg = config if config is not None else compose(overrides)
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-    result = leader_for(cfg, cfg.run_dir).run()
+    result = leader_for(cfg, cfg.run_dir, overrides=None if config is not None else _dotlist(overrides)).run()
     if result.exit_code != 0:
         raise RunFailed(result)
     return result

@@ -34,7 +34,7 @@ def _hydra_main(dcfg: DictConfig) -> Optional[float]:
     run_dir = HydraConfig.get().runtime.output_dir
     try:
         cfg = to_config(dcfg)
-        result = leader_for(cfg, run_dir).run()
+        result = leader_for(cfg, run_dir, overrides=list(HydraConfig.get().overrides.task)).run()
     except (UserError, Fault) as e:
         report(e)
     except Exception as e:  # noqa: BLE001 - else Hydra prints the raw traceback and exits 1

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hogwild.config import schema as config_mod
-from hogwild.config.env import default_run_id, hydra_output_subdir
+from hogwild.config.env import default_run_id
 from hogwild.config.schema import Config
 from hogwild.errors import ConfigError, UserError, first_line
 
@@ -40,9 +40,8 @@ MAX_COMBINATIONS = 64
 
 
 def register_resolvers() -> None:
-    for name, fn in (("hogwild_run_id", default_run_id), ("hogwild_hydra_subdir", hydra_output_subdir)):
-        if not OmegaConf.has_resolver(name):
-            OmegaConf.register_new_resolver(name, lambda _fn=fn: _fn())
+    if not OmegaConf.has_resolver("hogwild_run_id"):
+        OmegaConf.register_new_resolver("hogwild_run_id", lambda: default_run_id())
     config_mod.register()
 
 

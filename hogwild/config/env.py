@@ -80,9 +80,6 @@ def default_run_id(env: Optional[Mapping[str, str]] = None) -> str:
     return run_id if run_id else time.strftime("%Y-%m-%d/%H-%M-%S")
 
 
-def hydra_output_subdir(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    return ".hydra" if DistEnv.from_env(env).rank == 0 else None
-
 
 def split_endpoint(endpoint: str, key: str = "sync.coordinator") -> tuple[str, int]:
     """``host:port`` (the last colon splits, so an IPv6 host keeps its own); one line naming

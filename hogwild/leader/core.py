@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 from omegaconf import OmegaConf
@@ -35,6 +35,7 @@ from hogwild.replica.models import model_id
 from hogwild.replica.pool import WorkerPool, worker_specs
 from hogwild.replica.resources import resolve_workers
 from hogwild.report.metrics import flatten, strict
+from hogwild.report.rundir import record_config, set_aside_earlier_run
 from hogwild.report.summary import RunResult, RunSummary, Timing, exit_code, status_of, write_report
 from hogwild.report.telemetry import Telemetry
 from hogwild.report.verdict import judge
@@ -53,8 +54,8 @@ LOCAL_GRACE = 0.25
 
 class Leader:
     def __init__(self, cfg: Config, run_dir: str, group: Optional[Group] = None,
-                 ctl: Optional[Control] = None) -> None:
-        self.cfg, self.run_dir = cfg, Path(run_dir)
+                 ctl: Optional[Control] = None, overrides: Optional[Sequence[str]] = None) -> None:
+        self.cfg, self.run_dir, self.overrides = cfg, Path(run_dir), overrides
         self.ctl = ctl or Control()
         self.group = group or TorchrunGroup()
         self.env: DistEnv = self.group.env
@@ -218,6 +219,10 @@ class Leader:
                 crew.tel.warm_up(crew.base.steps)
                 crew.saver.loss_bar = loss_bar(crew.tel.test_loss, crew.rep.task.classes)
                 self.group.start()
+                if self.group.writer:  # the run_dir lock is held: the record is this run's to write
+                    if crew.restored is None:
+                        set_aside_earlier_run(crew.run_dir)
+                    record_config(crew.run_dir, self._config_dict(), self.overrides)
                 pool.go()
                 self.t_train = time.monotonic()
                 ctl.checkpoint_in(self.cfg.checkpoint.every_s)
@@ -284,14 +289,16 @@ class Leader:
                          run_dir=crew.run_dir, metrics=strict(metrics))  # as metrics.json holds it
 
 
-def leader_for(cfg: Config, run_dir: str, env: Optional[DistEnv] = None) -> Leader:
-    """The leader ``cfg`` asks for: elastic with ``sync.coordinator``, else a torchrun group."""
+def leader_for(cfg: Config, run_dir: str, env: Optional[DistEnv] = None,
+               overrides: Optional[Sequence[str]] = None) -> Leader:
+    """The leader ``cfg`` asks for: elastic with ``sync.coordinator``, else a torchrun group.
+    ``overrides``: the command line's, recorded in ``.hydra/overrides.yaml``."""
     if cfg.sync.coordinator:
         from hogwild.leader.elastic import ElasticGroup
 
         ctl = Control()
-        return Leader(cfg, run_dir, ElasticGroup(cfg, ctl, env), ctl)
-    return Leader(cfg, run_dir, TorchrunGroup(env))
+        return Leader(cfg, run_dir, ElasticGroup(cfg, ctl, env), ctl, overrides)
+    return Leader(cfg, run_dir, TorchrunGroup(env), overrides=overrides)
 
 
 def run(cfg: Config, run_dir: str, env: Optional[DistEnv] = None) -> RunResult:

@@ -216,6 +216,9 @@ def test_a_second_job_on_a_live_run_dir_is_refused_and_the_first_finishes(tmp_pa
     assert proc.returncode == 0, err[-3000:]
     m = json.loads((tmp_path / "first" / "metrics.json").read_text())
     assert m["status"] == "ok" and m["resumed_from"] == "", "the second job touched the first's run"
+    # Nothing of the run's record is written before the lock: Hydra's config copy is the first job's.
+    overrides = (tmp_path / "first" / ".hydra" / "overrides.yaml").read_text()
+    assert "train.max_steps=20000" in overrides, overrides
 
 
 def _mount_tmpfs(where: Path, size: str) -> bool:
