@@ -43,6 +43,19 @@ from hogwild.sync.rules import SyncRule
 logger = logging.getLogger(__name__)
 
 
+def job_fingerprint(cfg: Config, params: int, workers: int) -> str:
+    """Everything every replica of one elastic job must agree on. A mismatch is refused in one
+    line when the replica registers: a different wire type re-formed the group forever, a
+    different optimizer crashed the joiner at every heal, a different seed or batch size made
+    the shards overlap."""
+    data = cfg.data._target_ or cfg.data.name
+    optim = f"{cfg.optim._target_ or cfg.optim.name}/{cfg.optim.state}"
+    sc = cfg.sync
+    return (f"model={model_id(cfg.model)} params={params} data={data} optim={optim} sync.mode={sc.mode} "
+            f"sync.dtype={sc.dtype} workers={workers} sync.replicas={sc.replicas} train.seed={cfg.train.seed} "
+            f"train.batch_size={cfg.train.batch_size}")
+
+
 class ElasticGroup(Group):
     def __init__(self, cfg: Config, ctl: Control, env: Optional[DistEnv] = None) -> None:
         sc = cfg.sync
@@ -75,9 +88,7 @@ class ElasticGroup(Group):
                             sc.min_replicas, sc.timeout_s, lambda: self.ctl.signalled)
         self.comm = ElasticComm(self.m, sc.timeout_s)
         self.connected = True
-        fingerprint = (f"model={model_id(cfg.model)} params={rep.flat.numel()} sync.mode={sc.mode} "
-                       f"workers={workers} sync.replicas={sc.replicas}")
-        self.run_dir = Path(self.m.agree_job(fingerprint, str(run_dir)))
+        self.run_dir = Path(self.m.agree_job(job_fingerprint(cfg, rep.flat.numel(), workers), str(run_dir)))
         self.slot_positions = torch.zeros(self.env.world_size, workers, dtype=torch.float64)
         return self.comm, self.run_dir
 
