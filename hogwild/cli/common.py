@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Sequence
+from typing import Optional, Sequence
 
 from hogwild.config.targets import TRUST_FLAG
 from hogwild.errors import ConfigError
@@ -39,3 +39,14 @@ def checkpoint_args(args: Sequence[str], usage: str, keys: Sequence[str] = ("che
     trusted = _flag(trust[-1]) if trust else False
     overrides = [a for a in args if a.partition("=")[0] not in (*keys, TRUST_FLAG)]
     return named, trusted, overrides
+
+
+def checkpoint_command(argv: Optional[Sequence[str]], usage: str, keys: Sequence[str] = ("checkpoint",)
+                       ) -> tuple[dict[str, str], bool, list[str]]:
+    """The start of every checkpoint command (eval, export): the user's modules importable, log
+    lines on, and its arguments read (:func:`checkpoint_args`)."""
+    import logging
+
+    import_from_cwd()
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
+    return checkpoint_args(sys.argv[1:] if argv is None else argv, usage, keys)

@@ -9,24 +9,22 @@ from typing import Optional
 
 import torch
 
-from hogwild.cli.common import checkpoint_args, import_from_cwd
+from hogwild.cli.common import checkpoint_command
 from hogwild.errors import UserError, guarded, report
 
 logger = logging.getLogger(__name__)
 
+USAGE = "hogwild-eval checkpoint=PATH [data.root=...] [model._target_=...] [trust_targets=true]"
+
 
 @guarded
 def main(argv: Optional[list[str]] = None) -> None:
-    import_from_cwd()
     from hogwild.checkpoint import store as checkpoint
     from hogwild.checkpoint.portable import rebuild
     from hogwild.replica.task import build_task, evaluate
 
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
-    args = sys.argv[1:] if argv is None else argv
     try:
-        named, trusted, overrides = checkpoint_args(
-            args, "hogwild-eval checkpoint=PATH [data.root=...] [model._target_=...] [trust_targets=true]")
+        named, trusted, overrides = checkpoint_command(argv, USAGE)
         path = named["checkpoint"]
         ckpt = checkpoint.load(path)
         model, cfg, ds = rebuild(ckpt, path, overrides, trusted)

@@ -8,10 +8,9 @@ named by rebuilding its model, so the stored ``_target_`` rule of ``hogwild-eval
 from __future__ import annotations
 
 import logging
-import sys
 from typing import Optional
 
-from hogwild.cli.common import checkpoint_args, import_from_cwd
+from hogwild.cli.common import checkpoint_command
 from hogwild.errors import UserError, guarded, report
 
 logger = logging.getLogger(__name__)
@@ -21,13 +20,10 @@ USAGE = "hogwild-export checkpoint=PATH out=FILE [model._target_=...] [trust_tar
 
 @guarded
 def main(argv: Optional[list[str]] = None) -> None:
-    import_from_cwd()
     from hogwild.checkpoint.portable import export
 
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
-    args = sys.argv[1:] if argv is None else argv
     try:
-        named, trusted, overrides = checkpoint_args(args, USAGE, ("checkpoint", "out"))
+        named, trusted, overrides = checkpoint_command(argv, USAGE, ("checkpoint", "out"))
         n = export(named["checkpoint"], named["out"], overrides, trusted)
     except UserError as e:
         report(e)
