@@ -25,8 +25,11 @@ and never writes; a replica that finds a newer epoch without itself is dropped.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
@@ -40,6 +43,10 @@ POLL_S = 0.05
 
 class Dropped(Fault):
     """A newer epoch exists without this replica: it was silent too long. It must not write."""
+
+
+class SlotTaken(Fault):
+    """Another process holds this replica's slot now (it was silent, and a restart took over)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,10 @@ class Membership:
         self.epoch = Epoch(0, ())
         self._joining, self._asked_at = False, 0
         self._seen: dict[int, tuple[int, float]] = {}  # slot -> (last heartbeat count, when it changed)
+        # This process's identity in its slot: a requeued job whose old node still runs must not
+        # put a second process into a live slot (see _claim).
+        self.incarnation = f"{uuid.uuid4().hex[:12]} pid {os.getpid()} on {socket.gethostname()}"
+        self._claimed = False
 
     def agree_job(self, fingerprint: str, run_dir: str) -> str:
         """Refuse a replica of another job; return the job's run_dir (the first replica's)."""
@@ -174,6 +185,7 @@ class Membership:
     def join(self) -> Epoch:
         """Ask to join (first start, restart, or back after being dropped) and wait until an
         epoch formed after the request lists this slot among its joiners."""
+        self._claim()
         self._asked_at = self.current()
         self.put(f"want/{self.slot}", str(time.time()))
         # The heartbeat starts only after the request: a restarted slot that beat first would be
@@ -182,6 +194,30 @@ class Membership:
         self.heartbeat.start()
         self._joining = True
         return self.advance()
+
+    def _claim(self) -> None:
+        """Take this slot for this process, once. A slot held by another process whose heartbeat
+        still moves is refused in one line; one whose holder is silent (killed, or a restart
+        of this slot) is taken over, and the old holder, if it ever wakes, finds the slot gone
+        at its next epoch and stops (:class:`SlotTaken`)."""
+        if self._claimed:
+            return
+        key, mine = f"owner/{self.slot}", self.incarnation
+        held = self.link.compare_set(key, "", mine)
+        if held != mine:
+            if self._alive([self.slot]):
+                raise UserError(f"sync.slot={self.slot}: the slot is held by a live replica ({held}); start "
+                                "this one in a free slot, or stop that one first")
+            if self.link.compare_set(key, held, mine) != mine:
+                raise UserError(f"sync.slot={self.slot}: another process took the slot at the same moment")
+        self.memory.keep(key, mine)
+        self._claimed = True
+
+    def _check_owner(self) -> None:
+        raw = self.link.fetch(f"owner/{self.slot}")
+        if self._claimed and raw is not None and raw.decode() != self.incarnation:
+            raise SlotTaken(f"sync: slot {self.slot} was taken over by another process ({raw.decode()}) while "
+                            "this one was silent; stopping without writing")
 
     def advance(self) -> Epoch:
         """Move to the next epoch: learn it if another slot formed it, else form it. Raises
@@ -223,6 +259,7 @@ class Membership:
             if not self._group_alive(ep):  # nobody left to admit it: form the next epoch itself
                 self._try_form(newest)
         else:
+            self._check_owner()
             ep = self.read(newest)
             if self.slot not in ep.members:
                 raise Dropped(f"sync: replica {self.slot} was dropped from the group (epoch {newest}) "

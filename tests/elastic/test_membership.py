@@ -145,6 +145,7 @@ def test_a_slot_that_wakes_after_the_job_finished_leaves(coordinator: str) -> No
     try:
         _all([m.join for m in ms])
         ms[0].put("finished", "1")
+        ms[1].close()  # slot 1's process is gone; its restart comes too late
         late = Membership(coordinator, 1, 2, PEER_S, None, TIMEOUT_S)
         ms.append(late)
         with pytest.raises(Fault, match="finished while replica 1 was away"):
@@ -186,3 +187,41 @@ def test_a_whole_group_restarted_against_a_live_coordinator_forms_again(coordina
         assert epochs[0].members == (0, 1, 2) and epochs[0].joiners == (0, 1, 2)
     finally:
         _close(again)
+
+
+def test_a_second_process_in_a_live_slot_is_refused(coordinator: str) -> None:
+    """A requeued job whose old node still runs: the second process in slot 1 used to be admitted
+    and finish with exit 0 while the first exited 3, and the steps were counted twice (issue 24,
+    item 7). It is refused in one line; the first keeps its slot."""
+    ms = _slots(coordinator, 3)
+    try:
+        _all([m.join for m in ms])
+        twin = Membership(coordinator, 1, 3, PEER_S, None, TIMEOUT_S)
+        ms.append(twin)
+        with pytest.raises(UserError, match=r"sync.slot=1: the slot is held by a live replica \(\w+ pid \d+"):
+            twin.join()
+        assert not ms[0].changed(), "the refused twin asked to join anyway"
+    finally:
+        _close(ms)
+
+
+def test_a_silent_holder_loses_its_slot_to_its_restart_and_stops_when_it_wakes(coordinator: str) -> None:
+    ms = _slots(coordinator, 3)
+    try:
+        _all([m.join for m in ms])
+        ms[2].heartbeat.stop()  # stopped, not dead: its process will wake later
+        _all([ms[0].advance, ms[1].advance])  # it is dropped
+        restart = Membership(coordinator, 2, 3, PEER_S, None, TIMEOUT_S)
+        ms.append(restart)
+        with ThreadPoolExecutor(3) as pool:
+            joining = pool.submit(restart.join)
+            deadline = time.monotonic() + 30
+            while not ms[0].changed():
+                assert time.monotonic() < deadline, "the restart's request never showed"
+                time.sleep(0.05)
+            epochs = [f.result(timeout=60) for f in [pool.submit(ms[0].advance), pool.submit(ms[1].advance), joining]]
+        assert epochs[2].joiners == (2,)
+        with pytest.raises(Fault, match="slot 2 was taken over by another process"):
+            ms[2].advance()  # the old holder wakes: it must not come back as slot 2
+    finally:
+        _close(ms)
