@@ -26,7 +26,10 @@ RECORD = ("metrics.json", ".hydra")
 def set_aside_earlier_run(run_dir: Path) -> list[Path]:
     """Rename an earlier run's ``metrics.json`` and ``.hydra/`` to ``metrics-<time>.json`` and
     ``.hydra-<time>/`` (the time it wrote them); the new names."""
-    found = [run_dir / name for name in RECORD if (run_dir / name).exists()]
+    # Only what a run writes: a folder named metrics.json is nobody's record, and stays in the
+    # way (the write then fails as it would have, exit 5).
+    found = [p for p in (run_dir / "metrics.json", run_dir / ".hydra")
+             if (p.is_file() if p.suffix == ".json" else p.is_dir()) and not p.is_symlink()]
     if not found:
         return []
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(max(p.stat().st_mtime for p in found)))
