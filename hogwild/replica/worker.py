@@ -133,9 +133,16 @@ def wait_for_round(stats: np.ndarray, ctrl: np.void, gate: Condition, parent: in
     has not completed (the leader moves ``lag_limit`` and notifies ``gate`` after each round).
     Returns the seconds waited."""
     t0 = time.perf_counter()
-    with gate:
-        while stats["pos"].sum() >= ctrl["lag_limit"] and not ctrl["stop"] and os.getppid() == parent:
-            gate.wait(0.1)
+    while stats["pos"].sum() >= ctrl["lag_limit"] and not ctrl["stop"] and os.getppid() == parent:
+        # Never block on the lock itself: a leader SIGKILLed while it held it (notifying after a
+        # round) leaves it held forever, and the worker would outlive its leader (design rule 10).
+        if not gate.acquire(timeout=0.1):
+            continue
+        try:
+            if stats["pos"].sum() >= ctrl["lag_limit"] and not ctrl["stop"]:
+                gate.wait(0.1)
+        finally:
+            gate.release()
     return time.perf_counter() - t0
 
 

@@ -147,3 +147,48 @@ def test_slow_fault_delays_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
     fn(0)
     fn(1)
     assert time.perf_counter() - t0 >= 0.06
+
+
+def _hold_forever(gate) -> None:  # type: ignore[no-untyped-def]
+    gate.acquire()
+    import time
+
+    time.sleep(600)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_waiting_at_the_lag_bound_leaves_when_its_leader_died_holding_the_gate() -> None:
+    """A leader SIGKILLed while it held the gate's lock (notifying after a round) left the lock
+    held forever; a worker that then reached the lag bound blocked on it and outlived its leader
+    (one such orphan was found 26 minutes after a frozen-peer test). The wait never blocks on
+    the lock longer than a poll, so the worker sees its parent gone and leaves."""
+    import multiprocessing as mp
+    import os
+    import signal
+    import threading
+
+    import numpy as np
+
+    from hogwild.replica.worker import wait_for_round
+
+    ctx = mp.get_context("spawn")
+    gate = ctx.Condition()
+    holder = ctx.Process(target=_hold_forever, args=(gate,))
+    holder.start()
+    try:
+        while gate.acquire(timeout=0.01):  # until the holder has it
+            gate.release()
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.join(10)
+        board = Board(1)
+        board.stats["pos"] = np.array([10.0])
+        board.control["lag_limit"] = 5.0  # past the bound: the worker must wait for a round
+        done = threading.Event()
+        # A parent that is not ours: as seen by a worker whose leader is gone.
+        waiter = threading.Thread(target=lambda: (wait_for_round(board.stats, board.control, gate, -1), done.set()),
+                                  daemon=True)
+        waiter.start()
+        assert done.wait(10), "the worker blocked on a lock its dead leader held"
+    finally:
+        if holder.is_alive():
+            holder.kill()
