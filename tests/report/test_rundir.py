@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 import hogwild
@@ -13,6 +14,7 @@ import hogwild
 QUICK = ["workers=1", "eval.every_s=100"]
 
 
+@pytest.mark.slow  # three trainings in a row
 def test_a_fresh_run_sets_the_earlier_runs_metrics_and_config_aside(tmp_path: Path) -> None:
     run = tmp_path / "run"
     hogwild.train([*QUICK, "train.max_steps=30", f"run_dir={run}"])
