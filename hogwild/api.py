@@ -71,9 +71,10 @@ def train(overrides: Overrides = (), *, config: Optional[Config] = None) -> RunR
     return how it ended. ``config`` replaces composing from ``overrides``."""
     from hogwild.leader.core import leader_for
 
-    cfg = config if config is not None else compose(overrides)
+    dotlist = None if config is not None else _dotlist(overrides)
+    cfg = config if config is not None else compose(dotlist or [])
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-    result = leader_for(cfg, cfg.run_dir, overrides=None if config is not None else _dotlist(overrides)).run()
+    result = leader_for(cfg, cfg.run_dir, overrides=dotlist).run()
     if result.exit_code != 0:
         raise RunFailed(result)
     return result

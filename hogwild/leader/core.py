@@ -61,7 +61,6 @@ class Leader:
         self.env: DistEnv = self.group.env
         self.t_start = time.monotonic()
         self.t_train: Optional[float] = None
-        self.crew: Optional[Crew] = None
 
     # ---------------------------------------------------------------- setup
     def _setup(self) -> Crew:
@@ -205,7 +204,7 @@ class Leader:
         ctl = self.ctl
         try:
             ctl.stopper.install()  # a SIGTERM during start-up stops it at once
-            self.crew = crew = self._setup()
+            crew = self._setup()
             pool = crew.pool
             ctl.stopper.workers_started(pool.kill)
             logger.info("replica %d/%d: %d workers x %d threads, %d steps each, run dir %s",

@@ -64,7 +64,6 @@ class ElasticGroup(Group):
         self.cfg, self.ctl = cfg, ctl
         self.connected = False  # the membership and its communicator exist from connect() on
         self.lock: Optional[RunDirLock] = None
-        self.run_dir: Optional[Path] = None
         self.lock_refused = False
         self.is_writer = False  # decided by each epoch (see _became)
         self.round_t0 = time.monotonic()
@@ -88,9 +87,9 @@ class ElasticGroup(Group):
                             sc.min_replicas, sc.timeout_s, lambda: self.ctl.signalled)
         self.comm = ElasticComm(self.m, sc.timeout_s)
         self.connected = True
-        self.run_dir = Path(self.m.agree_job(job_fingerprint(cfg, rep.flat.numel(), workers), str(run_dir)))
+        run_dir = Path(self.m.agree_job(job_fingerprint(cfg, rep.flat.numel(), workers), str(run_dir)))
         self.slot_positions = torch.zeros(self.env.world_size, workers, dtype=torch.float64)
-        return self.comm, self.run_dir
+        return self.comm, run_dir
 
     def restore(self, cfg: Config, run_dir: Path, rep: Replica, board: Board, rule: SyncRule,
                 previous: Optional[tuple[float, float]]) -> Optional[Restored]:
@@ -158,8 +157,7 @@ class ElasticGroup(Group):
     def _became(self, ep: Epoch) -> None:
         writer = self.comm.rank == 0
         if writer and self.lock is None:
-            assert self.run_dir is not None
-            lock = RunDirLock(self.run_dir)
+            lock = RunDirLock(self.crew.run_dir)
             try:
                 lock.acquire()
                 self.lock = lock
@@ -263,7 +261,7 @@ class ElasticGroup(Group):
             return dataclasses.replace(
                 result, status="failed", exit_code=EXIT_FAULT,
                 error=f"no metrics.json and no final checkpoint: the run_dir lock is held by a dropped "
-                      f"writer (its pid is in {self.run_dir}/.hogwild.lock)")
+                      f"writer (its pid is in {self.crew.run_dir}/.hogwild.lock)")
         return result
 
     def report(self) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,51 +103,44 @@ class RunSummary:
     run_dir: Path
 
     def metrics(self) -> dict[str, Any]:
-        """The flat object ``metrics.json`` holds (keys documented in the README's Outputs)."""
-        return _metrics(self)
-
-
-def _nan_if_none(x: Optional[float]) -> float:
-    return math.nan if x is None else x
-
-
-def _metrics(s: RunSummary) -> dict[str, Any]:
-    result: dict[str, Any] = {
-        "status": s.status,
-        "exit_code": exit_code(s.status),
-        "task": s.task.kind,
-        **{f"test_{name}": value for name, value in s.scores.items()},
-        **{f"baseline_{name}": value for name, value in s.task.baseline.items()},
-        "train_loss": s.train_loss,
-        "steps": s.counters.steps,
-        "samples": int(s.counters.samples),
-        "samples_per_s": s.job.samples / max(s.timing.train_s, 1e-9),
-        "wall_s": s.timing.wall_s,
-        "train_s": s.timing.train_s,
-        "time_to_target_s": _nan_if_none(s.timing.time_to_target_s),
-        "worker_steps_to_target": _nan_if_none(s.timing.worker_steps_to_target),
-        "startup_s": _nan_if_none(s.timing.startup_s),
-        "workers": s.workers,
-        "threads_per_worker": s.threads,
-        "replicas": s.replicas,
-        "syncs": s.counters.syncs,
-        "max_drift": s.schedule.max_drift,
-        "mean_drift": s.schedule.mean_drift,
-        "mean_sync_s": s.sync.mean_sync_s,
-        "steps_per_sync": s.sync.steps_per_sync,
-        "max_steps_per_sync": s.sync.max_steps_per_sync,
-        "lag_wait_s": s.job.lag_wait_s,
-        "worker_stall_s": s.job.stall_s(),
-        "worker_restarts": s.counters.worker_restarts,
-        "skipped_nonfinite": s.counters.skipped_nonfinite,
-        "sync_mode": s.sync_mode if s.replicas > 1 else "none",
-        "final_interval": s.schedule.interval,
-        "resumed_from": s.resumed.path if s.resumed else "",
-        "steps_lost_on_resume": s.resumed.steps_lost if s.resumed else None,
-        "run_dir": str(s.run_dir.resolve()),
-    }
-    if s.task.kind == "classification":
-        result["chance_accuracy"] = s.task.baseline["accuracy"]
-    if s.error:
-        result["error"] = s.error
-    return result
+        """The flat object ``metrics.json`` holds (keys documented in the README's Outputs); a
+        value that does not exist is None, which the file writes as null."""
+        result: dict[str, Any] = {
+            "status": self.status,
+            "exit_code": exit_code(self.status),
+            "task": self.task.kind,
+            **{f"test_{name}": value for name, value in self.scores.items()},
+            **{f"baseline_{name}": value for name, value in self.task.baseline.items()},
+            "train_loss": self.train_loss,
+            "steps": self.counters.steps,
+            "samples": int(self.counters.samples),
+            "samples_per_s": self.job.samples / max(self.timing.train_s, 1e-9),
+            "wall_s": self.timing.wall_s,
+            "train_s": self.timing.train_s,
+            "time_to_target_s": self.timing.time_to_target_s,
+            "worker_steps_to_target": self.timing.worker_steps_to_target,
+            "startup_s": self.timing.startup_s,
+            "workers": self.workers,
+            "threads_per_worker": self.threads,
+            "replicas": self.replicas,
+            "syncs": self.counters.syncs,
+            "max_drift": self.schedule.max_drift,
+            "mean_drift": self.schedule.mean_drift,
+            "mean_sync_s": self.sync.mean_sync_s,
+            "steps_per_sync": self.sync.steps_per_sync,
+            "max_steps_per_sync": self.sync.max_steps_per_sync,
+            "lag_wait_s": self.job.lag_wait_s,
+            "worker_stall_s": self.job.stall_s(),
+            "worker_restarts": self.counters.worker_restarts,
+            "skipped_nonfinite": self.counters.skipped_nonfinite,
+            "sync_mode": self.sync_mode if self.replicas > 1 else "none",
+            "final_interval": self.schedule.interval,
+            "resumed_from": self.resumed.path if self.resumed else "",
+            "steps_lost_on_resume": self.resumed.steps_lost if self.resumed else None,
+            "run_dir": str(self.run_dir.resolve()),
+        }
+        if self.task.kind == "classification":
+            result["chance_accuracy"] = self.task.baseline["accuracy"]
+        if self.error:
+            result["error"] = self.error
+        return result
