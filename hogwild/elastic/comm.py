@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import logging
+import threading
 import time
 from datetime import timedelta
 from typing import Any, Optional
@@ -45,14 +46,39 @@ class ElasticComm(Comm):
         return len(self.m.epoch.members) or self.m.slots
 
     def form(self, ep: Epoch) -> None:
-        """Build epoch ``ep``'s group; blocks until all its members arrive."""
+        """Build epoch ``ep``'s group; waits until all its members arrive, or until one of them
+        is known lost (its heartbeat stopped, or a newer epoch exists): a member that died
+        between the epoch's publication and here costs ``sync.peer_timeout_s``, not the
+        constructor's ``sync.timeout_s``."""
         self.abandon()
-        store = dist.PrefixStore(f"pg/{ep.number}", self.m.link.store)
-        try:
-            self.pg = dist.ProcessGroupGloo(store, ep.members.index(self.m.slot), len(ep.members),
-                                            timedelta(seconds=self.timeout_s))
-        except (RuntimeError, dist.DistError) as e:
-            raise PeerLost(f"sync: the group of epoch {ep.number} did not form: {first_line(e)}") from None
+        what = f"the group of epoch {ep.number}"
+        box: dict[str, Any] = {}
+
+        def build() -> None:
+            try:
+                # Its own store connection: the constructor holds its client while it waits for
+                # the other members' keys, and the heartbeat checks below must not queue behind it.
+                store = dist.TCPStore(self.m.link.host, self.m.link.port, is_master=False,
+                                      timeout=timedelta(seconds=self.timeout_s))
+                box["pg"] = dist.ProcessGroupGloo(dist.PrefixStore(f"pg/{ep.number}", store),
+                                                  ep.members.index(self.m.slot), len(ep.members),
+                                                  timedelta(seconds=self.timeout_s))
+            except BaseException as e:  # noqa: BLE001 - handed to the leader's thread below
+                box["error"] = e
+
+        builder = threading.Thread(target=build, name="hogwild-group", daemon=True)
+        builder.start()
+        t0 = time.monotonic()
+        while True:
+            builder.join(CHECK_EVERY_S)
+            if not builder.is_alive():
+                break
+            self._check_peers(what)  # an abandoned constructor gives up on its own, at its timeout
+            if time.monotonic() - t0 > self.timeout_s + CHECK_EVERY_S:
+                raise PeerLost(f"sync: {what} did not form within {self.timeout_s:.0f}s (sync.timeout_s)")
+        if "error" in box:
+            raise PeerLost(f"sync: {what} did not form: {first_line(box['error'])}") from None
+        self.pg = box["pg"]
 
     def abandon(self) -> None:
         if self.pg is not None:

@@ -28,21 +28,31 @@ import socket
 import threading
 import time
 from datetime import timedelta
-from typing import Optional, Union
+from typing import Callable, Optional, TypeVar, Union
 
 import torch.distributed as dist
 
 from hogwild.config.env import split_endpoint
+from hogwild.elastic.deadline import Bounded, CallTimedOut
 from hogwild.errors import UserError, first_line
 from hogwild.sync.comm import PeerLost
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Between the leader's reconnection attempts while the coordinator is away: a connect to a host
 # that drops packets blocks its main loop for CONNECT_S. The heartbeat thread tries at each beat
 # (it blocks nobody), so it is usually the one that puts the keys back.
 RETRY_S = 2.0
 CONNECT_S = 0.5
+# The least deadline of one store call: a healthy coordinator answers in milliseconds, a loaded
+# host's scheduler may add a second; shorter would call a busy coordinator away.
+MIN_CALL_S = 2.0
+
+
+def call_deadline(peer_timeout_s: float) -> float:
+    """A store call's deadline: a coordinator is given as long as a peer before it counts as away."""
+    return max(MIN_CALL_S, peer_timeout_s)
 
 
 class CoordinatorAway(PeerLost):
@@ -52,7 +62,10 @@ class CoordinatorAway(PeerLost):
 def connect(endpoint: str, timeout_s: float) -> dist.TCPStore:
     host, port = split_endpoint(endpoint)
     try:
-        return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+        # The client retries a refused connection for timeout_s by itself; the deadline is for
+        # a server that accepts and never answers, against which it would wait forever.
+        return Bounded(timeout_s + 1.0).call(
+            lambda: dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s)), "connect")
     except (RuntimeError, TimeoutError, dist.DistError) as e:
         raise UserError(f"sync.coordinator: no coordinator reachable at {endpoint} within {timeout_s:.0f}s "
                         f"(sync.timeout_s; start one with hogwild-coordinator): {first_line(e)}") from None
@@ -98,28 +111,41 @@ class Memory:
 class Link:
     """One TCPStore client that reconnects (and restores, see the module) after an outage."""
 
-    def __init__(self, endpoint: str, timeout_s: float, memory: Memory, retry_s: float = RETRY_S) -> None:
+    def __init__(self, endpoint: str, timeout_s: float, memory: Memory, call_s: float = MIN_CALL_S,
+                 retry_s: float = RETRY_S) -> None:
         self.endpoint, self.timeout_s, self.memory, self.retry_s = endpoint, timeout_s, memory, retry_s
         self.host, self.port = split_endpoint(endpoint)
         self._store: Optional[dist.TCPStore] = connect(endpoint, timeout_s)
         self._next_try = 0.0
+        self._bounded = Bounded(call_s)
 
     @property
     def store(self) -> dist.TCPStore:
         """The raw client (a Gloo group's rendezvous runs on it); reconnects if needed."""
+        return self._bounded_call(self._client, "reconnect")
+
+    def _client(self) -> dist.TCPStore:
         if self._store is None:
             self._reconnect()
         assert self._store is not None
         return self._store
 
-    def _do(self, op: str, *args: object) -> object:
+    def _bounded_call(self, fn: Callable[[], T], what: str) -> T:
         try:
-            return getattr(self.store, op)(*args)
+            return self._bounded.call(fn, what)
+        except CallTimedOut as e:
+            self._lost(e)
+            raise CoordinatorAway(f"sync.coordinator {self.endpoint} unreachable: {e}") from None
+
+    def _do(self, op: str, *args: object) -> object:
+        run = lambda: getattr(self._client(), op)(*args)  # noqa: E731
+        try:
+            return self._bounded_call(run, op)
         except dist.DistNetworkError as e:
             self._lost(e)
         # The connection was dead (often just stale: the coordinator already came back): once more.
         try:
-            return getattr(self.store, op)(*args)
+            return self._bounded_call(run, op)
         except dist.DistNetworkError as e:
             self._lost(e)
             raise CoordinatorAway(f"sync.coordinator {self.endpoint} unreachable: {first_line(e)}") from None

@@ -33,7 +33,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
-from hogwild.elastic.link import CoordinatorAway, Link, Memory
+from hogwild.elastic.link import CoordinatorAway, Link, Memory, call_deadline
 from hogwild.errors import Fault, StopNow, UserError
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class Heartbeat:
     collective still counts as alive, and a killed or stopped one does not."""
 
     def __init__(self, endpoint: str, slot: int, period_s: float, timeout_s: float, memory: Memory) -> None:
-        self._link = Link(endpoint, timeout_s, memory, retry_s=period_s)
+        self._link = Link(endpoint, timeout_s, memory, call_deadline(5 * period_s), retry_s=period_s)
         self._key, self._period = f"hb/{slot}", period_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hogwild-heartbeat", daemon=True)
@@ -106,7 +106,7 @@ class Membership:
         self.endpoint, self.slot, self.slots, self.stopped = endpoint, slot, slots, stopped
         self.peer_timeout_s, self.min_replicas, self.timeout_s = peer_timeout_s, min_replicas, timeout_s
         self.memory = Memory()
-        self.link = Link(endpoint, timeout_s, self.memory)
+        self.link = Link(endpoint, timeout_s, self.memory, call_deadline(peer_timeout_s))
         self.heartbeat = Heartbeat(endpoint, slot, peer_timeout_s / 5, timeout_s, self.memory)
         self.epoch = Epoch(0, ())
         self._joining, self._asked_at = False, 0

@@ -1,0 +1,132 @@
+"""The coordinator link against a coordinator that is stopped, not dead (fast tier).
+
+A stopped server (SIGSTOP, or a network that drops packets) still completes TCP handshakes, so
+a store client blocks in ``recv`` far past its own timeout. Here a proxy in front of a real
+coordinator plays that server: while paused it accepts and reads, and forwards nothing.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Iterator
+
+import pytest
+
+from hogwild.elastic.coordinator import serve
+from hogwild.elastic.link import CoordinatorAway, Link, Memory
+from hogwild.elastic.membership import Membership
+from hogwild.errors import UserError
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+CALL_S = 2.0
+
+
+class PausableProxy:
+    """Forwards 127.0.0.1:<port> to ``upstream``; :meth:`pause` holds every byte, as a stopped process would."""
+
+    def __init__(self, upstream: int) -> None:
+        self.upstream = upstream
+        self.running = threading.Event()
+        self.running.set()
+        self.srv = socket.create_server(("127.0.0.1", 0))
+        self.port = self.srv.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def pause(self) -> None:
+        self.running.clear()
+
+    def resume(self) -> None:
+        self.running.set()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.srv.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                self.running.wait()
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.srv.close()
+
+
+@pytest.fixture
+def proxy() -> Iterator[PausableProxy]:
+    ready, stop = threading.Event(), threading.Event()
+    port = free_port()
+    threading.Thread(target=serve, args=("127.0.0.1", port, ready, stop), daemon=True).start()
+    assert ready.wait(10)
+    p = PausableProxy(port)
+    yield p
+    p.resume()
+    p.close()
+    stop.set()
+
+
+def test_a_call_to_a_stopped_coordinator_gives_up_at_its_deadline_and_recovers_when_it_wakes(
+        proxy: PausableProxy) -> None:
+    memory = Memory()
+    link = Link(f"127.0.0.1:{proxy.port}", 30.0, memory, call_s=CALL_S, retry_s=0.1)
+    memory.keep("job", "fp")
+    assert link.add("hb/0", 1) == 1
+    proxy.pause()
+    t0 = time.monotonic()
+    with pytest.raises(CoordinatorAway, match="unreachable"):
+        link.add("hb/0", 1)
+    # Before the fix the call blocked until the server woke, however long that took.
+    assert time.monotonic() - t0 < CALL_S + 3
+    assert memory.away_since is not None
+    t0 = time.monotonic()
+    for _ in range(5):  # and while it sleeps, no call piles up behind the blocked one
+        with pytest.raises(CoordinatorAway):
+            link.check("job")
+    assert time.monotonic() - t0 < 1.0
+    proxy.resume()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            assert link.add("hb/0", 0) >= 1
+            break
+        except CoordinatorAway:
+            assert time.monotonic() < deadline, "the link never came back after the coordinator woke"
+            time.sleep(0.1)
+    assert memory.away_since is None and link.get("job") == b"fp"
+
+
+def test_a_coordinator_that_accepts_and_never_answers_fails_the_start_in_one_line() -> None:
+    silent = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(silent.accept()[0]), daemon=True).start()
+    t0 = time.monotonic()
+    with pytest.raises(UserError, match=r"sync.coordinator: no coordinator reachable at 127.0.0.1:\d+ within 2s"):
+        Link(f"127.0.0.1:{silent.getsockname()[1]}", 2.0, Memory())
+    assert time.monotonic() - t0 < 10, "the connect waited on a server that never answers"
+    silent.close()
+
+
+def test_a_membership_waiting_for_a_group_sees_a_stopped_coordinator_as_away(proxy: PausableProxy) -> None:
+    m = Membership(f"127.0.0.1:{proxy.port}", 0, 1, 1.0, None, 30.0)
+    try:
+        m.join()
+        proxy.pause()
+        t0 = time.monotonic()
+        assert not m.changed()  # a leader's check at each round: away means "no change", at once
+        assert time.monotonic() - t0 < CALL_S + 3
+        assert m.memory.away_for() > 0
+    finally:
+        proxy.resume()
+        m.close()
