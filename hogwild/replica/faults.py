@@ -7,6 +7,9 @@ Kinds: ``nan`` poisons the first gradient of that step, ``crash`` raises in that
 ``slow:W:MS`` makes every step of worker W MS milliseconds longer (a slow or loaded machine),
 ``start:W:0`` kills worker W's first start during its warm-up, before it is ready, and
 ``warm:W:MS`` makes that warm-up MS milliseconds longer (a signal that lands in it).
+
+``HOGWILD_SLOW_WHILE=FILE`` limits ``slow`` to while FILE exists: a test keeps a job slow for
+as long as its faults need live training, then removes the file, and the rest runs at speed.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from torch import Tensor
 
 FAULT_ENV = "HOGWILD_FAULT"
 DUMP_ENV = "HOGWILD_DUMP_FINAL"
+SLOW_WHILE_ENV = "HOGWILD_SLOW_WHILE"
 
 # Computes batch ``step``'s gradients into the parameters' ``.grad``: (loss, batch size).
 StepFn = Callable[[int], tuple[Tensor, int]]
@@ -44,8 +48,12 @@ def inject_faults(step_fn: StepFn, params: list[Tensor], global_index: int) -> S
         return step_fn
     nan_at, crash_at = faults.get("nan", set()), faults.get("crash", set())
     delay_s = sum(faults.get("slow", set())) / 1000.0
+    slow_while = os.environ.get(SLOW_WHILE_ENV)
 
     def faulty(step: int) -> tuple[Tensor, int]:
+        nonlocal delay_s
+        if delay_s and slow_while and not os.path.exists(slow_while):
+            delay_s = 0.0  # for good: the test is done with its faults
         if delay_s:
             time.sleep(delay_s)
         if step in crash_at:
