@@ -52,6 +52,18 @@ def atomic_link(target: Path, link: Path) -> None:
         raise
 
 
+def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` that refuses a symlink in ``path``'s last component: a file a run opens for
+    writing inside its run_dir is the run's own, never one that a link planted there points at."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW, mode)
+    except OSError as e:
+        if os.path.islink(path):
+            raise UserError(f"run_dir: {path} is a symbolic link; a run writes only its own files "
+                            "(remove the link)") from None
+        raise UserError(f"run_dir: cannot open {path}: {e.strerror}") from None
+
+
 def writable_dir(path: str) -> bool:
     """Whether ``path`` can be created: its nearest existing ancestor is a writable folder."""
     p = os.path.abspath(path)
@@ -73,7 +85,7 @@ class RunDirLock:
 
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

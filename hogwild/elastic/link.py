@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from hogwild.config.env import split_endpoint
 from hogwild.elastic.deadline import Bounded, CallTimedOut
+from hogwild.elastic.signing import Signer, SignedStore, parse
 from hogwild.errors import UserError, first_line
 from hogwild.sync.comm import PeerLost
 
@@ -112,8 +113,9 @@ class Link:
     """One TCPStore client that reconnects (and restores, see the module) after an outage."""
 
     def __init__(self, endpoint: str, timeout_s: float, memory: Memory, call_s: float = MIN_CALL_S,
-                 retry_s: float = RETRY_S) -> None:
+                 retry_s: float = RETRY_S, signer: Optional[Signer] = None) -> None:
         self.endpoint, self.timeout_s, self.memory, self.retry_s = endpoint, timeout_s, memory, retry_s
+        self.signer = signer or Signer(None)
         self.host, self.port = split_endpoint(endpoint)
         self._store: Optional[dist.TCPStore] = connect(endpoint, timeout_s)
         self._next_try = 0.0
@@ -138,7 +140,7 @@ class Link:
             raise CoordinatorAway(f"sync.coordinator {self.endpoint} unreachable: {e}") from None
 
     def _do(self, op: str, *args: object) -> object:
-        run = lambda: getattr(self._client(), op)(*args)  # noqa: E731
+        run = lambda: getattr(SignedStore(self._client(), self.signer), op)(*args)  # noqa: E731
         try:
             return self._bounded_call(run, op)
         except dist.DistNetworkError as e:
@@ -180,29 +182,31 @@ class Link:
     def _restore(self, store: dist.TCPStore) -> None:
         with self.memory.lock:
             kept, epoch = dict(self.memory.kept), self.memory.epoch
+        signed = SignedStore(store, self.signer)
         for key, value in kept.items():  # keys first: whoever reads the epoch finds its members
-            store.compare_set(key, "", value)
-        while (current := int(store.add("epoch", 0))) < epoch:
-            store.compare_set("epoch", str(current), str(epoch))
+            signed.compare_set(key, b"", value)
+        while (current := signed.counter("epoch", 0)) < epoch:
+            signed.compare_set("epoch", str(current).encode(), str(epoch).encode())
 
-    # the store's calls, through the reconnecting path
+    # the store's calls, through the reconnecting path and the signer (elastic/signing.py)
     def add(self, key: str, n: int) -> int:
-        return int(self._do("add", key, n))  # type: ignore[call-overload]
+        return int(self._do("counter", key, n))  # type: ignore[call-overload]
 
     def get(self, key: str) -> bytes:
         return self._do("get", key)  # type: ignore[return-value]
 
     def set(self, key: str, value: Union[str, bytes]) -> None:
-        self._do("set", key, value)
+        self._do("set", key, _bytes(value))
 
     def check(self, key: str) -> bool:
-        return bool(self._do("check", [key]))
+        return bool(self._do("check", key))
 
     def compare_set(self, key: str, expected: str, desired: str) -> str:
-        return self._do("compare_set", key, expected, desired).decode()  # type: ignore[attr-defined]
+        raw = self._do("compare_set", key, expected.encode(), desired.encode())
+        return raw.decode(errors="replace")  # type: ignore[attr-defined]
 
     def delete(self, key: str) -> None:
-        self._do("delete_key", key)
+        self._do("delete", key)
 
     def fetch(self, key: str) -> Optional[bytes]:
         """The key's value, or None if it is not there or the coordinator is away."""
@@ -210,3 +214,12 @@ class Link:
             return self.get(key) if self.check(key) else None
         except CoordinatorAway:
             return None
+
+    def fetch_as(self, key: str, fn: Callable[[bytes], T]) -> Optional[T]:
+        """:meth:`fetch`, parsed by ``fn``; a value it cannot parse stops the replica in one line."""
+        raw = self.fetch(key)
+        return None if raw is None else parse(key, raw, fn)
+
+
+def _bytes(value: Union[str, bytes]) -> bytes:
+    return value.encode() if isinstance(value, str) else value

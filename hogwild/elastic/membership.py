@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 from hogwild.elastic.link import CoordinatorAway, Link, Memory, call_deadline
+from hogwild.elastic.signing import Malformed, Signer, parse, token_from_env
 from hogwild.errors import Fault, StopNow, UserError
 
 logger = logging.getLogger(__name__)
@@ -66,18 +67,24 @@ class Epoch:
         return ",".join(map(str, self.members)) + "|" + ",".join(map(str, self.joiners))
 
     @classmethod
-    def decode(cls, number: int, raw: str) -> "Epoch":
-        members, _, joiners = raw.partition("|")
+    def decode(cls, number: int, raw: str, slots: Optional[int] = None) -> "Epoch":
+        """Raises ValueError unless ``raw`` is what :meth:`encode` writes (slots below ``slots``)."""
+        members, bar, joiners = raw.partition("|")
         ints = lambda s: tuple(int(x) for x in s.split(",") if x)  # noqa: E731
-        return cls(number, ints(members), ints(joiners))
+        ep = cls(number, ints(members), ints(joiners))
+        if (not bar or list(ep.members) != sorted(set(ep.members)) or not set(ep.joiners) <= set(ep.members)
+                or any(s < 0 or (slots is not None and s >= slots) for s in ep.members)):
+            raise ValueError(raw)
+        return ep
 
 
 class Heartbeat:
     """Bumps ``hb/<slot>`` from its own thread and store connection, so a leader blocked in a
     collective still counts as alive, and a killed or stopped one does not."""
 
-    def __init__(self, endpoint: str, slot: int, period_s: float, timeout_s: float, memory: Memory) -> None:
-        self._link = Link(endpoint, timeout_s, memory, call_deadline(5 * period_s), retry_s=period_s)
+    def __init__(self, endpoint: str, slot: int, period_s: float, timeout_s: float, memory: Memory,
+                 signer: Signer) -> None:
+        self._link = Link(endpoint, timeout_s, memory, call_deadline(5 * period_s), retry_s=period_s, signer=signer)
         self._key, self._period = f"hb/{slot}", period_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hogwild-heartbeat", daemon=True)
@@ -106,8 +113,10 @@ class Membership:
         self.endpoint, self.slot, self.slots, self.stopped = endpoint, slot, slots, stopped
         self.peer_timeout_s, self.min_replicas, self.timeout_s = peer_timeout_s, min_replicas, timeout_s
         self.memory = Memory()
-        self.link = Link(endpoint, timeout_s, self.memory, call_deadline(peer_timeout_s))
-        self.heartbeat = Heartbeat(endpoint, slot, peer_timeout_s / 5, timeout_s, self.memory)
+        # HOGWILD_COORDINATOR_TOKEN: from the environment, so it is never recorded (elastic/signing.py).
+        signer = Signer(token_from_env())
+        self.link = Link(endpoint, timeout_s, self.memory, call_deadline(peer_timeout_s), signer=signer)
+        self.heartbeat = Heartbeat(endpoint, slot, peer_timeout_s / 5, timeout_s, self.memory, signer)
         self.epoch = Epoch(0, ())
         self._joining, self._asked_at = False, 0
         self._seen: dict[int, tuple[int, float]] = {}  # slot -> (last heartbeat count, when it changed)
@@ -118,11 +127,14 @@ class Membership:
 
     def agree_job(self, fingerprint: str, run_dir: str) -> str:
         """Refuse a replica of another job; return the job's run_dir (the first replica's)."""
-        theirs = self.link.compare_set("job", "", fingerprint)
-        if theirs != fingerprint:
-            raise UserError(f"sync.coordinator {self.endpoint}: this replica's {fingerprint} differs from "
-                            f"the running job's {theirs}; start it with the job's settings")
-        agreed = self.link.compare_set("run_dir", "", run_dir)
+        try:  # the first keys a replica reads: a bad signature here is a token that differs, or none
+            theirs = self.link.compare_set("job", "", fingerprint)
+            if theirs != fingerprint:
+                raise UserError(f"sync.coordinator {self.endpoint}: this replica's {fingerprint} differs from "
+                                f"the running job's {theirs}; start it with the job's settings")
+            agreed = self.link.compare_set("run_dir", "", run_dir)
+        except Malformed as e:
+            raise UserError(str(e)) from None
         self.memory.keep("job", fingerprint)
         self.memory.keep("run_dir", agreed)
         return agreed
@@ -140,9 +152,13 @@ class Membership:
 
     def read(self, number: int) -> Epoch:
         raw = self.link.get(f"members/{number}")
+        ep = self._decode(number, raw)
         self.memory.keep(f"members/{number}", raw)
         self.memory.saw_epoch(number)
-        return Epoch.decode(number, raw.decode())
+        return ep
+
+    def _decode(self, number: int, raw: bytes) -> Epoch:
+        return parse(f"members/{number}", raw, lambda r: Epoch.decode(number, r.decode(), self.slots))
 
     def wanting(self) -> list[int]:
         return [s for s in range(self.slots) if self.link.check(f"want/{s}")]
@@ -215,8 +231,9 @@ class Membership:
 
     def _check_owner(self) -> None:
         raw = self.link.fetch(f"owner/{self.slot}")
-        if self._claimed and raw is not None and raw.decode() != self.incarnation:
-            raise SlotTaken(f"sync: slot {self.slot} was taken over by another process ({raw.decode()}) while "
+        holder = None if raw is None else raw.decode(errors="replace")
+        if self._claimed and holder is not None and holder != self.incarnation:
+            raise SlotTaken(f"sync: slot {self.slot} was taken over by another process ({holder[:80]}) while "
                             "this one was silent; stopping without writing")
 
     def advance(self) -> Epoch:
@@ -282,7 +299,7 @@ class Membership:
         key, mine = f"form/{number}", f"{self.slot}:{time.time()}"
         held = self.link.compare_set(key, "", mine)
         if held != mine:
-            if time.time() - float(held.split(":")[1]) < 2 * self.peer_timeout_s:
+            if time.time() - parse(key, held.encode(), lambda r: float(r.split(b":")[1])) < 2 * self.peer_timeout_s:
                 return  # another slot is forming it
             if self.link.compare_set(key, held, mine) != mine:
                 return  # the former died mid-way; another slot took over first
@@ -327,7 +344,7 @@ class Membership:
         except CoordinatorAway:
             with self.memory.lock:
                 raws = {int(k.split("/")[1]): v for k, v in self.memory.kept.items() if k.startswith("members/")}
-        return [Epoch.decode(e, raw.decode()) for e, raw in sorted(raws.items()) if raw is not None]
+        return [self._decode(e, raw) for e, raw in sorted(raws.items()) if raw is not None]
 
     def close(self) -> None:
         self.heartbeat.stop()

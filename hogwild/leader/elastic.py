@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -144,12 +144,12 @@ class ElasticGroup(Group):
         crew.base = Counts.from_dict(got["counters"])
         crew.board.control["base_steps"] = crew.base.steps
         crew.rounds.syncs = int(got["syncs"])
-        pos = self.m.link.fetch(f"pos/{self.env.rank}") if fresh else None
+        pos = self.m.link.fetch_as(f"pos/{self.env.rank}", floats(crew.workers)) if fresh else None
         if pos is not None:  # workers not started: resume this slot's shard
-            crew.board.stats["pos"] = np.frombuffer(pos, dtype=np.float64).copy()
-        done = self.m.link.fetch(f"done/{self.env.rank}") if fresh else None
+            crew.board.stats["pos"] = pos
+        done = self.m.link.fetch_as(f"done/{self.env.rank}", floats(Counts().to_tensor().numel())) if fresh else None
         if done is not None:  # and count on from its earlier processes' totals at their last round
-            self.carried = torch.from_numpy(np.frombuffer(done, dtype=np.float64).copy())
+            self.carried = torch.from_numpy(done)
         crew.rounds.rebase()
         logger.info("slot %d healed from slot %d (step %d, %d syncs)", self.env.rank, ep.source,
                     crew.base.steps, crew.rounds.syncs)
@@ -246,9 +246,9 @@ class ElasticGroup(Group):
         """Every slot's positions as published at its last round (a lost slot's stay put)."""
         assert self.slot_positions is not None
         for s in range(self.env.world_size):
-            raw = self.m.link.fetch(f"pos/{s}")
-            if raw is not None:
-                self.slot_positions[s] = torch.from_numpy(np.frombuffer(raw, dtype=np.float64).copy())
+            pos = self.m.link.fetch_as(f"pos/{s}", floats(self.crew.workers))
+            if pos is not None:
+                self.slot_positions[s] = torch.from_numpy(pos)
         self.slot_positions[self.env.rank] = torch.from_numpy(self.crew.board.stats["pos"].astype(np.float64))
         return self.slot_positions.clone()
 
@@ -279,8 +279,7 @@ class ElasticGroup(Group):
                 "slot_positions": self.slot_positions.sum(dim=1).tolist()}
 
     def _float(self, key: str) -> Optional[float]:
-        raw = self.m.link.fetch(key)
-        return None if raw is None else float(raw)
+        return self.m.link.fetch_as(key, float)
 
     def close(self, degraded: bool) -> None:
         if not degraded:
@@ -290,3 +289,12 @@ class ElasticGroup(Group):
         if self.connected:
             self.comm.abandon()
             self.m.close()
+
+
+def floats(n: int) -> Callable[[bytes], np.ndarray]:
+    """A parser of ``n`` float64 values as a leader publishes them (raises ValueError otherwise)."""
+    def parse(raw: bytes) -> np.ndarray:
+        if len(raw) != 8 * n:
+            raise ValueError(f"{len(raw)} bytes, {8 * n} expected")
+        return np.frombuffer(raw, dtype=np.float64).copy()
+    return parse

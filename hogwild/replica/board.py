@@ -16,6 +16,7 @@ No other module indexes these tensors by number.
 
 from __future__ import annotations
 
+import os
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Optional
@@ -23,6 +24,8 @@ from typing import Any, ClassVar, Optional
 import numpy as np
 import torch
 from torch import Tensor
+
+from hogwild.files import open_nofollow
 
 STATS = np.dtype([(name, np.float64) for name in (
     "pos",         # batches this worker's shard has been read to (its data position)
@@ -116,7 +119,12 @@ class Board:
     def _map(self, mode: str) -> None:
         assert self.path is not None
         n_stats = self.workers * len(STATS.names)
-        mm = np.memmap(self.path, dtype=np.float64, mode=mode, shape=(n_stats + len(CONTROL.names),))
+        size = (n_stats + len(CONTROL.names)) * 8
+        fd = open_nofollow(self.path, os.O_RDWR | (os.O_CREAT | os.O_TRUNC if mode == "w+" else 0))
+        with os.fdopen(fd, "r+b") as f:
+            if mode == "w+":
+                f.truncate(size)
+            mm = np.memmap(f, dtype=np.float64, mode="r+", shape=(size // 8,))
         flat = torch.from_numpy(mm)  # MAP_SHARED: every process that maps the file sees each write
         self.stats_t = flat[:n_stats].view(self.workers, len(STATS.names))
         self.control_t = flat[n_stats:]
@@ -184,6 +192,8 @@ def previous_attempt(path: Path) -> Optional[tuple[float, float]]:
     """(base steps, updates applied) of the attempt that last used this board file, read
     before this attempt overwrites it; None when there is none or it is not a board."""
     try:
+        if path.is_symlink():  # not a board this run wrote (files.open_nofollow)
+            return None
         size = path.stat().st_size
     except OSError:
         return None

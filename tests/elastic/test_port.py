@@ -1,0 +1,111 @@
+"""What a process that reaches the coordinator's port can do to the job (fast tier).
+
+Without a token: malformed values stop a replica in one line (exit 3), never with a traceback.
+With ``HOGWILD_COORDINATOR_TOKEN``: forged values are refused, and a replica with another
+token (or none) is refused in one line.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Iterator
+
+import pytest
+import torch.distributed as dist
+
+from hogwild.elastic.coordinator import serve
+from hogwild.elastic.membership import Membership
+from hogwild.elastic.signing import TOKEN_ENV, Malformed
+from hogwild.errors import Fault, UserError
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.timeout(120, method="thread")
+
+PEER_S, TIMEOUT_S = 1.0, 20.0
+
+
+@pytest.fixture
+def coordinator() -> Iterator[str]:
+    ready, stop = threading.Event(), threading.Event()
+    port = free_port()
+    threading.Thread(target=serve, args=("127.0.0.1", port, ready, stop), daemon=True).start()
+    assert ready.wait(10)
+    yield f"127.0.0.1:{port}"
+    stop.set()
+
+
+def _intruder(endpoint: str) -> dist.TCPStore:
+    host, port = endpoint.split(":")
+    return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10))
+
+
+def _one(endpoint: str) -> Membership:
+    m = Membership(endpoint, 0, 1, PEER_S, None, TIMEOUT_S)
+    m.agree_job("fp", "runs/a")
+    m.join()
+    return m
+
+
+@pytest.mark.parametrize("key,value", [
+    ("members/1", "0,x|"),       # not slots
+    ("members/1", "0,7|"),       # a slot the job does not have
+    ("epoch", "three"),          # a counter that is not one (the store's own add closed the connection)
+    ("hb/0", "\xff"),
+], ids=["members not ints", "members out of range", "epoch not a number", "heartbeat garbage"])
+def test_a_malformed_value_is_one_line_not_a_traceback(coordinator: str, key: str, value: str) -> None:
+    m = _one(coordinator)
+    try:
+        _intruder(coordinator).set(key, value)
+        with pytest.raises(Malformed, match=rf"sync.coordinator: malformed value under '{key}'") as e:
+            m.read(1) if key.startswith("members") else m.stale((0,)) if key.startswith("hb") else m.current()
+        assert isinstance(e.value, Fault) and "\n" not in str(e.value)
+    finally:
+        m.close()
+
+
+def test_with_a_token_a_forged_epoch_is_refused(coordinator: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TOKEN_ENV, "s3cret")
+    m = _one(coordinator)
+    try:
+        assert m.read(1).members == (0,)
+        # The intruder knows the protocol and lists the keys, but not the token.
+        keys = _intruder(coordinator).list_keys()
+        assert "members/1" in keys
+        _intruder(coordinator).set("members/1", "0|")
+        with pytest.raises(Malformed, match=f"not signed with this replica's {TOKEN_ENV}"):
+            m.read(1)
+        _intruder(coordinator).set("run_dir", "/etc")
+        with pytest.raises(UserError, match=f"not signed with this replica's {TOKEN_ENV}"):
+            Membership(coordinator, 0, 1, PEER_S, None, TIMEOUT_S).agree_job("fp", "runs/a")
+    finally:
+        m.close()
+
+
+def test_a_replica_without_the_jobs_token_is_refused_in_one_line(coordinator: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TOKEN_ENV, "s3cret")
+    first = Membership(coordinator, 0, 2, PEER_S, None, TIMEOUT_S)
+    first.agree_job("fp", "runs/a")
+    try:
+        monkeypatch.delenv(TOKEN_ENV)
+        with pytest.raises(UserError, match=f"uses a coordinator token; set {TOKEN_ENV}"):
+            Membership(coordinator, 1, 2, PEER_S, None, TIMEOUT_S).agree_job("fp", "runs/a")
+        monkeypatch.setenv(TOKEN_ENV, "guess")
+        with pytest.raises(UserError, match=f"not signed with this replica's {TOKEN_ENV}"):
+            Membership(coordinator, 1, 2, PEER_S, None, TIMEOUT_S).agree_job("fp", "runs/a")
+    finally:
+        first.close()
+
+
+def test_signed_counters_count_and_survive_a_coordinator_restart_shape(coordinator: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TOKEN_ENV, "s3cret")
+    m = _one(coordinator)
+    try:
+        assert m.current() == 1
+        raw = _intruder(coordinator).get("epoch")
+        assert raw.endswith(b".1") and raw != b"1", raw  # signed, not a bare number the store could add to
+        assert m.link.add("hb/0", 0) >= 1
+    finally:
+        m.close()
