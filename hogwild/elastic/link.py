@@ -62,10 +62,18 @@ class CoordinatorAway(PeerLost):
 
 def connect(endpoint: str, timeout_s: float) -> dist.TCPStore:
     host, port = split_endpoint(endpoint)
+    deadline = time.monotonic() + timeout_s
+    # Wait for the port with plain sockets: a TCPStore constructor left running in a helper
+    # thread when the process exits aborts it ("terminate called without an active exception").
+    while not _listening(host, port):
+        if time.monotonic() >= deadline:
+            raise UserError(f"sync.coordinator: no coordinator reachable at {endpoint} within {timeout_s:.0f}s "
+                            "(sync.timeout_s; start one with hogwild-coordinator): connection refused")
+        time.sleep(0.2)
     try:
-        # The client retries a refused connection for timeout_s by itself; the deadline is for
-        # a server that accepts and never answers, against which it would wait forever.
-        return Bounded(timeout_s + 1.0).call(
+        # The deadline is for a server that accepts and never answers, which the client would
+        # wait for forever.
+        return Bounded(max(MIN_CALL_S, deadline - time.monotonic())).call(
             lambda: dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s)), "connect")
     except (RuntimeError, TimeoutError, dist.DistError) as e:
         raise UserError(f"sync.coordinator: no coordinator reachable at {endpoint} within {timeout_s:.0f}s "
