@@ -5,7 +5,9 @@ The group lives in numbered *epochs*. Every epoch has its own Gloo group, so a d
 never poisons the next one. Keys in the coordinator's store:
 
     job, run_dir     the first replica's fingerprint and output folder; later ones must match
-    hb/<slot>        a counter a thread bumps every ``peer_timeout_s / 5``: the slot is alive
+    hb/<slot>        "beat:ticks:round:step", set by a thread every ``peer_timeout_s / 5``: the
+                     beat proves the process lives, the ticks that its main loop moves (0: the
+                     process does not report them), round and step how far it got
     want/<slot>      the slot (re)started and asks to join; the formation that admits it deletes it
     epoch            the newest epoch (0: none formed yet)
     members/<e>      "0,1,2|2": epoch e's slots, then those among them that must be healed
@@ -78,26 +80,65 @@ class Epoch:
         return ep
 
 
+@dataclass
+class Progress:
+    """What a leader's main loop reports at each turn (:meth:`Membership.tick`)."""
+
+    ticks: int = 0
+    round: int = 0
+    step: int = 0
+
+
+@dataclass(frozen=True)
+class Beat:
+    beat: int
+    ticks: int
+    round: int
+    step: int
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "Beat":
+        beat, ticks, rnd, step = (int(x) for x in raw.split(b":"))
+        return cls(beat, ticks, rnd, step)
+
+
+@dataclass
+class Seen:
+    """A slot's heartbeat as this replica last saw it change (monotonic times)."""
+
+    beat: Optional[Beat]
+    beat_at: float
+    ticks_at: float
+
+
 class Heartbeat:
-    """Bumps ``hb/<slot>`` from its own thread and store connection, so a leader blocked in a
-    collective still counts as alive, and a killed or stopped one does not."""
+    """Sets ``hb/<slot>`` from its own thread and store connection, so a leader blocked in a
+    collective still counts as alive, and a killed or stopped one does not. It carries the
+    leader's :class:`Progress`, so a leader whose main loop is stuck (a write hung on a network
+    filesystem, a deadlock) counts as lost too, though its process lives."""
 
     def __init__(self, endpoint: str, slot: int, period_s: float, timeout_s: float, memory: Memory,
-                 signer: Signer) -> None:
+                 signer: Signer, progress: Progress) -> None:
         self._link = Link(endpoint, timeout_s, memory, call_deadline(5 * period_s), retry_s=period_s, signer=signer)
-        self._key, self._period = f"hb/{slot}", period_s
+        self._key, self._period, self._progress = f"hb/{slot}", period_s, progress
+        self._beats = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hogwild-heartbeat", daemon=True)
 
+    def _beat(self) -> None:
+        self._beats += 1
+        p = self._progress
+        self._link.set(self._key, f"{self._beats}:{p.ticks}:{p.round}:{p.step}")
+
     def start(self) -> None:
         if self._thread.ident is None:  # once: a dropped replica rejoins with it running
-            self._link.add(self._key, 1)
+            self._beat()
             self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(self._period):
             try:
-                self._link.add(self._key, 1)  # after a coordinator restart: restores this replica's keys first
+                self._beat()  # after a coordinator restart: restores this replica's keys first
             except CoordinatorAway:
                 pass  # the leader sees the outage and decides (Memory.away_for)
             except Exception:  # noqa: BLE001 - the thread must outlive any one failure
@@ -116,10 +157,11 @@ class Membership:
         # HOGWILD_COORDINATOR_TOKEN: from the environment, so it is never recorded (elastic/signing.py).
         signer = Signer(token_from_env())
         self.link = Link(endpoint, timeout_s, self.memory, call_deadline(peer_timeout_s), signer=signer)
-        self.heartbeat = Heartbeat(endpoint, slot, peer_timeout_s / 5, timeout_s, self.memory, signer)
+        self.progress = Progress()
+        self.heartbeat = Heartbeat(endpoint, slot, peer_timeout_s / 5, timeout_s, self.memory, signer, self.progress)
         self.epoch = Epoch(0, ())
         self._joining, self._asked_at = False, 0
-        self._seen: dict[int, tuple[int, float]] = {}  # slot -> (last heartbeat count, when it changed)
+        self._seen: dict[int, Seen] = {}
         # This process's identity in its slot: a requeued job whose old node still runs must not
         # put a second process into a live slot (see _claim).
         self.incarnation = f"{uuid.uuid4().hex[:12]} pid {os.getpid()} on {socket.gethostname()}"
@@ -172,29 +214,52 @@ class Membership:
             return False
 
     # -------------------------------------------------------------- liveness
+    def tick(self, round: Optional[int] = None, step: Optional[int] = None) -> None:
+        """The leader's main loop turned (called at least every ``peer_timeout_s / 2`` while it
+        works; a member that never calls it is judged by its heartbeat alone)."""
+        p = self.progress
+        p.ticks += 1
+        if round is not None:
+            p.round = round
+        if step is not None:
+            p.step = step
+
+    def beat_of(self, slot: int) -> Optional[Beat]:
+        return self.link.fetch_as(f"hb/{slot}", Beat.decode)
+
     def stale(self, slots: tuple[int, ...]) -> list[int]:
-        """The slots whose heartbeat has not moved for ``peer_timeout_s`` (as seen from here)."""
+        """The slots whose heartbeat has not moved for ``peer_timeout_s`` (a process killed or
+        stopped), or whose main loop has reported no progress for as long (a process stuck), as
+        seen from here."""
         now, out = time.monotonic(), []
         for s in slots:
-            count = self.link.add(f"hb/{s}", 0)
+            beat = self.beat_of(s)
             last = self._seen.get(s)
-            if last is None or last[0] != count:
-                self._seen[s] = (count, now)
-            elif now - last[1] > self.peer_timeout_s:
+            if last is None:
+                self._seen[s] = Seen(beat, now, now)
+                continue
+            if beat != last.beat:
+                if beat is None or last.beat is None or beat.ticks != last.beat.ticks or beat.beat < last.beat.beat:
+                    last.ticks_at = now  # a restarted process counts from 1 again: progress too
+                last.beat, last.beat_at = beat, now
+            reporting = beat is not None and beat.ticks > 0
+            if now - last.beat_at > self.peer_timeout_s or (reporting and now - last.ticks_at > self.peer_timeout_s):
                 out.append(s)
         return out
 
     def _alive(self, slots: list[int]) -> list[int]:
         """Slots whose heartbeat moves within a window of a few heartbeat periods. The window
-        ends early once every slot not already known silent has moved (a stopped peer is known
-        after the timeout; a killed one is not, so its absence takes the whole window)."""
-        before = {s: self.link.add(f"hb/{s}", 0) for s in slots}
+        ends early once every slot not already known lost has moved (a stopped or stuck peer is
+        known after the timeout; a killed one is not, so its absence takes the whole window).
+        A slot known lost is not counted even if its heartbeat moves: a stuck leader's thread
+        still beats, and a group that admitted it would wait for it at its first collective."""
+        before = {s: self.beat_of(s) for s in slots}
         expect = set(slots) - set(self.stale(tuple(slots)))
         moved: set[int] = set()
         deadline = time.monotonic() + self.peer_timeout_s / 2
         while time.monotonic() < deadline and not expect <= moved:
             time.sleep(POLL_S)
-            moved |= {s for s in slots if s not in moved and self.link.add(f"hb/{s}", 0) != before[s]}
+            moved |= {s for s in expect if s not in moved and _beat_moved(before[s], self.beat_of(s))}
         return sorted(moved)
 
     # ------------------------------------------------------------- formation
@@ -244,6 +309,8 @@ class Membership:
         while time.monotonic() < deadline:
             if self.stopped():  # SIGTERM/SIGINT: a replica waiting for a group never writes
                 raise StopNow()
+            if self.progress.ticks:
+                self.tick()
             try:
                 ep = self._step()
             except CoordinatorAway:  # a new epoch needs the coordinator: wait for it to come back
@@ -348,3 +415,7 @@ class Membership:
 
     def close(self) -> None:
         self.heartbeat.stop()
+
+
+def _beat_moved(before: Optional[Beat], now: Optional[Beat]) -> bool:
+    return now is not None and (before is None or now.beat != before.beat)

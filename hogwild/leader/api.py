@@ -126,6 +126,12 @@ class Group(ABC):
     def start(self) -> None:
         """Before the workers run: every member here, the replica at the group's state."""
 
+    def progress(self, rounds: int, steps: int) -> None:
+        """The leader's main loop turned (at least every half second while it trains)."""
+
+    def alive(self) -> None:
+        """The leader's main thread is busy but moving (a batch of a long evaluation)."""
+
     def before_round(self) -> None:
         pass
 

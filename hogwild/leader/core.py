@@ -83,7 +83,7 @@ class Leader:
                       model_id(cfg.model), restored.path if restored else None)
         specs = worker_specs(cfg, env, k, len(rep.ds.train))
         device = torch.device("cuda", env.local_rank) if cfg.device == "cuda" else torch.device("cpu")
-        tel = Telemetry(cfg, run_dir, env.rank == 0, rep.model, rep.ds.test, device, rep.task)
+        tel = Telemetry(cfg, run_dir, env.rank == 0, rep.model, rep.ds.test, device, rep.task, group.alive)
         rounds = Rounds(rep.flat, rule, comm, board, schedule, base.syncs)
         pool = WorkerPool(cfg, specs, rep, board)
         crew = Crew(cfg=cfg, env=env, run_dir=run_dir, workers=k, rep=rep, comm=comm, rule=rule, board=board,
@@ -198,6 +198,7 @@ class Leader:
                 # replica's own, so checkpoint.every_s holds (within the grace) between rounds.
                 self._write_alone(crew)
             tel.tick(board, crew.base.steps, crew.rounds.syncs)
+            group.progress(crew.rounds.syncs, crew.base.steps + int(board.applied()))
 
     # ------------------------------------------------------------------- run
     def run(self) -> RunResult:

@@ -186,6 +186,13 @@ class ElasticGroup(Group):
                 logger.warning("slot %d: %s", self.env.rank, e)
 
     # ---------------------------------------------------------------- rounds
+    def progress(self, rounds: int, steps: int) -> None:
+        self.m.tick(rounds, steps)
+
+    def alive(self) -> None:
+        if self.connected and self.m.progress.ticks:
+            self.m.tick()
+
     def before_round(self) -> None:
         self.round_t0 = time.monotonic()
         self.m.put(f"pos/{self.env.rank}", self.crew.board.stats["pos"].astype(np.float64).tobytes())

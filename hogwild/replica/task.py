@@ -161,7 +161,7 @@ def build_task(cfg: Config, ds: Dataset) -> Task:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, split: Split, device: torch.device, task: Task,
-             batch_size: int = 2048) -> dict[str, float]:
+             batch_size: int = 2048, on_batch: Callable[[], None] = lambda: None) -> dict[str, float]:
     """The task's metrics of ``model`` on ``split``, in ``eval()`` mode; reads live shared weights."""
     was_training = model.training
     model.eval()
@@ -169,6 +169,7 @@ def evaluate(model: nn.Module, split: Split, device: torch.device, task: Task,
     loss_sum, sq_sum, correct, tokens, ce_sum = 0.0, 0.0, 0, 0, 0.0
     try:
         for start in range(0, n, batch_size):
+            on_batch()
             idx = torch.arange(start, min(start + batch_size, n))
             inputs, y = split.batch(idx)
             inputs = tuple(t.to(device) for t in inputs)

@@ -7,7 +7,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -31,8 +31,9 @@ EVAL_COST_FACTOR = 10
 
 class Telemetry:
     def __init__(self, cfg: Config, run_dir: Path, is_rank0: bool, model: nn.Module, test: Split,
-                 device: torch.device, task: Task) -> None:
+                 device: torch.device, task: Task, on_batch: Callable[[], None] = lambda: None) -> None:
         self.cfg, self.run_dir, self.is_rank0 = cfg, run_dir, is_rank0
+        self.on_batch = on_batch  # a long evaluation is progress of the leader's loop (elastic liveness)
         self.model, self.test, self.device, self.task = model, test, device, task
         self.metrics = Metrics(run_dir, is_rank0)
         self.scores: dict[str, float] = {m: math.nan for m in task.metrics}
@@ -79,7 +80,7 @@ class Telemetry:
         return self.scores["loss"]
 
     def evaluate(self, step: int) -> None:
-        self.scores = evaluate(self.model, self.test, self.device, self.task)
+        self.scores = evaluate(self.model, self.test, self.device, self.task, on_batch=self.on_batch)
         for name, value in self.scores.items():
             self.metrics.scalar(f"test/{name}", value, step)
 

@@ -225,3 +225,43 @@ def test_a_silent_holder_loses_its_slot_to_its_restart_and_stops_when_it_wakes(c
             ms[2].advance()  # the old holder wakes: it must not come back as slot 2
     finally:
         _close(ms)
+
+
+def test_a_member_whose_loop_is_stuck_is_dropped_though_its_heartbeat_beats(coordinator: str) -> None:
+    """A heartbeat thread proves that a process exists, not that its leader's loop moves: one
+    stuck in a write on a network filesystem stayed a member, and the others waited for it in
+    every group they formed (issue 24, item 5). Now its progress, carried by the heartbeat, stops."""
+    ms = _slots(coordinator, 3)
+    looping = {0: threading.Event(), 1: threading.Event(), 2: threading.Event()}
+    for e in looping.values():
+        e.set()
+
+    def loop(m: Membership, on: threading.Event) -> None:  # a leader's main loop, turning
+        step = 0
+        while not on.wait(0.05) or on.is_set():
+            if not on.is_set():
+                continue
+            step += 1
+            m.tick(0, step)
+            time.sleep(0.05)
+    try:
+        _all([m.join for m in ms])
+        for m in ms:
+            threading.Thread(target=loop, args=(m, looping[m.slot]), daemon=True).start()
+        time.sleep(3 * PEER_S)  # everyone is moving: nobody is lost
+        assert ms[0].stale((1, 2)) == [] and ms[1].stale((0, 2)) == []
+        looping[2].clear()  # slot 2's loop hangs; its heartbeat thread goes on
+        t0 = time.monotonic()
+        deadline = t0 + 30
+        # Each member judges by what it saw itself (a leader in a collective looks twice a second).
+        while not (2 in ms[0].stale((1, 2)) and 2 in ms[1].stale((0, 2))):
+            assert time.monotonic() < deadline, "a stuck member was never seen as lost"
+            time.sleep(0.05)
+        assert time.monotonic() - t0 >= PEER_S * 0.9, "lost before sync.peer_timeout_s without progress"
+        assert ms[2].beat_of(2) is not None and ms[2].beat_of(2).ticks > 0
+        epochs = _all([ms[0].advance, ms[1].advance])
+        assert epochs[0] == epochs[1] and epochs[0].members == (0, 1), epochs
+    finally:
+        for e in looping.values():
+            e.clear()
+        _close(ms)
