@@ -141,7 +141,9 @@ def _jobs(overrides: list[str], conf_dir: str, multirun: bool) -> list[list[str]
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except Exception as e:  # noqa: BLE001 - Hydra's grammar errors
-        raise ConfigError(f"override: {first_line(e)}") from None
+        hint = next((f" (Hydra's grammar takes no bare ~: write {o.split('=')[0]}=$HOME/..., or quote the value)"
+                     for o in overrides if "=~" in o or "=~/" in o), "")
+        raise ConfigError(f"override: {first_line(e)}{hint}") from None
     parsed = [o for o in parsed if not o.get_key_element().lstrip("+~").startswith(("hydra.", "hydra/"))]
     for o in parsed:
         group = o.get_key_element().lstrip("+~").split("@")[0]

@@ -14,6 +14,8 @@ def import_target(path: str, key: str) -> Callable[..., Any]:
     module, _, attr = path.rpartition(".")
     try:
         return getattr(importlib.import_module(module), attr) if module else importlib.import_module(attr)
+    except SystemExit as e:
+        raise ConfigError(f"{key}: importing {path!r} called sys.exit({e.code!r}); nothing was trained") from None
     except Exception as e:  # noqa: BLE001 - a missing module, a typo, a module that fails to import
         raise ConfigError(f"{key}: cannot import {path!r} ({type(e).__name__}: {first_line(e)})") from None
 
@@ -24,6 +26,9 @@ def call_target(fn: Callable[..., Any], path: str, group: str, kwargs: dict[str,
     ``<group>.<arg>``, any other failure as ``<group>._target_``."""
     try:
         return fn(**kwargs)
+    except SystemExit as e:  # even sys.exit(0): a run that trained nothing is no success
+        raise ConfigError(f"{group}._target_: {path}(...) called sys.exit({e.code!r}) instead of returning; "
+                          "nothing was trained") from None
     except Exception as e:  # noqa: BLE001 - the user's factory failed: say how, in one line
         bad = re.search(r"unexpected keyword argument '(\w+)'", str(e))
         if isinstance(e, TypeError) and bad and bad.group(1) in given:

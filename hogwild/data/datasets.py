@@ -19,7 +19,7 @@ from torch import Tensor
 from hogwild.config.registry import DATASETS
 from hogwild.config.schema import DataConfig
 from hogwild.data.splits import Dataset, Split
-from hogwild.errors import ConfigError
+from hogwild.errors import ConfigError, first_line
 
 __all__ = ["Dataset", "Split", "ShardSampler", "load_dataset", "shard"]
 
@@ -109,11 +109,16 @@ def _torchvision(cfg: DataConfig, cls_name: str, mean: float, std: float) -> Dat
     for train in (True, False):
         try:
             ds = cls(root=root, train=train, download=cfg.download)
-        except RuntimeError as e:
+        except (RuntimeError, OSError) as e:
             if "not found" in str(e).lower() or "corrupted" in str(e).lower():
                 raise ConfigError(
                     f"data.root: {cls_name} files not found under {os.path.abspath(root)!r}; "
                     f"put them there or pass data.download=true") from None
+            if cfg.download:  # no network (every mirror failed), or a root that cannot be written
+                raise ConfigError(
+                    f"data.download: fetching {cls_name} into {os.path.abspath(root)!r} failed "
+                    f"({type(e).__name__}: {first_line(e)}); without a network, copy the files there and "
+                    "leave data.download=false") from None
             raise
         data = torch.as_tensor(np.asarray(ds.data))
         if data.ndim == 4:  # CIFAR stores NHWC uint8

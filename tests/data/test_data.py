@@ -78,3 +78,16 @@ def test_mnist_from_local_idx_files(tmp_path: Path) -> None:
 def test_missing_mnist_names_path_and_flag(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"data\.root: .*data\.download=true"):
         load_dataset(DataConfig(name="mnist", root=str(tmp_path / "nothing")))
+
+
+def test_a_failed_mnist_download_is_one_line_naming_the_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No network: torchvision raised a RuntimeError that ended in a traceback (exit 70). The
+    download is replaced here, so the test never reaches the network either way."""
+    import torchvision
+
+    def offline(self: object) -> None:
+        raise RuntimeError("Error downloading train-images-idx3-ubyte.gz:\nTried mirrors, all failed")
+    monkeypatch.setattr(torchvision.datasets.MNIST, "download", offline)
+    with pytest.raises(ConfigError, match=r"^data.download: fetching MNIST into .* failed \(RuntimeError: Error "
+                                          r"downloading train-images-idx3-ubyte.gz:\); without a network"):
+        load_dataset(DataConfig(name="mnist", root=str(tmp_path / "m"), download=True))
