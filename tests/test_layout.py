@@ -12,9 +12,9 @@ from tests.conftest import REPO
 
 PKG = REPO / "hogwild"
 # The flow, from what the user says to what the user runs. A package may import its own
-# modules, the shared modules (errors, files) and the packages before it, never one after.
+# modules, the shared modules (errors, files, native) and the packages before it, never one after.
 ORDER = ("config", "data", "replica", "sync", "checkpoint", "report", "elastic", "leader", "api", "cli")
-SHARED = {"errors", "files", "__init__"}  # __init__ re-exports api lazily
+SHARED = {"errors", "files", "native", "__init__"}  # __init__ re-exports api lazily
 # Elastic mode is the conductor's business: elastic/ stands on sync/ alone, and only the
 # conductor (and the CLI that picks it) may know it.
 ELASTIC_MAY_IMPORT = {"config", "sync"}

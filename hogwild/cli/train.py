@@ -21,6 +21,7 @@ from hogwild.cli.common import import_from_cwd
 from hogwild.config.compose import CONF_DIR, preflight, register_resolvers, to_config
 from hogwild.config.env import DistEnv
 from hogwild.errors import Fault, UserError, crash, guarded, report, say_error
+from hogwild.native import left_running
 from hogwild.replica.task import HEADLINE
 from hogwild.report.summary import RunResult
 
@@ -43,9 +44,10 @@ def _hydra_main(dcfg: DictConfig) -> Optional[float]:
     if result.exit_code != 0:
         if result.error:
             say_error(result.error)
-        if result.peer_lost:
-            # A collective to the lost peer is still pending inside Gloo/NCCL; tearing the
-            # interpreter down would destroy its thread and abort (SIGABRT) instead of exiting 3.
+        if result.peer_lost or left_running():
+            # A collective to the lost peer is still pending inside Gloo/NCCL, or a native call
+            # given up on still runs (hogwild/native.py); tearing the interpreter down would
+            # destroy its thread and abort (SIGABRT) instead of exiting with the run's code.
             logging.shutdown()
             sys.stdout.flush()
             os._exit(result.exit_code)

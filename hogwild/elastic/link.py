@@ -33,7 +33,7 @@ from typing import Callable, Optional, TypeVar, Union
 import torch.distributed as dist
 
 from hogwild.config.env import split_endpoint
-from hogwild.elastic.deadline import Bounded, CallTimedOut
+from hogwild.native import Bounded, CallTimedOut
 from hogwild.elastic.signing import Signer, SignedStore, parse
 from hogwild.errors import UserError, first_line
 from hogwild.sync.comm import PeerLost

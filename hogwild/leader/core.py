@@ -57,7 +57,7 @@ class Leader:
                  ctl: Optional[Control] = None, overrides: Optional[Sequence[str]] = None) -> None:
         self.cfg, self.run_dir, self.overrides = cfg, Path(run_dir), overrides
         self.ctl = ctl or Control()
-        self.group = group or TorchrunGroup()
+        self.group = group or TorchrunGroup(stopped=lambda: self.ctl.signalled)
         self.env: DistEnv = self.group.env
         self.t_start = time.monotonic()
         self.t_train: Optional[float] = None
@@ -298,7 +298,8 @@ def leader_for(cfg: Config, run_dir: str, env: Optional[DistEnv] = None,
 
         ctl = Control()
         return Leader(cfg, run_dir, ElasticGroup(cfg, ctl, env), ctl, overrides)
-    return Leader(cfg, run_dir, TorchrunGroup(env), overrides=overrides)
+    ctl = Control()
+    return Leader(cfg, run_dir, TorchrunGroup(env, lambda: ctl.signalled), ctl, overrides)
 
 
 def run(cfg: Config, run_dir: str, env: Optional[DistEnv] = None) -> RunResult:

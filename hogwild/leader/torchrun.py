@@ -7,7 +7,7 @@ checkpoint, and torchrun's ``--max-restarts`` restarts the job, which resumes fr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -24,8 +24,9 @@ from hogwild.sync.rules import SyncRule
 
 
 class TorchrunGroup(Group):
-    def __init__(self, env: Optional[DistEnv] = None) -> None:
+    def __init__(self, env: Optional[DistEnv] = None, stopped: Callable[[], bool] = lambda: False) -> None:
         self.env = env or DistEnv.from_env()
+        self.stopped = stopped  # a signal arrived: the rendezvous stops waiting for peers
         self.lock: Optional[RunDirLock] = None
         self.comm: Optional[Comm] = None
 
@@ -37,7 +38,7 @@ class TorchrunGroup(Group):
         """The group, the agreed run_dir, and its one writer's lock (design rule 17)."""
         sc = cfg.sync
         self.comm, run_dir = join_torchrun_group(self.env, sc.backend, sc.timeout_s, cfg.device, run_dir,
-                                                 workers, rep.flat.device)
+                                                 workers, rep.flat.device, self.stopped)
         if self.writer:
             self.lock = RunDirLock(run_dir)
             self.lock.acquire()

@@ -10,13 +10,14 @@ import logging
 import os
 from datetime import timedelta
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 
 from hogwild.config.env import DistEnv
 from hogwild.errors import ConfigError, UserError, first_line
+from hogwild.native import until_stopped
 from hogwild.sync.comm import Comm, DistComm, LocalComm
 
 logger = logging.getLogger(__name__)
@@ -30,8 +31,10 @@ def pick_backend(requested: str, device: str) -> str:
     return requested
 
 
-def init_group(env: DistEnv, backend: str, timeout_s: float, device: str) -> None:
-    """Join the leaders' group, failing within ``timeout_s`` with the endpoint in the message."""
+def init_group(env: DistEnv, backend: str, timeout_s: float, device: str,
+               stopped: Callable[[], bool] = lambda: False) -> None:
+    """Join the leaders' group, failing within ``timeout_s`` with the endpoint in the message,
+    or at once with :class:`StopNow` when ``stopped()`` (a SIGTERM while peers never come)."""
     if not env.distributed or dist.is_initialized():
         return
     if device == "cuda":
@@ -43,13 +46,17 @@ def init_group(env: DistEnv, backend: str, timeout_s: float, device: str) -> Non
     # Keys are prefixed by the restart count: after `--max-restarts` a new attempt must never
     # read the dead attempt's gloo addresses (seen: "Connection refused" right after a restart).
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    try:
+
+    def rendezvous() -> None:
         store = dist.TCPStore(env.master_addr, env.master_port, env.world_size,
                               is_master=env.rank == 0 and not agent_store, timeout=timeout,
                               wait_for_workers=False)
         prefixed = dist.PrefixStore(f"hogwild/attempt_{env.restart_count}", store)
         dist.init_process_group(backend, store=prefixed, rank=env.rank, world_size=env.world_size,
                                 timeout=timeout)
+    try:
+        # In its own thread: blocked in C++, the main thread would never run a signal handler.
+        until_stopped(rendezvous, stopped, "hogwild-rendezvous")
     except (RuntimeError, TimeoutError, dist.DistError) as e:
         raise UserError(
             f"sync: could not join the process group at {env.endpoint} within {timeout_s:.0f}s "
@@ -57,11 +64,11 @@ def init_group(env: DistEnv, backend: str, timeout_s: float, device: str) -> Non
 
 
 def join_torchrun_group(env: DistEnv, backend: str, timeout_s: float, device: str, run_dir: Path, workers: int,
-                        wire: torch.device) -> tuple[Comm, Path]:
+                        wire: torch.device, stopped: Callable[[], bool] = lambda: False) -> tuple[Comm, Path]:
     """The leaders' collectives and the job's agreed run_dir; a lone replica gets the identity."""
     if not env.distributed:
         return LocalComm(), run_dir
-    init_group(env, pick_backend(backend, device), timeout_s, device)
+    init_group(env, pick_backend(backend, device), timeout_s, device, stopped)
     run_dir = Path(agree_on_path(str(run_dir)))
     agree_on_workers(workers)
     return DistComm(wire), run_dir

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from hogwild.checkpoint import store as checkpoint
-from tests.conftest import REPO, clean_env, leaked_torch_shm, torch_shm, wait_training
+from tests.conftest import REPO, clean_env, free_port, leaked_torch_shm, torch_shm, wait_training
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -249,7 +249,6 @@ def test_a_full_disk_stops_the_run_in_one_line_and_leaves_no_temp_file(tmp_path:
 def test_a_frozen_peer_ends_the_survivor_with_exit_3_not_an_abort(tmp_path: Path) -> None:
     """A peer leader stopped (SIGSTOP) past sync.timeout_s: the survivor reports the lost peer
     in one line and exits 3, keeping its checkpoint; it must not die by SIGABRT in Gloo."""
-    from tests.conftest import free_port
 
     port, run_dir = free_port(), tmp_path / "run"
     procs = []
@@ -275,3 +274,28 @@ def test_a_frozen_peer_ends_the_survivor_with_exit_3_not_an_abort(tmp_path: Path
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_sigterm_during_a_rendezvous_that_never_completes_stops_at_once(tmp_path: Path) -> None:
+    """Rank 0 of 2, and rank 1 never comes: the rendezvous held the main thread inside C++, so
+    the signal handler never ran and SIGTERM was ignored until SIGKILL (issue 24, item 12)."""
+    env = clean_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    proc = subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", *QUICK, "sync.timeout_s=120",
+                             f"run_dir={tmp_path / 'run'}"], cwd=tmp_path, text=True, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + 120
+    while "joining gloo group" not in seen:  # in the rendezvous now
+        line = proc.stdout.readline()
+        assert line and time.monotonic() < deadline, seen[-2000:]
+        seen += line
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143, (seen + out)[-3000:]
+    assert time.monotonic() - t0 < 15, "SIGTERM waited for the rendezvous"
+    assert "Traceback" not in out and "stopped during start-up" in out, out[-3000:]
+    assert not list((tmp_path / "run").glob("checkpoints/*.pt"))

@@ -1,0 +1,110 @@
+"""Native calls that may not return: with a deadline, or until a signal.
+
+A call into torch's C++ (a ``TCPStore`` client, a process group's rendezvous) cannot be
+interrupted from Python. Two cases bite:
+
+- A store client blocks in ``recv`` on a server that accepted the connection and stopped
+  answering (a coordinator under SIGSTOP, a network that drops packets), far past its own
+  timeout: seen at 12 s and more against 2 s, and forever for the constructor.
+- A rendezvous that never completes (a peer that never comes) holds the main thread, so the
+  Python signal handlers never run, and SIGTERM is ignored until SIGKILL.
+
+So such a call runs in its own daemon thread, and the caller waits in short slices: until a
+deadline (:class:`Bounded`) or until asked to stop (:func:`until_stopped`). A call given up on is
+left to finish by itself; until it does, :class:`Bounded` fails later calls at once instead of
+piling more blocked threads onto a dead server. A process that exits while one still runs must
+leave with ``os._exit`` (see :func:`left_running`): tearing the interpreter down under a thread
+inside C++ aborts it ("terminate called without an active exception").
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Optional, TypeVar
+
+from hogwild.errors import StopNow
+
+T = TypeVar("T")
+
+_LEFT: list[threading.Thread] = []
+_LEFT_LOCK = threading.Lock()
+
+
+class CallTimedOut(TimeoutError):
+    """A native call did not return within its deadline (or an earlier one still has not)."""
+
+
+def left_running() -> bool:
+    """Some native call given up on still runs: the process must end with ``os._exit``."""
+    with _LEFT_LOCK:
+        _LEFT[:] = [t for t in _LEFT if t.is_alive()]
+        return bool(_LEFT)
+
+
+def _leave(thread: threading.Thread) -> None:
+    with _LEFT_LOCK:
+        _LEFT.append(thread)
+
+
+def _start(fn: Callable[[], T], name: str) -> tuple[threading.Thread, dict[str, object]]:
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def _result(box: dict[str, object]) -> T:  # type: ignore[type-var]
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["value"]  # type: ignore[return-value]
+
+
+class Bounded:
+    """Runs one blocking call at a time under a deadline (see the module)."""
+
+    def __init__(self, deadline_s: float, name: str = "hogwild-store-call") -> None:
+        self.deadline_s, self.name = deadline_s, name
+        self._stuck: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+
+    def stuck(self) -> bool:
+        """An earlier call overran its deadline and has not returned yet."""
+        with self._lock:
+            if self._stuck is not None and not self._stuck.is_alive():
+                self._stuck = None
+            return self._stuck is not None
+
+    def call(self, fn: Callable[[], T], what: str) -> T:
+        if self.stuck():
+            raise CallTimedOut(f"{what}: an earlier call is still blocked")
+        thread, box = _start(fn, self.name)
+        thread.join(self.deadline_s)
+        if thread.is_alive():
+            with self._lock:
+                self._stuck = thread
+            _leave(thread)
+            raise CallTimedOut(f"{what}: no answer within {self.deadline_s:g}s")
+        return _result(box)
+
+
+def until_stopped(fn: Callable[[], T], stopped: Callable[[], bool], name: str, poll_s: float = 0.2) -> T:
+    """``fn()``, waited for in slices so that signal handlers run; :class:`StopNow` as soon as
+    ``stopped()`` (or a handler raises it), leaving ``fn`` to finish by itself."""
+    thread, box = _start(fn, name)
+    try:
+        while thread.is_alive():
+            if stopped():
+                raise StopNow()
+            thread.join(poll_s)
+    except BaseException:
+        if thread.is_alive():
+            _leave(thread)
+        raise
+    return _result(box)
