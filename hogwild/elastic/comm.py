@@ -119,7 +119,8 @@ class ElasticComm(Comm):
         except CoordinatorAway:
             return  # no heartbeats to read: the collective's own limit still holds
         if dead:
-            raise PeerLost(f"sync: replica(s) {dead} silent or stuck for {self.m.peer_timeout_s:.0f}s "
+            how = ", ".join(f"{s} {self.m.why.get(s, 'silent')}" for s in dead)
+            raise PeerLost(f"sync: replica(s) {how} for {self.m.peer_timeout_s:.0f}s "
                            f"(sync.peer_timeout_s) during {what}")
 
     def _group(self) -> Any:

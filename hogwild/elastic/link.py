@@ -121,9 +121,11 @@ class Link:
     """One TCPStore client that reconnects (and restores, see the module) after an outage."""
 
     def __init__(self, endpoint: str, timeout_s: float, memory: Memory, call_s: float = MIN_CALL_S,
-                 retry_s: float = RETRY_S, signer: Optional[Signer] = None) -> None:
+                 retry_s: float = RETRY_S, signer: Optional[Signer] = None,
+                 on_call: Callable[[], None] = lambda: None) -> None:
         self.endpoint, self.timeout_s, self.memory, self.retry_s = endpoint, timeout_s, memory, retry_s
         self.signer = signer or Signer(None)
+        self.on_call = on_call  # each call is a turn of its caller's loop (elastic liveness)
         self.host, self.port = split_endpoint(endpoint)
         self._store: Optional[dist.TCPStore] = connect(endpoint, timeout_s)
         self._next_try = 0.0
@@ -148,6 +150,7 @@ class Link:
             raise CoordinatorAway(f"sync.coordinator {self.endpoint} unreachable: {e}") from None
 
     def _do(self, op: str, *args: object) -> object:
+        self.on_call()
         run = lambda: getattr(SignedStore(self._client(), self.signer), op)(*args)  # noqa: E731
         try:
             return self._bounded_call(run, op)

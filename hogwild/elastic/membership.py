@@ -8,9 +8,13 @@ never poisons the next one. Keys in the coordinator's store:
     hb/<slot>        "beat:ticks:round:step", set by a thread every ``peer_timeout_s / 5``: the
                      beat proves the process lives, the ticks that its main loop moves (0: the
                      process does not report them), round and step how far it got
-    want/<slot>      the slot (re)started and asks to join; the formation that admits it deletes it
+    want/<slot>      the slot (re)started and asks to join; the formation that admits it to epoch e
+                     marks it "admitted:e", and the slot deletes it once healed: a joiner whose
+                     group or heal failed is still a joiner in the next epoch, never a member
+                     with a stale model
     epoch            the newest epoch (0: none formed yet)
-    members/<e>      "0,1,2|2": epoch e's slots, then those among them that must be healed
+    members/<e>      "0,1,2|2|1": epoch e's slots, those among them that must be healed, and the
+                     heal source: the most advanced member by its heartbeat's round and step
     form/<e>         "slot:time": first writer forms epoch e+1 (compare_set); stale after peer_timeout_s
     pos/<slot>, done/<slot>
                      a slot's data position and totals (steps, samples, ...) at its last round
@@ -59,23 +63,28 @@ class Epoch:
     """Slots, ascending; a slot's rank in the epoch's group is its index here."""
     joiners: tuple[int, ...] = ()
     """Members that (re)started and receive the live state from :attr:`source`."""
+    src: Optional[int] = None
+    """The heal source the former chose (None: the lowest member that is not joining)."""
 
     @property
     def source(self) -> Optional[int]:
-        """The lowest member that is not joining: it sends the live state to the joiners."""
-        return next((s for s in self.members if s not in self.joiners), None)
+        """The member that sends the live state to the joiners: one that is not joining."""
+        return self.src if self.src is not None else next((s for s in self.members if s not in self.joiners), None)
 
     def encode(self) -> str:
-        return ",".join(map(str, self.members)) + "|" + ",".join(map(str, self.joiners))
+        base = ",".join(map(str, self.members)) + "|" + ",".join(map(str, self.joiners))
+        return base if self.src is None else f"{base}|{self.src}"
 
     @classmethod
     def decode(cls, number: int, raw: str, slots: Optional[int] = None) -> "Epoch":
         """Raises ValueError unless ``raw`` is what :meth:`encode` writes (slots below ``slots``)."""
-        members, bar, joiners = raw.partition("|")
+        members, bar, rest = raw.partition("|")
+        joiners, _, src = rest.partition("|")
         ints = lambda s: tuple(int(x) for x in s.split(",") if x)  # noqa: E731
-        ep = cls(number, ints(members), ints(joiners))
+        ep = cls(number, ints(members), ints(joiners), int(src) if src else None)
         if (not bar or list(ep.members) != sorted(set(ep.members)) or not set(ep.joiners) <= set(ep.members)
-                or any(s < 0 or (slots is not None and s >= slots) for s in ep.members)):
+                or any(s < 0 or (slots is not None and s >= slots) for s in ep.members)
+                or (ep.src is not None and (ep.src not in ep.members or ep.src in ep.joiners))):
             raise ValueError(raw)
         return ep
 
@@ -156,12 +165,16 @@ class Membership:
         self.memory = Memory()
         # HOGWILD_COORDINATOR_TOKEN: from the environment, so it is never recorded (elastic/signing.py).
         signer = Signer(token_from_env())
-        self.link = Link(endpoint, timeout_s, self.memory, call_deadline(peer_timeout_s), signer=signer)
         self.progress = Progress()
+        # A leader's round makes a dozen store calls, each bounded by call_deadline (about
+        # sync.peer_timeout_s): under load they add up, and each is its loop moving on.
+        self.link = Link(endpoint, timeout_s, self.memory, call_deadline(peer_timeout_s), signer=signer,
+                         on_call=self._moving)
         self.heartbeat = Heartbeat(endpoint, slot, peer_timeout_s / 5, timeout_s, self.memory, signer, self.progress)
         self.epoch = Epoch(0, ())
         self._joining, self._asked_at = False, 0
         self._seen: dict[int, Seen] = {}
+        self.why: dict[int, str] = {}  # a slot :meth:`stale` found lost: "silent", or "stuck at ..."
         # This process's identity in its slot: a requeued job whose old node still runs must not
         # put a second process into a live slot (see _claim).
         self.incarnation = f"{uuid.uuid4().hex[:12]} pid {os.getpid()} on {socket.gethostname()}"
@@ -202,8 +215,26 @@ class Membership:
     def _decode(self, number: int, raw: bytes) -> Epoch:
         return parse(f"members/{number}", raw, lambda r: Epoch.decode(number, r.decode(), self.slots))
 
-    def wanting(self) -> list[int]:
-        return [s for s in range(self.slots) if self.link.check(f"want/{s}")]
+    def wanting(self, epoch: Optional[int] = None) -> list[int]:
+        """Slots that ask to join. One admitted to ``epoch`` (default: this replica's) or a
+        later one is being healed there and asks no more; one admitted to an earlier epoch and
+        still not healed asks again."""
+        epoch = self.epoch.number if epoch is None else epoch
+        out = []
+        for s in range(self.slots):
+            raw = self.link.fetch(f"want/{s}")
+            if raw is None:
+                continue
+            admitted = parse(f"want/{s}", raw, _admitted)
+            if admitted is None or admitted < epoch:
+                out.append(s)
+        return out
+
+    def settled(self, ep: Epoch) -> None:
+        """This slot is healed (or needed no heal) in ``ep``: its join request is done."""
+        if self.slot in ep.joiners:
+            self.memory.forget(f"want/{self.slot}")
+            self.link.delete(f"want/{self.slot}")
 
     def changed(self) -> bool:
         """A newer epoch exists, or some slot asks to join: the group should re-form. While the
@@ -224,6 +255,10 @@ class Membership:
         if step is not None:
             p.step = step
 
+    def _moving(self) -> None:
+        if self.progress.ticks:  # only a process that reports its loop (a leader) counts turns
+            self.progress.ticks += 1
+
     def beat_of(self, slot: int) -> Optional[Beat]:
         return self.link.fetch_as(f"hb/{slot}", Beat.decode)
 
@@ -243,8 +278,12 @@ class Membership:
                     last.ticks_at = now  # a restarted process counts from 1 again: progress too
                 last.beat, last.beat_at = beat, now
             reporting = beat is not None and beat.ticks > 0
-            if now - last.beat_at > self.peer_timeout_s or (reporting and now - last.ticks_at > self.peer_timeout_s):
+            if now - last.beat_at > self.peer_timeout_s:
                 out.append(s)
+                self.why[s] = "silent"
+            elif reporting and now - last.ticks_at > self.peer_timeout_s:
+                out.append(s)
+                self.why[s] = f"stuck at round {beat.round} step {beat.step}" if beat else "stuck"
         return out
 
     def _alive(self, slots: list[int]) -> list[int]:
@@ -336,9 +375,9 @@ class Membership:
                 self.link.set(f"want/{self.slot}", str(time.time()))
             ep = self.read(newest)
             if newest > self._asked_at and self.slot in ep.joiners:
-                self._joining, self.epoch = False, ep
-                self.memory.forget(f"want/{self.slot}")
-                self.link.delete(f"want/{self.slot}")
+                self._joining, self.epoch = False, ep  # its request stays until it is healed (settled)
+                if ep.source is None:  # a group of joiners only: nobody to heal from, nothing to wait for
+                    self.settled(ep)
                 return ep
             if not self._group_alive(ep):  # nobody left to admit it: form the next epoch itself
                 self._try_form(newest)
@@ -357,7 +396,7 @@ class Membership:
         process whose old self is gone: its heartbeat (the same key) proves nothing about the
         group, or a whole group restarted against a live coordinator would wait forever for
         itself to admit itself."""
-        serving = set(ep.members) - set(self.wanting())
+        serving = set(ep.members) - set(self.wanting(ep.number))
         return bool(serving - set(self.stale(tuple(sorted(serving)))))
 
     def _try_form(self, number: int) -> None:
@@ -371,9 +410,9 @@ class Membership:
             if self.link.compare_set(key, held, mine) != mine:
                 return  # the former died mid-way; another slot took over first
         old = self.read(number) if number > 0 else Epoch(0, ())
-        asked = self.wanting()
+        asked = self.wanting(number + 1)  # those admitted to the old epoch but never healed too
         alive = self._alive(sorted(set(old.members) | set(asked)))
-        wanting = sorted(set(asked) | set(self.wanting()))  # a slot restarted during the window joins
+        wanting = sorted(set(asked) | set(self.wanting(number + 1)))  # a slot restarted during the window joins
         # A request whose slot showed no heartbeat for the whole window is a joiner that died
         # before admission: drop it, or every round would see it and re-form the group, forever.
         # A live joiner puts its request back while it waits (see _step).
@@ -387,7 +426,8 @@ class Membership:
             self.link.delete(key)
             time.sleep(self.peer_timeout_s / 5)
             return
-        ep = Epoch(number + 1, tuple(alive), tuple(s for s in alive if s in wanting))
+        joiners = tuple(s for s in alive if s in wanting)
+        ep = Epoch(number + 1, tuple(alive), joiners, self._most_advanced([s for s in alive if s not in joiners]))
         # Compare-and-set, not set: members already written (by a replica that put this epoch
         # back after a coordinator restart, or by a former that died before publishing them)
         # stand, and are published as they are; their joiners remove their own requests.
@@ -396,12 +436,24 @@ class Membership:
             return
         self.memory.keep(f"members/{ep.number}", ep.encode())
         for s in ep.joiners:
-            self.link.delete(f"want/{s}")
+            self.link.set(f"want/{s}", f"admitted:{ep.number}")
         if self.link.compare_set("epoch", str(number), str(ep.number)) != str(ep.number):
             return  # last: whoever reads the epoch finds its members
         self.memory.saw_epoch(ep.number)
         logger.info("slot %d formed epoch %d: members %s, joining %s", self.slot, ep.number,
                     list(ep.members), list(ep.joiners))
+
+    def _most_advanced(self, candidates: list[int]) -> Optional[int]:
+        """The heal source: the member furthest on by its heartbeat (round, then step; the
+        lowest slot on a tie). A member that was dropped while stopped, or never healed, is
+        behind the others; the lowest slot is not always the one to copy."""
+        if not candidates:
+            return None
+
+        def progress(s: int) -> tuple[int, int, int]:
+            beat = self.beat_of(s)
+            return (beat.round, beat.step, -s) if beat is not None else (-1, -1, -s)
+        return max(candidates, key=progress)
 
     def history(self) -> list[Epoch]:
         """Every epoch whose members the coordinator (or, while it is away, this replica) knows."""
@@ -419,3 +471,12 @@ class Membership:
 
 def _beat_moved(before: Optional[Beat], now: Optional[Beat]) -> bool:
     return now is not None and (before is None or now.beat != before.beat)
+
+
+def _admitted(raw: bytes) -> Optional[int]:
+    """The epoch a join request was admitted to (None: still waiting; a request is a time)."""
+    text = raw.decode()
+    if text.startswith("admitted:"):
+        return int(text.split(":", 1)[1])
+    float(text)
+    return None

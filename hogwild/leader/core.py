@@ -229,7 +229,7 @@ class Leader:
                 crew.tel.start(crew.board, sum(s.quota for s in crew.specs))
                 self._loop(crew)
             finally:
-                pool.stop(self.cfg.fault.shutdown_timeout_s)
+                pool.stop(self.cfg.fault.shutdown_timeout_s, self.group.alive)
                 crew.tel.close()
             return self.group.finish(self._finish(crew, time.monotonic() - self.t_train))
         except StopNow:

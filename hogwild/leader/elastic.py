@@ -107,6 +107,8 @@ class ElasticGroup(Group):
     def start(self) -> None:
         """Join the running group (or form the first one) before the workers start."""
         t0 = time.monotonic()
+        # Its heartbeat shows how far its restored state is, for the choice of a heal source.
+        self.m.tick(self.crew.rounds.syncs, self.crew.base.steps)
         self._enter(self.m.join(), fresh=True)
         self.m.put(f"heal/{self.m.epoch.number}/{self.env.rank}", str(time.monotonic() - t0))
         self._tb("heal_s", time.monotonic() - t0)
@@ -116,6 +118,7 @@ class ElasticGroup(Group):
         self.comm.form(ep)
         if ep.joiners and ep.source is not None:
             self._heal(ep, fresh)
+        self.m.settled(ep)  # only now: a joiner whose group or heal failed is healed in the next epoch
         self._became(ep)
         if self.members:
             self.tally["replicas_lost"] += (len(set(self.members) - set(ep.members))

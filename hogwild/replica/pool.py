@@ -117,14 +117,17 @@ class WorkerPool:
             if p is not None and p.is_alive():
                 p.kill()
 
-    def stop(self, timeout: float) -> None:
-        """Ask workers to stop, then terminate, then kill: never more than ~timeout + 2 s."""
+    def stop(self, timeout: float, alive: Callable[[], None] = lambda: None) -> None:
+        """Ask workers to stop, then terminate, then kill: never more than ~timeout + 2 s.
+        ``alive`` is called while it waits: a worker that just finished its quota may take
+        seconds to exit on a loaded machine, and the leader is not stuck meanwhile."""
         self.board.control["stop"] = 1.0
         self.release()
         deadline = time.monotonic() + timeout
         for p in self.procs:
-            if p is not None:
-                p.join(max(0.0, deadline - time.monotonic()))
+            while p is not None and p.is_alive() and time.monotonic() < deadline:
+                alive()
+                p.join(min(0.2, max(0.0, deadline - time.monotonic())))
         for sig_name in ("terminate", "kill"):
             alive = [p for p in self.procs if p is not None and p.is_alive()]
             if not alive:

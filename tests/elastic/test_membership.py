@@ -265,3 +265,54 @@ def test_a_member_whose_loop_is_stuck_is_dropped_though_its_heartbeat_beats(coor
         for e in looping.values():
             e.clear()
         _close(ms)
+
+
+def _rejoin_slot_2(coordinator: str, ms: list[Membership]) -> tuple[Membership, list[Epoch]]:
+    """Slot 2 dies, the others go on, its restart asks to join and an epoch admits it."""
+    ms[2].close()
+    _all([ms[0].advance, ms[1].advance])
+    back = Membership(coordinator, 2, 3, PEER_S, None, TIMEOUT_S)
+    with ThreadPoolExecutor(3) as pool:
+        joining = pool.submit(back.join)
+        deadline = time.monotonic() + 30
+        while not ms[0].changed():
+            assert time.monotonic() < deadline, "the join request never showed"
+            time.sleep(0.05)
+        epochs = [f.result(timeout=60) for f in [pool.submit(ms[0].advance), pool.submit(ms[1].advance), joining]]
+    return back, epochs
+
+
+def test_a_joiner_whose_heal_failed_is_a_joiner_again_in_the_next_epoch(coordinator: str) -> None:
+    """Admitted, then its group or its heal failed: the next epoch took it for a plain member
+    with its stale model, and as slot 0 it would have become the writer and the heal source
+    (issue 24, item 6). Its request now stands until it is healed."""
+    ms = _slots(coordinator, 3)
+    try:
+        _all([m.join for m in ms])
+        back, epochs = _rejoin_slot_2(coordinator, ms)
+        ms.append(back)
+        assert epochs[0].joiners == (2,)
+        assert not ms[0].changed(), "a joiner being healed in this epoch asks again"
+        # The heal failed (no settled()): every member moves on to the next epoch.
+        again = _all([ms[0].advance, ms[1].advance, back.advance])
+        assert len(set(again)) == 1 and again[0].number == epochs[0].number + 1
+        assert again[0].joiners == (2,) and again[0].source in (0, 1), again[0]
+        back.settled(again[0])  # healed this time
+        assert not ms[0].changed() and not ms[1].changed()
+    finally:
+        _close(ms)
+
+
+def test_the_heal_source_is_the_most_advanced_member_not_the_lowest(coordinator: str) -> None:
+    ms = _slots(coordinator, 3)
+    try:
+        _all([m.join for m in ms])
+        ms[0].tick(round=5, step=500)  # slot 0 is behind (say it was dropped while stopped)
+        ms[1].tick(round=7, step=700)
+        time.sleep(3 * PEER_S / 5)  # a heartbeat or two carries it
+        back, epochs = _rejoin_slot_2(coordinator, ms)
+        ms.append(back)
+        assert epochs[0].joiners == (2,) and epochs[0].source == 1, epochs[0]
+        assert all(e == epochs[0] for e in epochs)
+    finally:
+        _close(ms)
