@@ -305,14 +305,21 @@ def test_a_joiner_whose_heal_failed_is_a_joiner_again_in_the_next_epoch(coordina
 
 def test_the_heal_source_is_the_most_advanced_member_not_the_lowest(coordinator: str) -> None:
     ms = _slots(coordinator, 3)
+    done = threading.Event()
+
+    def turning(m: Membership, rnd: int, step: int) -> None:  # a leader's loop: it ticks while it lives
+        while not done.wait(0.05):
+            m.tick(rnd, step)
     try:
         _all([m.join for m in ms])
-        ms[0].tick(round=5, step=500)  # slot 0 is behind (say it was dropped while stopped)
-        ms[1].tick(round=7, step=700)
+        # Slot 0 is behind (say it was dropped while stopped and healed since).
+        threading.Thread(target=turning, args=(ms[0], 5, 500), daemon=True).start()
+        threading.Thread(target=turning, args=(ms[1], 7, 700), daemon=True).start()
         time.sleep(3 * PEER_S / 5)  # a heartbeat or two carries it
         back, epochs = _rejoin_slot_2(coordinator, ms)
         ms.append(back)
         assert epochs[0].joiners == (2,) and epochs[0].source == 1, epochs[0]
         assert all(e == epochs[0] for e in epochs)
     finally:
+        done.set()
         _close(ms)
