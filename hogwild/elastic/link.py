@@ -222,7 +222,7 @@ class Link:
     def fetch(self, key: str) -> Optional[bytes]:
         """The key's value, or None if it is not there or the coordinator is away."""
         try:
-            return self.get(key) if self.check(key) else None
+            return self._do("read", key)  # type: ignore[return-value]
         except CoordinatorAway:
             return None
 

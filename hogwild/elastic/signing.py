@@ -28,6 +28,7 @@ from hogwild.errors import Fault
 
 TOKEN_ENV = "HOGWILD_COORDINATOR_TOKEN"
 MAC_CHARS = 32
+ABSENT = b"\x00hogwild:absent"  # what no replica ever stores: a read of a key that is not there
 _SIGNED = re.compile(rb"^[0-9a-f]{%d}\." % MAC_CHARS)
 
 T = TypeVar("T")
@@ -90,6 +91,13 @@ class SignedStore:
     def get(self, key: str) -> bytes:
         return self.signer.unwrap(key, self.store.get(key))
 
+    def read(self, key: str) -> Optional[bytes]:
+        """The value, or None if the key is absent, in one non-blocking call. A check then a
+        get is a race: a key deleted between them (a join request) makes the get wait for it
+        the store's whole timeout, and the link's calls with it."""
+        raw = self.store.compare_set(key, ABSENT, ABSENT)  # never creates the key: expected is not b""
+        return None if raw == ABSENT else self.signer.unwrap(key, raw)
+
     def set(self, key: str, value: bytes) -> None:
         self.store.set(key, self.signer.wrap(key, value))
 
@@ -108,7 +116,8 @@ class SignedStore:
         """Add ``n`` (0: read, creating it at 0) to a counter kept as a signed value, by
         compare-and-set: the store's own ``add`` cannot check who wrote what it adds to."""
         while True:
-            raw = self.store.get(key) if self.store.check([key]) else b""
+            raw = self.store.compare_set(key, ABSENT, ABSENT)
+            raw = b"" if raw == ABSENT else raw
             current = parse(key, self.signer.unwrap(key, raw), int) if raw else 0
             if n == 0 and raw:
                 return current

@@ -130,3 +130,27 @@ def test_a_membership_waiting_for_a_group_sees_a_stopped_coordinator_as_away(pro
     finally:
         proxy.resume()
         m.close()
+
+
+def test_reading_a_key_that_another_replica_deletes_never_blocks(proxy: PausableProxy) -> None:
+    """A check then a get raced a join request being deleted: the get waited for the key the
+    store's whole timeout (30 s), the link counted the coordinator as away, and no epoch formed
+    (seen beside a CPU hog). A read is now one non-blocking call."""
+    memory = Memory()
+    link = Link(f"127.0.0.1:{proxy.port}", 30.0, memory, call_s=CALL_S)
+    other = Link(f"127.0.0.1:{proxy.port}", 30.0, Memory(), call_s=CALL_S)
+    assert link.fetch("want/1") is None and not link.check("want/1"), "a read created the key"
+    stop = threading.Event()
+
+    def churn() -> None:  # another replica: asks to join, is admitted, settles, again and again
+        while not stop.is_set():
+            other.set("want/1", "1.0")
+            other.delete("want/1")
+    churner = threading.Thread(target=churn, daemon=True)
+    churner.start()
+    try:
+        seen = {link.fetch("want/1") for _ in range(300)}
+    finally:
+        stop.set()
+        churner.join(10)
+    assert seen <= {None, b"1.0"} and memory.away_since is None, "a read blocked on a deleted key"
