@@ -293,12 +293,17 @@ class Membership:
         A slot known lost is not counted even if its heartbeat moves: a stuck leader's thread
         still beats, and a group that admitted it would wait for it at its first collective."""
         before = {s: self.beat_of(s) for s in slots}
-        expect = set(slots) - set(self.stale(tuple(slots)))
+        lost = set(self.stale(tuple(slots)))
+        # A silent slot whose beat moves now is back (a restart that just began to beat); a
+        # stuck one beats all along and stays out.
+        stuck = {s for s in lost if self.why.get(s, "").startswith("stuck")}
+        expect = set(slots) - lost
         moved: set[int] = set()
         deadline = time.monotonic() + self.peer_timeout_s / 2
         while time.monotonic() < deadline and not expect <= moved:
             time.sleep(POLL_S)
-            moved |= {s for s in expect if s not in moved and _beat_moved(before[s], self.beat_of(s))}
+            moved |= {s for s in slots
+                      if s not in moved and s not in stuck and _beat_moved(before[s], self.beat_of(s))}
         return sorted(moved)
 
     # ------------------------------------------------------------- formation
