@@ -22,7 +22,7 @@ from torch import Tensor
 from hogwild.elastic.link import CoordinatorAway
 from hogwild.elastic.membership import Epoch, Membership
 from hogwild.errors import first_line
-from hogwild.sync.comm import Comm, PeerLost
+from hogwild.sync.comm import SYNC_ROUND, Comm, PeerLost
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +30,12 @@ CHECK_EVERY_S = 0.5
 
 
 class ElasticComm(Comm):
-    def __init__(self, membership: Membership, timeout_s: float) -> None:
+    def __init__(self, membership: Membership, timeout_s: float, lose_rounds: frozenset[int] = frozenset()) -> None:
         self.m = membership
         self.timeout_s = timeout_s
+        # Fault injection (HOGWILD_LEADER_FAULT=lose:S:N): these sync rounds fail here after
+        # completing everywhere, as when this leader judges a peer lost the moment the others finish.
+        self.lose_rounds, self.rounds = lose_rounds, 0
         self.pg: Optional[Any] = None
         self._abandoned: list[Any] = []  # aborted groups; kept so no thread frees a buffer in use
 
@@ -130,6 +133,10 @@ class ElasticComm(Comm):
 
     def all_reduce(self, t: Tensor, timeout_s: Optional[float] = None, what: str = "a collective") -> Tensor:
         self._wait(self._group().allreduce([t]), timeout_s, what)
+        if what == SYNC_ROUND:
+            self.rounds += 1
+            if self.rounds in self.lose_rounds:
+                raise PeerLost(f"sync: {what} failed here after it completed (injected: lose:{self.m.slot}:{self.rounds})")
         return t
 
     def broadcast(self, t: Tensor, src: int) -> Tensor:

@@ -154,6 +154,10 @@ class Group(ABC):
         """This replica's counters as the job sees them."""
         return totals
 
+    def job(self, members: Counts) -> Counts:
+        """The job's counters, from the sum of the group members' :meth:`own`."""
+        return members
+
     def may_write(self) -> bool:
         """Checked before each checkpoint the writer writes after a collective."""
         return True

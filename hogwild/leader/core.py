@@ -30,7 +30,7 @@ from hogwild.leader.torchrun import TorchrunGroup
 from hogwild.replica import resources
 from hogwild.replica.board import Board, Counts, previous_attempt
 from hogwild.replica.build import build_replica
-from hogwild.replica.faults import dump_final
+from hogwild.replica.faults import dump_final, exit_after_final
 from hogwild.replica.models import model_id
 from hogwild.replica.pool import WorkerPool, worker_specs
 from hogwild.replica.resources import resolve_workers
@@ -120,19 +120,24 @@ class Leader:
         self.ctl.fail(why)
         return False
 
-    def _checkpoint(self, crew: Crew, write: bool = True) -> Counts:
+    def _checkpoint(self, crew: Crew) -> None:
         """Collective (positions and totals of every replica), written by the writer only, and
-        only if the model is good. Returns the job-wide totals it reduced on the way."""
+        only if the model is good."""
+        self._store(crew, *self._gather(crew))
+
+    def _gather(self, crew: Crew) -> tuple[torch.Tensor, Counts]:
+        """Every replica's data positions and the job-wide totals (collective)."""
         own = self._own(crew)
         positions = self.group.positions()
-        job = Counts.from_tensor(crew.comm.all_reduce(own.to_tensor()))
+        job = self.group.job(Counts.from_tensor(crew.comm.all_reduce(own.to_tensor())))
         crew.saver.gathered(positions, job, own)
-        if write:
-            if self.group.may_write():
-                self._write(crew, positions, job)
-            else:
-                self.ctl.checkpoint_in(self.cfg.checkpoint.every_s)
-        return job
+        return positions, job
+
+    def _store(self, crew: Crew, positions: torch.Tensor, job: Counts) -> None:
+        if self.group.may_write():
+            self._write(crew, positions, job)
+        else:
+            self.ctl.checkpoint_in(self.cfg.checkpoint.every_s)
 
     def _write(self, crew: Crew, positions: torch.Tensor, job: Counts) -> None:
         self.ctl.checkpoint_in(self.cfg.checkpoint.every_s)
@@ -246,12 +251,20 @@ class Leader:
 
     def _finish(self, crew: Crew, train_s: float) -> RunResult:
         ctl, group = self.ctl, self.group
-        while self.env.distributed and not ctl.degraded:
+        # The final round and the collectives after it are one unit: a peer lost in any of them
+        # (elastic mode) re-forms the group and the survivors run the whole unit again, so no
+        # survivor is left in a collective the others have finished.
+        while True:
             try:
-                self._round(crew, True, True, final=True)
+                if self.env.distributed and not ctl.degraded:
+                    self._round(crew, True, True, final=True)
+                    exit_after_final(self.env.rank)
+                positions, job = self._gather(crew)  # workers are stopped: final totals
+                sync_stats = crew.rounds.close()
                 break
             except PeerLost as e:
-                self._recover(e)  # elastic mode re-forms and the survivors retry the final round
+                if not self._recover(e):
+                    break
         if ctl.degraded:
             # No collective can run, but the writer's own replica (workers stopped) is still worth
             # keeping: a peer that froze before the first checkpoint must not cost everything.
@@ -260,15 +273,15 @@ class Leader:
             if group.writer:
                 self._write_alone(crew)
             return self._outcome(peer_lost=True)
-        dump_final(crew.rep.flat, self.env.rank)
+        dump_final(crew.rep.flat, self.env.rank, crew.rule.state_dict(), crew.rounds.syncs)
         tel, board = crew.tel, crew.board
         if group.writer:  # judged before the final checkpoint: a failed run never writes one
             tel.evaluate(crew.base.steps + board.applied() * self.env.world_size)
             verdict = judge(crew.rep, tel.scores, crew.saver.loss_bar, board.applied(), board.skipped())
             if verdict.failure:
                 ctl.fail(f"{verdict.failure}; {crew.saver.kept()}", EXIT_FAILED)
-        job = self._checkpoint(crew, write=ctl.fault_code != EXIT_FAILED)  # workers are stopped: final totals
-        sync_stats = crew.rounds.close()
+            if ctl.fault_code != EXIT_FAILED:
+                self._store(crew, positions, job)
         tel.round(sync_stats.final)
         if not group.writer:
             return self._outcome()

@@ -5,8 +5,11 @@ registers with the coordinator, and the group survives losing a replica.
   survivors form the next epoch's group (elastic/membership.py) and go on; their workers never stop.
 - A (re)started replica joins at the group's next round and, before its workers start,
   receives the live model, shared optimizer state, sync-rule state and counters from the
-  lowest surviving member; its data positions come from the coordinator, where every
+  most advanced member; its data positions come from the coordinator, where every
   leader publishes its own each round, so its shard resumes where its slot left off.
+- Each member decides a peer's loss on its own, so a round can complete for some members and
+  fail for others. Every new epoch first compares the rounds each member applied; a member
+  that is behind takes the state of one that is not, so the group never splits over a round.
 - The writer of checkpoints and ``metrics.json`` is the lowest slot of the current epoch,
   and only while it holds the run_dir lock (a dropped writer that comes back holds it and
   finds itself dropped before it writes again).
@@ -34,6 +37,7 @@ from hogwild.files import RunDirLock
 from hogwild.leader.api import Control, Group
 from hogwild.replica.board import Board, Counts
 from hogwild.replica.build import Replica
+from hogwild.replica.faults import leader_faults
 from hogwild.replica.models import model_id
 from hogwild.report.summary import RunResult
 from hogwild.sync.comm import Comm, PeerLost
@@ -71,6 +75,7 @@ class ElasticGroup(Group):
         self.members: tuple[int, ...] = ()
         self.tally = {"replicas_lost": 0, "replicas_joined": 0}  # as this slot saw them, for TensorBoard
         self.slot_positions: Optional[torch.Tensor] = None
+        self.slot_totals: dict[int, torch.Tensor] = {}  # absent slots' last published totals (job)
 
     @property
     def writer(self) -> bool:
@@ -85,7 +90,7 @@ class ElasticGroup(Group):
         # while the coordinator is slow to answer stops this replica cleanly.
         self.m = Membership(sc.coordinator, self.env.rank, self.env.world_size, sc.peer_timeout_s,
                             sc.min_replicas, sc.timeout_s, lambda: self.ctl.signalled)
-        self.comm = ElasticComm(self.m, sc.timeout_s)
+        self.comm = ElasticComm(self.m, sc.timeout_s, frozenset(leader_faults(self.env.rank).get("lose", ())))
         self.connected = True
         run_dir = Path(self.m.agree_job(job_fingerprint(cfg, rep.flat.numel(), workers), str(run_dir)))
         self.slot_positions = torch.zeros(self.env.world_size, workers, dtype=torch.float64)
@@ -116,8 +121,9 @@ class ElasticGroup(Group):
     # ------------------------------------------------------------ membership
     def _enter(self, ep: Epoch, fresh: bool = False) -> None:
         self.comm.form(ep)
-        if ep.joiners and ep.source is not None:
-            self._heal(ep, fresh)
+        source, behind = self._agree(ep)
+        if source is not None and (ep.joiners or behind):
+            self._heal(ep, source, behind, fresh)
         self.m.settled(ep)  # only now: a joiner whose group or heal failed is healed in the next epoch
         self._became(ep)
         if self.members:
@@ -130,20 +136,40 @@ class ElasticGroup(Group):
         logger.info("slot %d in epoch %d: members %s, rank %d of %d%s", self.env.rank, ep.number,
                     list(ep.members), self.comm.rank, self.comm.world_size, " (writer)" if self.writer else "")
 
-    def _heal(self, ep: Epoch, fresh: bool) -> None:
-        assert ep.source is not None
+    def _agree(self, ep: Epoch) -> tuple[Optional[int], tuple[int, ...]]:
+        """(heal source, members a round behind it), from one small gather of the rounds each
+        member applied. A round whose collective completed for some members and failed for
+        others leaves them apart; the ones behind take the state of one that is not (its model,
+        and above all its outer-rule state, which no later round would bring back together)."""
+        got = self.comm.all_gather(torch.tensor([self.crew.rounds.syncs], dtype=torch.int64))
+        applied = dict(zip(ep.members, (int(g) for g in got)))
+        live = [s for s in ep.members if s not in ep.joiners]
+        if not live:
+            return ep.source, ()
+        top = max(applied[s] for s in live)
+        source = ep.source if ep.source in live and applied[ep.source] == top else \
+            min(s for s in live if applied[s] == top)
+        return source, tuple(s for s in live if applied[s] < top)
+
+    def _heal(self, ep: Epoch, source: int, behind: tuple[int, ...], fresh: bool) -> None:
         crew = self.crew
-        rep, src, mine = crew.rep, ep.members.index(ep.source), self.env.rank == ep.source
+        rep, mine = crew.rep, self.env.rank == source
         state = {"flat": rep.flat, "opt": rep.opt_state or {}, "sync": crew.rule.state_dict(),
                  "counters": crew.base.lineage(), "syncs": crew.rounds.syncs} if mine else None
-        got = self.comm.send_state(state, src)
-        if self.env.rank not in ep.joiners:
+        got = self.comm.send_state(state, ep.members.index(source))
+        if self.env.rank not in ep.joiners and self.env.rank not in behind:
             return
         with torch.no_grad():
             rep.flat.copy_(got["flat"])
             for name, buf in (rep.opt_state or {}).items():
                 buf.copy_(got["opt"][name])
         crew.rule.load_state_dict(got["sync"])
+        if self.env.rank in behind:  # a live member: its counters and positions are its own
+            logger.warning("slot %d applied %d rounds, slot %d applied %d (a round failed here and completed "
+                           "there): took slot %d's state", self.env.rank, crew.rounds.syncs, source,
+                           int(got["syncs"]), source)
+            crew.rounds.syncs = int(got["syncs"])
+            return
         crew.base = Counts.from_dict(got["counters"])
         crew.board.control["base_steps"] = crew.base.steps
         crew.rounds.syncs = int(got["syncs"])
@@ -154,7 +180,7 @@ class ElasticGroup(Group):
         if done is not None:  # and count on from its earlier processes' totals at their last round
             self.carried = torch.from_numpy(done)
         crew.rounds.rebase()
-        logger.info("slot %d healed from slot %d (step %d, %d syncs)", self.env.rank, ep.source,
+        logger.info("slot %d healed from slot %d (step %d, %d syncs)", self.env.rank, source,
                     crew.base.steps, crew.rounds.syncs)
 
     def _became(self, ep: Epoch) -> None:
@@ -251,6 +277,23 @@ class ElasticGroup(Group):
 
     def own(self, totals: Counts) -> Counts:
         return totals if self.carried is None else Counts.from_tensor(totals.to_tensor() + self.carried)
+
+    def job(self, members: Counts) -> Counts:
+        """The members' totals plus, for each slot outside this epoch, its totals as it published
+        them at its last round: the group merged those updates, and a slot lost for good must
+        not take them out of the job's count. (A slot that comes back carries the same totals
+        into its own, so nothing counts twice.)"""
+        total = members.to_tensor()
+        width = total.numel()
+        for s in range(self.env.world_size):
+            if s in self.m.epoch.members:
+                continue
+            done = self.m.link.fetch_as(f"done/{s}", floats(width))
+            if done is not None:  # the coordinator is away: the last totals this leader saw
+                self.slot_totals[s] = torch.from_numpy(done)
+            if s in self.slot_totals:
+                total += self.slot_totals[s]
+        return Counts.from_tensor(total)
 
     def positions(self) -> torch.Tensor:
         """Every slot's positions as published at its last round (a lost slot's stay put)."""

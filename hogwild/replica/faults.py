@@ -8,6 +8,11 @@ Kinds: ``nan`` poisons the first gradient of that step, ``crash`` raises in that
 ``start:W:0`` kills worker W's first start during its warm-up, before it is ready, and
 ``warm:W:MS`` makes that warm-up MS milliseconds longer (a signal that lands in it).
 
+``HOGWILD_LEADER_FAULT`` does the same for a leader (kind:slot:n): ``lose:S:N`` makes slot S's
+N-th sync round fail there after its collective completed everywhere (the others apply the
+round, S does not: each member decides a peer's loss on its own), and ``exit:S:0`` kills slot
+S's leader (exit 137, no cleanup) right after the job's final round.
+
 ``HOGWILD_SLOW_WHILE=FILE`` limits ``slow`` to while FILE exists: a test keeps a job slow for
 as long as its faults need live training, then removes the file, and the rest runs at speed.
 """
@@ -26,6 +31,7 @@ from torch import Tensor
 FAULT_ENV = "HOGWILD_FAULT"
 DUMP_ENV = "HOGWILD_DUMP_FINAL"
 SLOW_WHILE_ENV = "HOGWILD_SLOW_WHILE"
+LEADER_FAULT_ENV = "HOGWILD_LEADER_FAULT"
 
 # Computes batch ``step``'s gradients into the parameters' ``.grad``: (loss, batch size).
 StepFn = Callable[[int], tuple[Tensor, int]]
@@ -81,8 +87,20 @@ def startup_faults(global_index: int) -> None:
         os._exit(70)  # dies like an OOM-killed process: no cleanup, no traceback
 
 
-def dump_final(flat: Tensor, rank: int) -> None:
-    """``HOGWILD_DUMP_FINAL=DIR``: each replica's final parameters, to check consensus bit for bit."""
+def leader_faults(rank: int) -> dict[str, set[int]]:
+    """What ``HOGWILD_LEADER_FAULT`` plans for the leader of replica (or slot) ``rank``."""
+    return planned_faults(rank, os.environ.get(LEADER_FAULT_ENV, ""))
+
+
+def exit_after_final(rank: int) -> None:
+    if "exit" in leader_faults(rank):
+        os._exit(137)  # as a SIGKILL would leave it: nothing flushed, no lock released
+
+
+def dump_final(flat: Tensor, rank: int, sync_state: dict[str, Tensor], syncs: int) -> None:
+    """``HOGWILD_DUMP_FINAL=DIR``: each replica's final parameters, to check consensus bit for
+    bit, and beside them its sync rule's state and rounds applied, which must agree too."""
     dump = os.environ.get(DUMP_ENV)
     if dump:
         torch.save(flat.cpu().clone(), Path(dump) / f"rank{rank}.pt")
+        torch.save({"sync": sync_state, "syncs": syncs}, Path(dump) / f"rank{rank}.state.pt")

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from hogwild.config.registry import SYNC_RULES
 from hogwild.config.schema import SyncConfig
-from hogwild.sync.comm import Comm
+from hogwild.sync.comm import SYNC_ROUND, Comm
 
 _WIRE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -118,7 +118,7 @@ class SyncRule(ABC):
         target may be the rule's own state: the round only reads it. ``final``: the job's last
         round (workers stopped, every leader in it); its target is the model the job ends with.
         """
-        ctl = self.comm.all_reduce(ctl, timeout_s, "the sync round")
+        ctl = self.comm.all_reduce(ctl, timeout_s, SYNC_ROUND)
         self.ending = final or RoundVector.ends_job(ctl)
         return self.target(snap, context(ctl, rank)), ctl
 
@@ -134,7 +134,7 @@ class SyncRule(ABC):
             buf[c:].copy_(snap)
         else:
             buf[c:].zero_()
-        self.comm.all_reduce(buf, timeout_s, "the sync round")
+        self.comm.all_reduce(buf, timeout_s, SYNC_ROUND)
         ctl = buf[:c].clone()
         self.ending = final or RoundVector.ends_job(ctl)
         return buf[c:], ctl, context(ctl, rank).n_healthy

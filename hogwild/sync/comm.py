@@ -18,6 +18,9 @@ from torch import Tensor
 from hogwild.errors import Fault, first_line
 
 
+SYNC_ROUND = "the sync round"  # the ``what`` of a round's first collective (one per round)
+
+
 class PeerLost(Fault):
     """Another leader did not join a collective in time: no further collective can complete."""
 
