@@ -34,6 +34,9 @@ class Restored:
     counters: Counts
     lineage: str
     """The run lineage this run continues: its checkpoints carry the same id."""
+    positions: Optional[Tensor] = None
+    """Every replica's data positions in the checkpoint (replicas x workers); None if its layout
+    differs (each shard then starts over)."""
     steps_lost: Optional[int] = None
     """Steps the previous attempt in this run_dir made beyond the checkpoint's count (exact,
     from every replica's board file); None when unknown."""
@@ -71,11 +74,12 @@ def restore(path: str, model_name: str, shapes: list[tuple[int, ...]], flat: Ten
     if isinstance(pos, torch.Tensor) and tuple(pos.shape) == (world, k):
         board.stats["pos"] = pos[rank].numpy()
     else:
+        pos = None
         logger.warning("checkpoint was made with another replicas x workers layout; "
                        "data positions restart from the beginning of each shard")
     counters = Counts.from_dict(ckpt.get("counters", {}))
     lineage = str(ckpt.get("lineage") or checkpoint.new_lineage())
-    restored = Restored(path, counters, lineage)
+    restored = Restored(path, counters, lineage, positions=pos)
     board.control["base_steps"] = counters.steps
     logger.info("resumed from %s (step %d, %d syncs)", path, counters.steps, counters.syncs)
     return restored, ckpt.get("sync_state", {})

@@ -64,11 +64,14 @@ class Epoch:
     joiners: tuple[int, ...] = ()
     """Members that (re)started and receive the live state from :attr:`source`."""
     src: Optional[int] = None
-    """The heal source the former chose (None: the lowest member that is not joining)."""
+    """The heal source the former chose (None: the lowest member that is not joining). In an
+    epoch of joiners only (a fresh job, or every replica restarted), the joiner whose restored
+    state is furthest on: every other joiner takes its state, checkpoint positions included,
+    so the group starts from one restore point however many checkpoints the slots can see."""
 
     @property
     def source(self) -> Optional[int]:
-        """The member that sends the live state to the joiners: one that is not joining."""
+        """The member that sends the live state to the joiners."""
         return self.src if self.src is not None else next((s for s in self.members if s not in self.joiners), None)
 
     def encode(self) -> str:
@@ -84,7 +87,8 @@ class Epoch:
         ep = cls(number, ints(members), ints(joiners), int(src) if src else None)
         if (not bar or list(ep.members) != sorted(set(ep.members)) or not set(ep.joiners) <= set(ep.members)
                 or any(s < 0 or (slots is not None and s >= slots) for s in ep.members)
-                or (ep.src is not None and (ep.src not in ep.members or ep.src in ep.joiners))):
+                or (ep.src is not None and (ep.src not in ep.members
+                                            or (ep.src in ep.joiners and ep.joiners != ep.members)))):
             raise ValueError(raw)
         return ep
 
@@ -432,7 +436,8 @@ class Membership:
             time.sleep(self.peer_timeout_s / 5)
             return
         joiners = tuple(s for s in alive if s in wanting)
-        ep = Epoch(number + 1, tuple(alive), joiners, self._most_advanced([s for s in alive if s not in joiners]))
+        ep = Epoch(number + 1, tuple(alive), joiners,
+                   self._most_advanced([s for s in alive if s not in joiners] or list(alive)))
         # Compare-and-set, not set: members already written (by a replica that put this epoch
         # back after a coordinator restart, or by a former that died before publishing them)
         # stand, and are published as they are; their joiners remove their own requests.

@@ -76,6 +76,7 @@ class ElasticGroup(Group):
         self.tally = {"replicas_lost": 0, "replicas_joined": 0}  # as this slot saw them, for TensorBoard
         self.slot_positions: Optional[torch.Tensor] = None
         self.slot_totals: dict[int, torch.Tensor] = {}  # absent slots' last published totals (job)
+        self.restored_positions: Optional[torch.Tensor] = None  # every slot's, in the checkpoint restored
 
     @property
     def writer(self) -> bool:
@@ -107,6 +108,7 @@ class ElasticGroup(Group):
         restored, sync_state = restore(path, model_id(cfg.model), rep.shapes, rep.flat, rep.opt_state, board,
                                        self.env.rank, self.env.world_size)
         rule.load_state_dict(sync_state)
+        self.restored_positions = restored.positions
         return restored
 
     def start(self) -> None:
@@ -154,10 +156,16 @@ class ElasticGroup(Group):
     def _heal(self, ep: Epoch, source: int, behind: tuple[int, ...], fresh: bool) -> None:
         crew = self.crew
         rep, mine = crew.rep, self.env.rank == source
+        # Every slot (re)started (source is a joiner): the coordinator's positions and totals are
+        # from rounds after any checkpoint, so they come from the source's restore point instead.
+        restart = source in ep.joiners
         state = {"flat": rep.flat, "opt": rep.opt_state or {}, "sync": crew.rule.state_dict(),
-                 "counters": crew.base.lineage(), "syncs": crew.rounds.syncs} if mine else None
+                 "counters": crew.base.lineage(), "syncs": crew.rounds.syncs,
+                 "positions": self.restored_positions if restart else None} if mine else None
         got = self.comm.send_state(state, ep.members.index(source))
-        if self.env.rank not in ep.joiners and self.env.rank not in behind:
+        if mine or (self.env.rank not in ep.joiners and self.env.rank not in behind):
+            if restart:
+                self._publish()
             return
         with torch.no_grad():
             rep.flat.copy_(got["flat"])
@@ -173,12 +181,18 @@ class ElasticGroup(Group):
         crew.base = Counts.from_dict(got["counters"])
         crew.board.control["base_steps"] = crew.base.steps
         crew.rounds.syncs = int(got["syncs"])
-        pos = self.m.link.fetch_as(f"pos/{self.env.rank}", floats(crew.workers)) if fresh else None
-        if pos is not None:  # workers not started: resume this slot's shard
-            crew.board.stats["pos"] = pos
-        done = self.m.link.fetch_as(f"done/{self.env.rank}", floats(Counts().to_tensor().numel())) if fresh else None
-        if done is not None:  # and count on from its earlier processes' totals at their last round
-            self.carried = torch.from_numpy(done)
+        if restart:  # this slot's position in the source's checkpoint (its shard's start if none)
+            table = got["positions"]
+            crew.board.stats["pos"] = table[self.env.rank].numpy() if table is not None else np.zeros(crew.workers)
+            self.carried = None
+            self._publish()  # what an earlier lineage left at the coordinator must not be read again
+        else:
+            pos = self.m.link.fetch_as(f"pos/{self.env.rank}", floats(crew.workers)) if fresh else None
+            if pos is not None:  # workers not started: resume this slot's shard
+                crew.board.stats["pos"] = pos
+            done = self.m.link.fetch_as(f"done/{self.env.rank}", floats(Counts().to_tensor().numel())) if fresh else None
+            if done is not None:  # and count on from its earlier processes' totals at their last round
+                self.carried = torch.from_numpy(done)
         crew.rounds.rebase()
         logger.info("slot %d healed from slot %d (step %d, %d syncs)", self.env.rank, source,
                     crew.base.steps, crew.rounds.syncs)
@@ -224,6 +238,11 @@ class ElasticGroup(Group):
 
     def before_round(self) -> None:
         self.round_t0 = time.monotonic()
+        self._publish()
+
+    def _publish(self) -> None:
+        """This slot's data positions and totals, for a restarted slot to go on from and for the
+        job's count while the slot is away."""
         self.m.put(f"pos/{self.env.rank}", self.crew.board.stats["pos"].astype(np.float64).tobytes())
         self.m.put(f"done/{self.env.rank}", self.own(self.crew.board.totals(self.crew.pool.restarts))
                    .to_tensor().numpy().tobytes())

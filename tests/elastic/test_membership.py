@@ -48,6 +48,15 @@ def _all(calls: list[Callable[[], Epoch]]) -> list[Epoch]:
         return [f.result(timeout=60) for f in [pool.submit(c) for c in calls]]
 
 
+def _joined(ms: list[Membership]) -> list[Epoch]:
+    """Every slot joins at once (a fresh job, or all restarted): an epoch of joiners only, each
+    healed from its source as a leader's first epoch is (Membership.settled)."""
+    epochs = _all([m.join for m in ms])
+    for m, ep in zip(ms, epochs):
+        m.settled(ep)
+    return epochs
+
+
 def _close(ms: list[Membership]) -> None:
     for m in ms:
         m.close()
@@ -77,7 +86,7 @@ def _admit(members: list[Membership], joiner: Membership) -> list[Epoch]:
 def test_the_first_epoch_holds_every_slot_and_all_agree(coordinator: str) -> None:
     ms = _slots(coordinator, 3)
     try:
-        epochs = _all([m.join for m in ms])
+        epochs = _joined(ms)
         assert len(set(epochs)) == 1, epochs
         ep = epochs[0]
         assert ep.number == 1 and ep.members == (0, 1, 2) and ep.joiners == (0, 1, 2)
@@ -89,7 +98,7 @@ def test_the_first_epoch_holds_every_slot_and_all_agree(coordinator: str) -> Non
 def test_survivors_form_the_next_epoch_without_a_dead_slot_and_it_rejoins_as_a_joiner(coordinator: str) -> None:
     ms = _slots(coordinator, 3)
     try:
-        _all([m.join for m in ms])
+        _joined(ms)
         ms[2].close()  # its heartbeat stops: a killed replica
         survivors = _all([ms[0].advance, ms[1].advance])
         assert survivors[0] == survivors[1] and survivors[0].members == (0, 1) and survivors[0].number == 2
@@ -109,7 +118,7 @@ def test_survivors_form_the_next_epoch_without_a_dead_slot_and_it_rejoins_as_a_j
 def test_a_minority_never_forms_a_group_and_says_who_is_alive(coordinator: str) -> None:
     ms = _slots(coordinator, 3, timeout_s=3.0)
     try:
-        _all([m.join for m in ms])
+        _joined(ms)
         ms[1].close()
         ms[2].close()
         with pytest.raises(Fault, match=r"no group with a quorum formed within 3s .*slots alive: \[0\]"):
@@ -122,7 +131,7 @@ def test_a_minority_never_forms_a_group_and_says_who_is_alive(coordinator: str) 
 def test_a_silent_member_is_dropped_and_learns_it(coordinator: str) -> None:
     ms = _slots(coordinator, 3)
     try:
-        _all([m.join for m in ms])
+        _joined(ms)
         ms[2].heartbeat.stop()  # stopped (SIGSTOP, a long GC pause): its process lives on
         epochs = _all([ms[0].advance, ms[1].advance])
         assert epochs[0].members == (0, 1)
@@ -157,7 +166,7 @@ def test_a_replica_of_another_job_is_refused_and_the_run_dir_is_the_first_ones(c
 def test_a_slot_that_wakes_after_the_job_finished_leaves(coordinator: str) -> None:
     ms = _slots(coordinator, 2, slots=2)
     try:
-        _all([m.join for m in ms])
+        _joined(ms)
         ms[0].put("finished", "1")
         ms[1].close()  # slot 1's process is gone; its restart comes too late
         late = Membership(coordinator, 1, 2, PEER_S, None, TIMEOUT_S)
@@ -173,7 +182,7 @@ def test_a_joiner_that_died_before_admission_stops_asking(coordinator: str) -> N
     (a new epoch, a new Gloo group, an alive-window wait), forever (issue 24, item 4)."""
     ms = _slots(coordinator, 3)
     try:
-        _all([m.join for m in ms])
+        _joined(ms)
         ms[2].close()
         _all([ms[0].advance, ms[1].advance])  # slot 2 lost
         ghost = Membership(coordinator, 2, 3, PEER_S, None, TIMEOUT_S)
@@ -192,11 +201,11 @@ def test_a_whole_group_restarted_against_a_live_coordinator_forms_again(coordina
     restart loop brought them all back: their own new heartbeats made the old epoch look alive,
     so each waited to be admitted by a group that no longer existed (issue 24, item 1)."""
     first = _slots(coordinator, 3)
-    _all([m.join for m in first])
+    _joined(first)
     _close(first)  # all three die
     again = _slots(coordinator, 3, timeout_s=8.0)
     try:
-        epochs = _all([m.join for m in again])
+        epochs = _joined(again)
         assert len(set(epochs)) == 1 and epochs[0].number == 2, epochs
         assert epochs[0].members == (0, 1, 2) and epochs[0].joiners == (0, 1, 2)
     finally:
@@ -209,7 +218,7 @@ def test_a_second_process_in_a_live_slot_is_refused(coordinator: str) -> None:
     item 7). It is refused in one line; the first keeps its slot."""
     ms = _slots(coordinator, 3)
     try:
-        _all([m.join for m in ms])
+        _joined(ms)
         twin = Membership(coordinator, 1, 3, PEER_S, None, TIMEOUT_S)
         ms.append(twin)
         with pytest.raises(UserError, match=r"sync.slot=1: the slot is held by a live replica \(\w+ pid \d+"):
@@ -222,7 +231,7 @@ def test_a_second_process_in_a_live_slot_is_refused(coordinator: str) -> None:
 def test_a_silent_holder_loses_its_slot_to_its_restart_and_stops_when_it_wakes(coordinator: str) -> None:
     ms = _slots(coordinator, 3)
     try:
-        _all([m.join for m in ms])
+        _joined(ms)
         ms[2].heartbeat.stop()  # stopped, not dead: its process will wake later
         _all([ms[0].advance, ms[1].advance])  # it is dropped
         restart = Membership(coordinator, 2, 3, PEER_S, None, TIMEOUT_S)
@@ -253,7 +262,7 @@ def test_a_member_whose_loop_is_stuck_is_dropped_though_its_heartbeat_beats(coor
             m.tick(0, step)
             time.sleep(0.05)
     try:
-        _all([m.join for m in ms])
+        _joined(ms)
         for m in ms:
             threading.Thread(target=loop, args=(m, looping[m.slot]), daemon=True).start()
         time.sleep(3 * PEER_S)  # everyone is moving: nobody is lost
@@ -290,7 +299,7 @@ def test_a_joiner_whose_heal_failed_is_a_joiner_again_in_the_next_epoch(coordina
     (issue 24, item 6). Its request now stands until it is healed."""
     ms = _slots(coordinator, 3)
     try:
-        _all([m.join for m in ms])
+        _joined(ms)
         back, epochs = _rejoin_slot_2(coordinator, ms)
         ms.append(back)
         assert epochs[0].joiners == (2,)
@@ -313,7 +322,7 @@ def test_the_heal_source_is_the_most_advanced_member_not_the_lowest(coordinator:
         while not done.wait(0.05):
             m.tick(rnd, step)
     try:
-        _all([m.join for m in ms])
+        _joined(ms)
         # Slot 0 is behind (say it was dropped while stopped and healed since).
         threading.Thread(target=turning, args=(ms[0], 5, 500), daemon=True).start()
         threading.Thread(target=turning, args=(ms[1], 7, 700), daemon=True).start()
@@ -325,3 +334,26 @@ def test_the_heal_source_is_the_most_advanced_member_not_the_lowest(coordinator:
     finally:
         done.set()
         _close(ms)
+
+
+def test_an_epoch_of_joiners_only_names_one_restore_point_the_most_advanced(coordinator: str) -> None:
+    """Every replica restarted (or a fresh job), each with what it could restore: each used to
+    keep its own checkpoint (issue 24, item 11). The epoch now names the joiner whose restored
+    state is furthest on, and the others take its state."""
+    ms = _slots(coordinator, 3)
+    try:
+        for m, (rnd, step) in zip(ms, [(3, 300), (9, 900), (6, 600)]):
+            m.tick(rnd, step)  # as a leader does with its restored state before it joins
+        epochs = _joined(ms)
+        assert all(e == epochs[0] for e in epochs)
+        assert epochs[0].joiners == (0, 1, 2) and epochs[0].source == 1, epochs[0]
+        assert Epoch.decode(epochs[0].number, epochs[0].encode(), 3) == epochs[0]
+    finally:
+        _close(ms)
+
+
+def test_an_epoch_names_a_joiner_as_its_source_only_when_all_are_joining() -> None:
+    assert Epoch.decode(4, "0,1,2|0,1,2|2", 3).source == 2
+    assert Epoch.decode(4, "0,1,2|2|1", 3).source == 1
+    with pytest.raises(ValueError):
+        Epoch.decode(4, "0,1,2|1,2|2", 3)  # a joiner would heal the live member 0
