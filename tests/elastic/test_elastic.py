@@ -330,15 +330,16 @@ def test_a_coordinator_that_stays_away_stops_the_job_with_a_checkpoint(job_facto
     assert torch.equal(ckpt["flat"], finals[0])
 
 
-def test_ten_kills_at_random_replicas_and_steps_lose_nothing(job_factory) -> None:  # type: ignore[no-untyped-def]
+def test_kills_at_random_replicas_one_after_another_lose_nothing(job_factory) -> None:  # type: ignore[no-untyped-def]
+    # Four in a row here; scripts/chaos.py runs hundreds of faults of every kind (BENCHMARKS.md §10).
     rng = random.Random(13)  # the kills' slots and steps; fixed, so a failure can be replayed
-    # 25 ms a step, 2,700 steps a slot: training outlasts ten kill-restart-heal cycles on a loaded host.
-    job = job_factory("train.epochs=180", fault="slow:0:25,slow:1:25,slow:2:25")
+    # 25 ms a step, 1,500 steps a slot: training outlasts four kill-restart-heal cycles on a loaded host.
+    job = job_factory("train.epochs=100", fault="slow:0:25,slow:1:25,slow:2:25")
     for s in range(SLOTS):
         job.start(s)
     for s in range(SLOTS):
         job.wait_applied(s, 1)
-    for _ in range(10):
+    for _ in range(4):
         slot = rng.randrange(SLOTS)
         job.wait_applied(slot, job.applied(slot) + rng.randint(10, 80))
         job.procs[slot].send_signal(signal.SIGKILL)
@@ -349,7 +350,7 @@ def test_ten_kills_at_random_replicas_and_steps_lose_nothing(job_factory) -> Non
     codes = job.wait_all()
     assert codes == {0: 0, 1: 0, 2: 0}, {s: job.tail(s) for s in range(SLOTS)}
     m = assert_consensus(job)
-    assert m["replicas_lost"] >= 10 and m["replicas_joined"] >= 10, m
+    assert m["replicas_lost"] >= 4 and m["replicas_joined"] >= 4, m
 
 
 def test_a_round_that_completed_for_two_members_and_failed_for_one_splits_nothing(job_factory) -> None:  # type: ignore[no-untyped-def]
