@@ -180,7 +180,7 @@ class Membership:
         self._seen: dict[int, Seen] = {}
         self.why: dict[int, str] = {}  # a slot :meth:`stale` found lost: "silent", or "stuck at ..."
         # This process's identity in its slot: a requeued job whose old node still runs must not
-        # put a second process into a live slot (see _claim).
+        # put a second process into a live slot (see claim).
         self.incarnation = f"{uuid.uuid4().hex[:12]} pid {os.getpid()} on {socket.gethostname()}"
         self._claimed = False
 
@@ -314,7 +314,7 @@ class Membership:
     def join(self) -> Epoch:
         """Ask to join (first start, restart, or back after being dropped) and wait until an
         epoch formed after the request lists this slot among its joiners."""
-        self._claim()
+        self.claim()
         self._asked_at = self.current()
         self.put(f"want/{self.slot}", str(time.time()))
         # The heartbeat starts only after the request: a restarted slot that beat first would be
@@ -324,7 +324,7 @@ class Membership:
         self._joining = True
         return self.advance()
 
-    def _claim(self) -> None:
+    def claim(self) -> None:
         """Take this slot for this process, once. A slot held by another process whose heartbeat
         still moves is refused in one line; one whose holder is silent (killed, or a restart
         of this slot) is taken over, and the old holder, if it ever wakes, finds the slot gone

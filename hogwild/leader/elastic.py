@@ -94,6 +94,9 @@ class ElasticGroup(Group):
         self.comm = ElasticComm(self.m, sc.timeout_s, frozenset(leader_faults(self.env.rank).get("lose", ())))
         self.connected = True
         run_dir = Path(self.m.agree_job(job_fingerprint(cfg, rep.flat.numel(), workers), str(run_dir)))
+        # Before this process touches anything in run_dir: a second process started in a live
+        # slot used to truncate that slot's progress board (its data positions) before it was refused.
+        self.m.claim()
         self.slot_positions = torch.zeros(self.env.world_size, workers, dtype=torch.float64)
         return self.comm, run_dir
 

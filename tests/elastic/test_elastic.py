@@ -357,7 +357,7 @@ def test_a_round_that_completed_for_two_members_and_failed_for_one_splits_nothin
     # Slot 1 judges its 5th round failed just as it completes for slots 0 and 2 (issue 24, item 10):
     # they apply it, slot 1 does not. Under slowmo the outer parameters and momentum then stayed
     # apart for good; the next epoch must find the member behind and give it the others' state.
-    job = job_factory("train.epochs=20", "sync.mode=slowmo", leader_fault="lose:1:5")
+    job = job_factory("train.epochs=40", "sync.mode=slowmo", leader_fault="lose:1:5")
     for s in range(SLOTS):
         job.start(s)
     codes = job.wait_all()
@@ -370,7 +370,7 @@ def test_a_round_that_completed_for_two_members_and_failed_for_one_splits_nothin
 def test_a_replica_lost_after_the_final_round_leaves_the_others_to_finish(job_factory) -> None:  # type: ignore[no-untyped-def]
     # Slot 2 dies right after the final round, in the collectives that gather the final totals.
     # The survivors used to end with exit 3 and no metrics.json; they re-form and finish.
-    job = job_factory("train.epochs=20", leader_fault="exit:2:0")
+    job = job_factory("train.epochs=30", leader_fault="exit:2:0")
     for s in range(SLOTS):
         job.start(s)
     codes = job.wait_all()
@@ -404,4 +404,23 @@ def test_every_replica_restarted_starts_from_one_restore_point(job_factory) -> N
     codes = job.wait_all()
     assert codes == {0: 0, 1: 0, 2: 0}, {s: job.tail(s) for s in range(SLOTS)}
     assert "healed from slot" in job.logs[1][-1].read_text(), job.tail(1)
+    assert_consensus(job)
+
+
+def test_a_second_process_in_a_live_slot_is_refused_before_it_touches_the_run(job_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # A requeued job whose old node still runs. The duplicate used to open (and truncate) the
+    # live slot's progress board before the coordinator refused it: the live slot's data
+    # positions went back to zero and its shard was read again.
+    job = job_factory("train.epochs=40", fault="slow:0:20,slow:1:20,slow:2:20")
+    for s in range(SLOTS):
+        job.start(s)
+    job.wait_applied(1, 100)
+    before = job.applied(1)
+    dup = run_cli([*job.args, "sync.slot=1"], cwd=tmp_path, timeout=120)
+    assert dup.returncode == 2, dup.stderr[-2000:]
+    assert "held by a live replica" in dup.stderr and "Traceback" not in dup.stderr
+    assert job.applied(1) >= before, "the live slot's progress board was reset"
+    job.hurry()
+    codes = job.wait_all()
+    assert codes == {0: 0, 1: 0, 2: 0}, {s: job.tail(s) for s in range(SLOTS)}
     assert_consensus(job)
