@@ -254,17 +254,16 @@ class Leader:
         # The final round and the collectives after it are one unit: a peer lost in any of them
         # (elastic mode) re-forms the group and the survivors run the whole unit again, so no
         # survivor is left in a collective the others have finished.
-        while True:
+        while not ctl.degraded:  # degraded: a peer is gone and no collective can run
             try:
-                if self.env.distributed and not ctl.degraded:
+                if self.env.distributed:
                     self._round(crew, True, True, final=True)
                     exit_after_final(self.env.rank)
                 positions, job = self._gather(crew)  # workers are stopped: final totals
                 sync_stats = crew.rounds.close()
                 break
             except PeerLost as e:
-                if not self._recover(e):
-                    break
+                self._recover(e)
         if ctl.degraded:
             # No collective can run, but the writer's own replica (workers stopped) is still worth
             # keeping: a peer that froze before the first checkpoint must not cost everything.

@@ -8,8 +8,9 @@ played by threads in one process.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -75,7 +76,8 @@ class DistComm(Comm):
 
     def broadcast(self, t: Tensor, src: int) -> Tensor:
         wire = self._on_wire(t)
-        dist.broadcast(wire, src=src, group=self.group)
+        with _lost_peer("a broadcast"):
+            dist.broadcast(wire, src=src, group=self.group)
         if wire is not t:
             t.copy_(wire)
         return t
@@ -83,8 +85,19 @@ class DistComm(Comm):
     def all_gather(self, t: Tensor) -> list[Tensor]:
         wire = self._on_wire(t)
         parts = [torch.empty_like(wire) for _ in range(self.world_size)]
-        dist.all_gather(parts, wire, group=self.group)
+        # A peer stopped or killed after the last round fails this one (Gloo: "Application
+        # timeout caused pair closure"): the lost-peer path, not a crash report.
+        with _lost_peer("an all_gather"):
+            dist.all_gather(parts, wire, group=self.group)
         return [p.to(t.device) for p in parts]
+
+
+@contextmanager
+def _lost_peer(what: str) -> Iterator[None]:
+    try:
+        yield
+    except (RuntimeError, dist.DistError) as e:
+        raise PeerLost(f"sync: {what} failed ({first_line(e)})") from None
 
 
 class LocalComm(Comm):
