@@ -64,6 +64,15 @@ class Saver:
         this replica's own totals at that moment."""
         self._seen = (positions.clone(), job.to_tensor(), own.to_tensor())
 
+    @property
+    def has_view(self) -> bool:
+        """Whether the other replicas' positions are known (gathered, or restored with this one)."""
+        return self._seen is not None
+
+    def forget(self) -> None:
+        """This replica's state came from a peer: what it restored says nothing of the others now."""
+        self._seen = None
+
     def local_view(self, board: Board, rank: int, world: int, own: Counts) -> tuple[torch.Tensor, Counts]:
         """Positions and job totals for a checkpoint written between rounds, without a
         collective: the other replicas as last gathered, this one as it is now. Their steps

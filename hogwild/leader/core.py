@@ -81,6 +81,10 @@ class Leader:
         base = restored.counters if restored else Counts()
         saver = Saver(run_dir, cfg.checkpoint.keep, restored.lineage if restored else checkpoint.new_lineage(),
                       model_id(cfg.model), restored.path if restored else None)
+        if restored is not None and restored.positions is not None:
+            # Until the first round gathers them, the other replicas are where the checkpoint left
+            # them: a checkpoint written alone before then must not put their shards back to zero.
+            saver.gathered(restored.positions, Counts(), Counts())
         specs = worker_specs(cfg, env, k, len(rep.ds.train))
         device = torch.device("cuda", env.local_rank) if cfg.device == "cuda" else torch.device("cpu")
         tel = Telemetry(cfg, run_dir, env.rank == 0, rep.model, rep.ds.test, device, rep.task, group.alive)

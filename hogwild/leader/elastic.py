@@ -170,6 +170,7 @@ class ElasticGroup(Group):
             if restart:
                 self._publish()
             return
+        crew.saver.forget()
         with torch.no_grad():
             rep.flat.copy_(got["flat"])
             for name, buf in (rep.opt_state or {}).items():
@@ -295,7 +296,10 @@ class ElasticGroup(Group):
         return not newer
 
     def may_write_alone(self) -> bool:
-        return self.m.memory.away_since is None
+        # A healed writer knows the others only from its first gather: before it, a checkpoint of
+        # its own would hold their positions at zero and the job's steps at its own (seen in the
+        # chaos campaign: 3,034 steps, then 982).
+        return self.m.memory.away_since is None and self.crew.saver.has_view
 
     def own(self, totals: Counts) -> Counts:
         return totals if self.carried is None else Counts.from_tensor(totals.to_tensor() + self.carried)
