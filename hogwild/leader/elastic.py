@@ -163,7 +163,7 @@ class ElasticGroup(Group):
         # from rounds after any checkpoint, so they come from the source's restore point instead.
         restart = source in ep.joiners
         state = {"flat": rep.flat, "opt": rep.opt_state or {}, "sync": crew.rule.state_dict(),
-                 "counters": crew.base.lineage(), "syncs": crew.rounds.syncs,
+                 "counters": crew.base.lineage(), "syncs": crew.rounds.syncs, "lineage": crew.saver.lineage,
                  "positions": self.restored_positions if restart else None} if mine else None
         got = self.comm.send_state(state, ep.members.index(source))
         if mine or (self.env.rank not in ep.joiners and self.env.rank not in behind):
@@ -171,6 +171,9 @@ class ElasticGroup(Group):
                 self._publish()
             return
         crew.saver.forget()
+        # One lineage for the job, whichever slot writes: a slot that becomes the writer goes on
+        # with the sequence of the checkpoints before it instead of starting its own at 1.
+        crew.saver.lineage = str(got["lineage"])
         with torch.no_grad():
             rep.flat.copy_(got["flat"])
             for name, buf in (rep.opt_state or {}).items():

@@ -445,8 +445,13 @@ def test_a_restarted_writer_never_writes_a_checkpoint_behind_the_last(job_factor
     codes = job.wait_all()
     assert codes == {0: 0, 1: 0, 2: 0}, {s: job.tail(s) for s in range(SLOTS)}
     assert_consensus(job)
-    cks = sorted((checkpoint.load(p) for p in checkpoint.ckpt_dir(job.run_dir).glob("step_*.pt")),
-                 key=lambda c: c["written_at"])
+    paths = sorted(checkpoint.ckpt_dir(job.run_dir).glob("step_*.pt"), key=lambda p: checkpoint.load(p)["written_at"])
+    cks = [checkpoint.load(p) for p in paths]
+    # Slot 1 wrote while slot 0 was away: the same lineage, its sequence going on (it began its
+    # own at 1, beside slot 0's).
+    assert len({c["lineage"] for c in cks}) == 1, sorted({c["lineage"] for c in cks})
+    sequences = [int(p.stem.rsplit("-q", 1)[1]) for p in paths]
+    assert sequences == sorted(set(sequences)), sequences
     for a, b in zip(cks, cks[1:]):
         # Slots 1 and 2 never stopped: their positions only grow. Slot 0 redoes at most the steps
         # it made after its last round (sync.interval + sync.max_lag).
