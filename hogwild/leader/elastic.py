@@ -325,13 +325,20 @@ class ElasticGroup(Group):
         return Counts.from_tensor(total)
 
     def positions(self) -> torch.Tensor:
-        """Every slot's positions as published at its last round (a lost slot's stay put)."""
+        """Every slot's data positions (collective): the members' as they are now, gathered in the
+        group next to the totals, and an absent slot's as it published them at its last round,
+        as its totals are counted (see :meth:`job`). The members' used to come from the
+        coordinator too: while it was away the checkpoint kept their old positions beside fresh
+        totals, and a resume from it read their shards again (found by scripts/chaos.py)."""
         assert self.slot_positions is not None
+        mine = torch.from_numpy(self.crew.board.stats["pos"].astype(np.float64))
+        for s, pos in zip(self.m.epoch.members, self.comm.all_gather(mine)):
+            self.slot_positions[s] = pos
         for s in range(self.env.world_size):
-            pos = self.m.link.fetch_as(f"pos/{s}", floats(self.crew.workers))
-            if pos is not None:
-                self.slot_positions[s] = torch.from_numpy(pos)
-        self.slot_positions[self.env.rank] = torch.from_numpy(self.crew.board.stats["pos"].astype(np.float64))
+            if s not in self.m.epoch.members:
+                pos = self.m.link.fetch_as(f"pos/{s}", floats(self.crew.workers))
+                if pos is not None:  # the coordinator is away: the last positions this leader saw
+                    self.slot_positions[s] = torch.from_numpy(pos)
         return self.slot_positions.clone()
 
     # ------------------------------------------------------------------- end

@@ -271,7 +271,8 @@ def test_a_replica_of_another_job_is_refused(job_factory, tmp_path: Path) -> Non
 def test_a_coordinator_killed_and_restarted_mid_run_splits_nothing(job_factory) -> None:  # type: ignore[no-untyped-def]
     # 1,500 steps of 20 ms: the survivors still train when slot 2, killed after the coordinator's
     # restart, is back and healed (under a CPU hog its restart takes ~10-20 s).
-    job = job_factory("train.epochs=100", fault="slow:0:20,slow:1:20,slow:2:20", coordinator_process=True)
+    job = job_factory("train.epochs=100", "checkpoint.every_s=0.5", "checkpoint.keep=1000",
+                      fault="slow:0:20,slow:1:20,slow:2:20", coordinator_process=True)
     for s in range(SLOTS):
         job.start(s)
     job.wait_applied(0, 100)
@@ -279,7 +280,7 @@ def test_a_coordinator_killed_and_restarted_mid_run_splits_nothing(job_factory) 
     job.kill_coordinator()
     at_kill = {s: job.applied(s) for s in range(SLOTS)}
     for s in range(SLOTS):  # no coordinator: the group goes on training and syncing
-        job.wait_applied(s, at_kill[s] + 40)
+        job.wait_applied(s, at_kill[s] + 150)  # long enough for checkpoints written during the outage
     job.start_coordinator()
     deadline = time.monotonic() + 30
     while job.epoch() < before:  # the replicas put their epoch back
@@ -301,6 +302,11 @@ def test_a_coordinator_killed_and_restarted_mid_run_splits_nothing(job_factory) 
     assert max(numbers) > before, formed
     assert all("is back after" in job.log(s) for s in (0, 1)), job.tail(0)
     assert "healed from slot" in job.log(2)
+    # Checkpoints written while the coordinator was away hold positions as fresh as their totals
+    # (they kept the positions from before the outage, and a resume would read those steps again).
+    for path in checkpoint.ckpt_dir(job.run_dir).glob("step_*.pt"):
+        c = checkpoint.load(path)
+        assert abs(c["counters"]["steps"] - float(c["positions"].sum())) <= 2 * 20 * SLOTS, (path.name, c["positions"])
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
