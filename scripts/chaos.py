@@ -483,6 +483,7 @@ def main() -> None:
         ap.error("--faults and --per-run must be at least 1")
     logging.basicConfig(level=logging.INFO, format="[chaos] %(asctime)s %(message)s", datefmt="%H:%M:%S")
     t0 = time.monotonic()
+    args.out = args.out.resolve()  # the replicas run in their own folders: no relative paths
     faults, runs = campaign(args.out, args.faults, args.per_run, args.seed)
     text = table(faults, runs, args.seed) + f"\nCampaign wall time: {(time.monotonic() - t0) / 60:.0f} min\n"
     (args.out / "chaos.json").write_text(json.dumps({"seed": args.seed, "faults": [asdict(f) for f in faults],
