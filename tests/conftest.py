@@ -46,6 +46,27 @@ def torchrun(nproc: int, args: list[str], cwd: Path, timeout: float = 240,
                           env=env or clean_env(OMP_NUM_THREADS="1"))
 
 
+def ranks(nproc: int, args: list[str], cwd: Path, env: dict[str, str], timeout: float = 240
+          ) -> subprocess.CompletedProcess[str]:
+    """``nproc`` leaders started as torchrun starts them (the same environment variables), minus
+    the launcher: one process and one ``import torch`` less per job, where the launcher itself
+    is not what a test is about. The first non-zero exit code, and every rank's stderr."""
+    port, procs = free_port(), []
+    for rank in range(nproc):
+        rank_env = {**env, "RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank),
+                    "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", *args], cwd=cwd, env=rank_env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    code = next((p.returncode for p in procs if p.returncode != 0), 0)
+    return subprocess.CompletedProcess(procs[0].args, code, "".join(o for o, _ in outs), "".join(e for _, e in outs))
+
+
 def wait_training(run_dir: Path, proc: subprocess.Popen, timeout: float = 120, rank: int = 0) -> None:
     """Until replica ``rank`` has applied an update (its board file says so)."""
     import time

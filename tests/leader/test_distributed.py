@@ -1,4 +1,6 @@
-"""Real torchrun jobs: 2 simulated machines x 2 workers on loopback (slow tier)."""
+"""Real 2-replica jobs: 2 simulated machines x 2 workers on loopback (slow tier), each rank
+started with torchrun's environment (tests/conftest.py: ranks); the examples and the torchrun
+restart test go through torchrun itself."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import clean_env, metrics, tb_scalars, torchrun
+from tests.conftest import clean_env, metrics, ranks, tb_scalars
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -16,7 +18,7 @@ def _job(tmp_path: Path, name: str, *args: str, workers: int = 2, fault: str = "
     out, dump = tmp_path / name, tmp_path / f"{name}_final"
     dump.mkdir()
     env = clean_env(OMP_NUM_THREADS="1", HOGWILD_DUMP_FINAL=str(dump), HOGWILD_FAULT=fault)
-    proc = torchrun(2, [f"workers={workers}", f"run_dir={out}", *args], cwd=tmp_path, env=env)
+    proc = ranks(2, [f"workers={workers}", f"run_dir={out}", *args], cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     finals = [torch.load(dump / f"rank{r}.pt", weights_only=True) for r in range(2)]
     return metrics(out), finals
