@@ -3,6 +3,7 @@ host, and the job's invariants checked after every run.
 
     python scripts/chaos.py --faults 500 --seed 1 --out bench_results/chaos   # BENCHMARKS.md §10
     python scripts/chaos.py --faults 8 --per-run 4 --out /tmp/chaos            # a quick look
+    python scripts/chaos.py --faults 500 --seed 1 --first-run 17                # go on after run 16
 
 Each run: a coordinator process and 3 replicas x 1 worker (mlp on digits, every step slowed
 20 ms so training outlasts the faults, ``sync.peer_timeout_s=2``), then ``--per-run`` faults
@@ -31,6 +32,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -80,7 +82,8 @@ class Run:
     def __init__(self, root: Path, index: int, seed: int, faults: int) -> None:
         self.index, self.rng = index, random.Random(f"{seed}-{index}")
         self.dir = root / f"run{index:03d}"
-        self.dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.dir, ignore_errors=True)  # a run cut off earlier: its run_dir would be resumed
+        self.dir.mkdir(parents=True)
         self.run_dir, self.dump, self.slow = self.dir / "run", self.dir / "finals", self.dir / "slow"
         self.dump.mkdir(exist_ok=True)
         self.slow.touch()
@@ -364,14 +367,14 @@ def check_end(run: Run) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------- campaign
-def campaign(out: Path, total: int, per_run: int, seed: int) -> tuple[list[Fault], list[dict[str, Any]]]:
+def campaign(out: Path, total: int, per_run: int, seed: int, first_run: int = 0) -> None:
+    """Runs ``first_run`` onwards; a later start appends to the journal (a campaign that was cut off)."""
     out.mkdir(parents=True, exist_ok=True)
-    journal = (out / "chaos.jsonl").open("w")
-    faults: list[Fault] = []
-    runs: list[dict[str, Any]] = []
-    index = 0
-    while len(faults) < total:
-        run = Run(out / "runs", index, seed, min(per_run, total - len(faults)))
+    journal = (out / "chaos.jsonl").open("a" if first_run else "w")
+    injected = first_run * per_run  # the earlier runs' share
+    index = first_run
+    while injected < total:
+        run = Run(out / "runs", index, seed, min(per_run, total - injected))
         t_run = time.monotonic()
         done: list[Fault] = []
         result: dict[str, Any] = {}
@@ -379,7 +382,7 @@ def campaign(out: Path, total: int, per_run: int, seed: int) -> tuple[list[Fault
             for s in range(SLOTS):
                 run.start(s)
             run.settle(time.monotonic(), "the start")
-            while len(done) < per_run and len(faults) + len(done) < total and not run.near_end():
+            while len(done) < per_run and injected + len(done) < total and not run.near_end():
                 run.gap()
                 kind = run.rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
                 f = Fault(index, len(done), kind, None if kind.startswith(("coordinator", "all")) else
@@ -391,7 +394,7 @@ def campaign(out: Path, total: int, per_run: int, seed: int) -> tuple[list[Fault
                 done.append(f)
                 journal.write(json.dumps({"fault": asdict(f)}) + "\n")
                 journal.flush()
-                logger.info("run %d fault %d/%d %-24s slot %s: %s", index, len(faults) + len(done), total, kind,
+                logger.info("run %d fault %d/%d %-24s slot %s: %s", index, injected + len(done), total, kind,
                             f.slot, f"recovered in {f.recovery_s:.1f}s" if not f.broken else f"BROKEN {f.broken}")
                 if f.broken:
                     break  # the job is not whole: its end checks say the rest
@@ -399,14 +402,38 @@ def campaign(out: Path, total: int, per_run: int, seed: int) -> tuple[list[Fault
         finally:
             run.close()
         result.update(run=index, faults=len(done), wall_s=time.monotonic() - t_run)
-        runs.append(result)
-        faults += done
+        injected += len(done)
         journal.write(json.dumps({"run": result}) + "\n")
         journal.flush()
         logger.info("run %d: %d faults, %s", index, len(done), "invariants hold" if not result["broken"]
                     else f"BROKEN {result['broken']}")
         index += 1
-    return faults, runs
+
+
+def finished(journal: Path) -> tuple[list[Fault], list[dict[str, Any]]]:
+    """The faults and checks of every run the journal saw to its end, the latest attempt of each.
+
+    A run cut off before its end checks (the host went away) counts for nothing: its faults
+    were survived one by one, but nobody checked the job they left behind.
+    """
+    done: dict[int, tuple[list[Fault], dict[str, Any]]] = {}
+    pending: list[Fault] = []
+    for line in journal.read_text().splitlines():
+        row = json.loads(line)
+        if "fault" in row:
+            f = Fault(**row["fault"])
+            if pending and pending[-1].run != f.run:
+                logger.warning("run %d was cut off after %d faults: left out", pending[-1].run, len(pending))
+                pending = []
+            pending.append(f)
+        else:
+            run = row["run"]
+            done[run["run"]] = ([f for f in pending if f.run == run["run"]], run)
+            pending = []
+    if pending:
+        logger.warning("run %d was cut off after %d faults: left out", pending[-1].run, len(pending))
+    order = sorted(done)
+    return [f for i in order for f in done[i][0]], [done[i][1] for i in order]
 
 
 def table(faults: list[Fault], runs: list[dict[str, Any]], seed: int) -> str:
@@ -478,14 +505,19 @@ def main() -> None:
     ap.add_argument("--per-run", type=int, default=25, help="faults in one elastic run")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("bench_results/chaos"))
+    ap.add_argument("--first-run", type=int, default=0,
+                    help="go on with a campaign that was cut off: same seed, runs from this one, appended to its journal")
     args = ap.parse_args()
-    if args.faults < 1 or args.per_run < 1:
-        ap.error("--faults and --per-run must be at least 1")
-    logging.basicConfig(level=logging.INFO, format="[chaos] %(asctime)s %(message)s", datefmt="%H:%M:%S")
-    t0 = time.monotonic()
+    if args.faults < 1 or args.per_run < 1 or args.first_run < 0:
+        ap.error("--faults and --per-run must be at least 1, --first-run at least 0")
     args.out = args.out.resolve()  # the replicas run in their own folders: no relative paths
-    faults, runs = campaign(args.out, args.faults, args.per_run, args.seed)
-    text = table(faults, runs, args.seed) + f"\nCampaign wall time: {(time.monotonic() - t0) / 60:.0f} min\n"
+    if args.first_run and not (args.out / "chaos.jsonl").is_file():
+        ap.error(f"--first-run: no journal to go on with at {args.out / 'chaos.jsonl'}")
+    logging.basicConfig(level=logging.INFO, format="[chaos] %(asctime)s %(message)s", datefmt="%H:%M:%S")
+    campaign(args.out, args.faults, args.per_run, args.seed, args.first_run)
+    faults, runs = finished(args.out / "chaos.jsonl")
+    text = table(faults, runs, args.seed) + (f"\nRuns' wall time in all: "
+                                             f"{sum(r['wall_s'] for r in runs) / 60:.0f} min\n")
     (args.out / "chaos.json").write_text(json.dumps({"seed": args.seed, "faults": [asdict(f) for f in faults],
                                                      "runs": runs}, indent=1) + "\n")
     (args.out / "chaos.md").write_text(text)
