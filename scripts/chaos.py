@@ -422,7 +422,7 @@ def finished(journal: Path) -> tuple[list[Fault], list[dict[str, Any]]]:
         row = json.loads(line)
         if "fault" in row:
             f = Fault(**row["fault"])
-            if pending and pending[-1].run != f.run:
+            if pending and (pending[-1].run != f.run or f.index == 0):  # a new run, or the same one again
                 logger.warning("run %d was cut off after %d faults: left out", pending[-1].run, len(pending))
                 pending = []
             pending.append(f)
