@@ -262,7 +262,16 @@ def test_an_unreachable_coordinator_fails_in_one_line(tmp_path: Path) -> None:
 def test_a_replica_of_another_job_is_refused(job_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     job = job_factory()
     job.start(0)
-    time.sleep(0.5)
+    # The first replica to reach the coordinator defines the job: wait until slot 0 has (a fixed
+    # sleep lost that race on a loaded host, and the other job's replica became the job).
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", job.port, is_master=False)
+    deadline = time.monotonic() + 120
+    while not store.check(["run_dir"]):
+        assert job.procs[0].poll() is None, job.tail(0)
+        assert time.monotonic() < deadline, "slot 0 never agreed the job with the coordinator"
+        time.sleep(0.1)
     proc = run_cli([*job.args, "sync.slot=1", "model.hidden=64"], cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "differs from the running job" in proc.stderr and "Traceback" not in proc.stderr
