@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from hydra.core.config_store import ConfigStore
-
 from hogwild.config.registry import DATASETS, MODELS
 from hogwild.config.sync import SyncConfig
 from hogwild.config.train import LossConfig, OptimConfig, SchedConfig, TrainConfig
@@ -183,5 +181,9 @@ class Config:
 
 def register() -> None:
     """Register the schema so ``conf/config.yaml`` can extend it (Hydra's structured-config way)."""
+    # Imported here, not at the top: every spawned worker imports this module for Config, and
+    # Hydra (with OmegaConf) costs it about 0.3 s of start-up that only the CLI needs.
+    from hydra.core.config_store import ConfigStore
+
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
