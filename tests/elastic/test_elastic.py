@@ -385,7 +385,7 @@ def test_a_round_that_completed_for_two_members_and_failed_for_one_splits_nothin
 def test_a_replica_lost_after_the_final_round_leaves_the_others_to_finish(job_factory) -> None:  # type: ignore[no-untyped-def]
     # Slot 2 dies right after the final round, in the collectives that gather the final totals.
     # The survivors used to end with exit 3 and no metrics.json; they re-form and finish.
-    job = job_factory("train.epochs=30", leader_fault="exit:2:0")
+    job = job_factory("train.epochs=40", leader_fault="exit:2:0")
     for s in range(SLOTS):
         job.start(s)
     codes = job.wait_all()
