@@ -7,9 +7,9 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from hogwild.config.schema import SyncConfig
+from hogwild.replica.start import worker_context
 from hogwild.sync.comm import DistComm
 from hogwild.sync.rounds import sync_round
 from hogwild.sync.rules import Average, SyncContext, make_rule
@@ -22,8 +22,9 @@ def _init(rank: int, world: int, port: int) -> None:
 
 
 def spawn(fn: Callable[..., None], world: int, port: int, *args: Any) -> list[Any]:
-    """Run ``fn(rank, world, port, out, *args)`` on ``world`` gloo ranks; collect ``out``."""
-    ctx = mp.get_context("spawn")
+    """Run ``fn(rank, world, port, out, *args)`` on ``world`` gloo ranks; collect ``out``. The
+    ranks start from the trainer's fork server, which has imported torch once, as its workers do."""
+    ctx = worker_context()
     out = ctx.Manager().dict()
     procs = [ctx.Process(target=fn, args=(r, world, port, out, *args)) for r in range(world)]
     for p in procs:

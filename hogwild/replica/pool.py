@@ -8,7 +8,6 @@ timeout, so a dead worker wakes it at once and an idle leader costs no core.
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import time
 from multiprocessing.connection import wait
 from typing import Any, Callable, Optional
@@ -20,6 +19,7 @@ from hogwild.errors import Fault
 from hogwild.replica.board import Board
 from hogwild.replica.build import Replica
 from hogwild.replica.resources import available_cores
+from hogwild.replica.start import environment, worker_context
 from hogwild.replica.worker import WorkerSpec, worker_main
 
 logger = logging.getLogger(__name__)
@@ -41,8 +41,9 @@ def worker_specs(cfg: Config, env: DistEnv, k: int, n_train: int) -> list[Worker
 
 class WorkerPool:
     def __init__(self, cfg: Config, specs: list[WorkerSpec], rep: Replica, board: Board) -> None:
-        # fork would copy autograd's and CUDA's threads into a broken child (design rule 5).
-        self._ctx = mp.get_context("spawn")
+        # Never plain fork: it would copy autograd's and CUDA's threads into a broken child
+        # (design rule 5); a fork server that has only imported torch is safe (replica/start.py).
+        self._ctx = worker_context()
         self.cfg, self.specs, self.rep, self.board = cfg, specs, rep, board
         # Workers past sync.max_lag wait on it; the leader notifies it after every round.
         self.gate = self._ctx.Condition()
@@ -57,7 +58,7 @@ class WorkerPool:
             # ends them on every exit path.
             target=worker_main, name=f"hogwild-worker-{self.specs[i].global_index}", daemon=False,
             args=(self.cfg, self.specs[i], self.rep.ds, self.rep.flat, self.rep.opt_state, self.board,
-                  self._wake_w, self.gate))
+                  self._wake_w, self.gate, environment()))
         p.start()
         self.procs[i] = p
 

@@ -32,6 +32,7 @@ from hogwild.replica.lr_schedule import LRSchedule
 from hogwild.replica.models import build_model
 from hogwild.replica.optim import FlatOptimizer, Optimizer, clip_grad_norm, grads_finite, make_optimizer
 from hogwild.replica.shared import bind, param_slots
+from hogwild.replica.start import adopt_environment
 from hogwild.replica.task import LossFn, make_loss, task_kind
 
 logger = logging.getLogger(__name__)
@@ -55,10 +56,12 @@ class WorkerSpec:
 
 def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
                 opt_state: Optional[dict[str, Tensor]], board: Board, wake: Connection,
-                gate: Condition) -> None:
+                gate: Condition, environ: Optional[dict[str, str]] = None) -> None:
     """A spawned worker. An exception ends it with one line and its traceback in a file of the
     run directory (the leader then respawns it or stops the run); without this, each death
     printed a full traceback, four or five times over for a bug that every respawn hits."""
+    if environ is not None:
+        adopt_environment(environ)
     try:
         _work(cfg, spec, ds, flat, opt_state, board, wake, gate)
     except Exception as e:  # noqa: BLE001 - the worker's one exit for what nobody expected

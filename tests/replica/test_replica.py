@@ -44,6 +44,8 @@ def test_default_run_meets_accuracy_bar_and_writes_outputs(tmp_path: Path) -> No
     assert m["test_accuracy"] >= 0.95
     assert m["workers"] >= 1 and m["steps"] > 0 and m["samples_per_s"] > 0
     assert "outputs in" in proc.stdout + proc.stderr
+    # Nothing but the run's own lines: no warning from a worker's start (replica/start.py).
+    assert "Warning" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
     # Off a terminal the progress is a plain log line with percentage, rate and time left.
     assert re.search(r"\d+% \d+/\d+ steps \[\d\d:\d\d<\d\d:\d\d, [\d.]+step/s, loss [\d.]+ \| [\d,]+ samples/s",
                      proc.stdout + proc.stderr), proc.stderr[-2000:]

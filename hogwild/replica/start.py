@@ -1,0 +1,67 @@
+"""How worker processes start: from a fork server that has imported torch once, or by spawn.
+
+``spawn`` starts each worker as a fresh interpreter that imports torch again: 2-3 s of CPU per
+worker and per respawn, on every machine, every run. ``fork`` is not an option (design rule 5
+in docs/design.md): a child forked from the leader inherits autograd's and CUDA's threads in a
+broken state. A fork server is the safe middle: a fresh interpreter, started by the leader,
+that imports the worker's modules (torch among them) and then only forks. It never builds a
+model, runs autograd or touches CUDA, so its children are forks of a process that has done
+nothing but imports, and a worker starts in a fraction of a second.
+
+What a forked child does not get from the leader, it is handed explicitly: the objects to
+share are pickled to it as with spawn (file descriptors pass through the server), ``sys.path``
+and the working directory arrive with multiprocessing's preparation data, and the environment,
+which the server froze when it started, travels with each worker (:func:`environment`).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+import warnings
+from multiprocessing.context import BaseContext
+
+# Imported once by the fork server, before it forks: everything a worker needs.
+PRELOAD = ["hogwild.replica.worker"]
+
+# Under ``python -m hogwild.cli.train`` the server has imported the main module by its name, and
+# each child runs it again as ``__mp_main__`` (multiprocessing's rule for ``-m``). runpy warns
+# that the module is already imported, once per worker. The second run is into a fresh
+# namespace and harmless; the filter is inherited by the children (this module is preloaded).
+warnings.filterwarnings("ignore", message=r".* found in sys\.modules after import of package ",
+                        category=RuntimeWarning, module="runpy")
+
+
+def preload() -> list[str]:
+    """:data:`PRELOAD`, and the leader's main module, which every child imports again as
+    ``__mp_main__`` (as with spawn): ``hogwild.cli.train`` under ``python -m``, a console script
+    or a user's script by path (``"__main__"``, which the server imports from its path). Loaded
+    once in the server, it costs a child nothing; it is what pulls in Hydra."""
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    return [*PRELOAD, name if name and not name.endswith("__main__") else "__main__"]
+
+
+def worker_context() -> BaseContext:
+    """The fork server where the platform has one (Linux, macOS), else spawn (Windows)."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    # Only read when the server starts: a process that already runs one keeps its preload.
+    ctx.set_forkserver_preload(preload())
+    return ctx
+
+
+def environment() -> dict[str, str]:
+    """The leader's environment now, for :func:`adopt_environment` in the worker."""
+    return dict(os.environ)
+
+
+def adopt_environment(env: dict[str, str]) -> None:
+    """Take the leader's environment as it was at this worker's start. A forked child has the
+    fork server's, frozen when the first worker started: a variable the leader (or a script
+    calling the API twice) set since would otherwise be missing here."""
+    if env != dict(os.environ):
+        os.environ.clear()
+        os.environ.update(env)
