@@ -73,12 +73,12 @@ def inject_faults(step_fn: StepFn, params: list[Tensor], global_index: int) -> S
     return faulty
 
 
-def startup_faults(global_index: int) -> None:
+def startup_faults(global_index: int, leader_pid: int) -> None:
     """In worker W's warm-up, before it is ready. ``start:W:0``: its first process dies; its
     respawn lives (a marker file named by the leader's pid tells the two apart). ``warm:W:MS``:
     it touches ``<marker>.warm`` (for a test to wait on), then takes MS ms longer."""
     faults = planned_faults(global_index)
-    marker = Path(tempfile.gettempdir()) / f"hogwild-fault-{os.getppid()}-{global_index}"
+    marker = Path(tempfile.gettempdir()) / f"hogwild-fault-{leader_pid}-{global_index}"
     if "warm" in faults:
         marker.with_suffix(".warm").touch()
         time.sleep(sum(faults["warm"]) / 1000.0)

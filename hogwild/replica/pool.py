@@ -8,8 +8,9 @@ timeout, so a dead worker wakes it at once and an idle leader costs no core.
 from __future__ import annotations
 
 import logging
+import os
 import time
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Optional
 
 from hogwild.config.env import DistEnv
@@ -36,7 +37,8 @@ def worker_specs(cfg: Config, env: DistEnv, k: int, n_train: int) -> list[Worker
             quotas.append(cfg.train.max_steps // k + (1 if i < cfg.train.max_steps % k else 0))
         else:
             quotas.append(cfg.train.epochs * -(-n_shard // min(cfg.train.batch_size, n_shard)))
-    return [WorkerSpec(i, env.rank * k + i, num_global, threads, q, sum(quotas)) for i, q in enumerate(quotas)]
+    return [WorkerSpec(i, env.rank * k + i, num_global, threads, q, sum(quotas), os.getpid())
+            for i, q in enumerate(quotas)]
 
 
 class WorkerPool:
@@ -45,20 +47,29 @@ class WorkerPool:
         # (design rule 5); a fork server that has only imported torch is safe (replica/start.py).
         self._ctx = worker_context()
         self.cfg, self.specs, self.rep, self.board = cfg, specs, rep, board
-        # Workers past sync.max_lag wait on it; the leader notifies it after every round.
-        self.gate = self._ctx.Condition()
+        # Workers past sync.max_lag wait on their kick pipe; the leader writes to each after every
+        # round. No lock is shared: a leader killed while it held a Condition's lock (notifying
+        # after a round) left workers blocked forever re-acquiring it (design rule 10).
+        self._kicks: list[Optional[tuple[Connection, Connection]]] = [None] * len(specs)
         self._wake_r, self._wake_w = self._ctx.Pipe(duplex=False)
+        # Only this process holds _life_w: workers see its end-of-file once the leader is gone
+        # (replica/start.py, leader_watch).
+        self._life_r, self._life_w = self._ctx.Pipe(duplex=False)
         self.procs: list[Any] = [None] * len(specs)
         self.restarts = 0
 
     def _spawn(self, i: int) -> None:
+        self._close_kick(i)  # a respawn gets a fresh pipe: its predecessor's may hold stale kicks
+        kick_r, kick_w = self._ctx.Pipe(duplex=False)
+        os.set_blocking(kick_w.fileno(), False)  # a kick is never worth waiting for
+        self._kicks[i] = (kick_r, kick_w)
         p = self._ctx.Process(
             # Not daemonic: a worker may start DataLoader processes (data.loader_workers). Workers
             # still never outlive the leader: they leave their loop when it is gone, and stop()
             # ends them on every exit path.
             target=worker_main, name=f"hogwild-worker-{self.specs[i].global_index}", daemon=False,
             args=(self.cfg, self.specs[i], self.rep.ds, self.rep.flat, self.rep.opt_state, self.board,
-                  self._wake_w, self.gate, environment()))
+                  self._wake_w, kick_r, environment(), self._life_r))
         p.start()
         self.procs[i] = p
 
@@ -110,8 +121,17 @@ class WorkerPool:
 
     def release(self) -> None:
         """Wake workers waiting for a round: the lag limit moved, or they must stop."""
-        with self.gate:
-            self.gate.notify_all()
+        for kick in self._kicks:
+            if kick is not None:
+                try:
+                    kick[1].send_bytes(b"k")
+                except OSError:  # full (the worker has kicks pending anyway), or the worker is gone
+                    pass
+
+    def _close_kick(self, i: int) -> None:
+        kick, self._kicks[i] = self._kicks[i], None
+        for conn in kick or ():
+            conn.close()
 
     def kill(self) -> None:
         for p in self.procs:
@@ -138,5 +158,7 @@ class WorkerPool:
                 getattr(p, sig_name)()
             for p in alive:
                 p.join(1.0)
-        self._wake_r.close()
-        self._wake_w.close()
+        for conn in (self._wake_r, self._wake_w, self._life_r, self._life_w):
+            conn.close()
+        for i in range(len(self._kicks)):
+            self._close_kick(i)

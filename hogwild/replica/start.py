@@ -20,7 +20,9 @@ import multiprocessing as mp
 import os
 import sys
 import warnings
+from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
+from typing import Callable, Optional
 
 # Imported once by the fork server, before it forks: everything a worker needs.
 PRELOAD = ["hogwild.replica.worker"]
@@ -65,3 +67,15 @@ def adopt_environment(env: dict[str, str]) -> None:
     if env != dict(os.environ):
         os.environ.clear()
         os.environ.update(env)
+
+
+def leader_watch(life: Optional[Connection]) -> Callable[[], bool]:
+    """Whether the worker's leader still lives. A forked worker's parent is the fork server, and
+    the server lives on while any of its children do (each holds its "alive" pipe), so a parent
+    pid that never changes says nothing. ``life`` is the read end of a pipe whose write end only
+    the leader holds: it reads end-of-file once the leader is gone, however it ended (kill -9
+    included). Without one (a loop run in-process, by tests), the parent pid."""
+    if life is None:
+        parent = os.getppid()
+        return lambda: os.getppid() == parent
+    return lambda: not life.poll()

@@ -14,8 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from multiprocessing.synchronize import Condition
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -32,7 +31,7 @@ from hogwild.replica.lr_schedule import LRSchedule
 from hogwild.replica.models import build_model
 from hogwild.replica.optim import FlatOptimizer, Optimizer, clip_grad_norm, grads_finite, make_optimizer
 from hogwild.replica.shared import bind, param_slots
-from hogwild.replica.start import adopt_environment
+from hogwild.replica.start import adopt_environment, leader_watch
 from hogwild.replica.task import LossFn, make_loss, task_kind
 
 logger = logging.getLogger(__name__)
@@ -52,18 +51,21 @@ class WorkerSpec:
     """Batches this worker processes in the whole run."""
     replica_quota: int = 0
     """Batches all workers of this replica process: the length of the learning-rate schedule."""
+    leader_pid: int = 0
+    """The leader's process id (a worker's parent may be the fork server)."""
 
 
 def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
                 opt_state: Optional[dict[str, Tensor]], board: Board, wake: Connection,
-                gate: Condition, environ: Optional[dict[str, str]] = None) -> None:
+                kick: Connection, environ: Optional[dict[str, str]] = None,
+                life: Optional[Connection] = None) -> None:
     """A spawned worker. An exception ends it with one line and its traceback in a file of the
     run directory (the leader then respawns it or stops the run); without this, each death
     printed a full traceback, four or five times over for a bug that every respawn hits."""
     if environ is not None:
         adopt_environment(environ)
     try:
-        _work(cfg, spec, ds, flat, opt_state, board, wake, gate)
+        _work(cfg, spec, ds, flat, opt_state, board, wake, kick, life)
     except Exception as e:  # noqa: BLE001 - the worker's one exit for what nobody expected
         run_dir = board.path.parent.parent if board.path is not None else None
         path = save_traceback(e, run_dir)
@@ -74,7 +76,7 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
 
 
 def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor, opt_state: Optional[dict[str, Tensor]],
-          board: Board, wake: Connection, gate: Condition) -> None:
+          board: Board, wake: Connection, kick: Connection, life: Optional[Connection]) -> None:
     # Oversubscribed intra-op threads make Hogwild slower than one process (design rule 4
     # in docs/design.md).
     torch.set_num_threads(spec.threads)
@@ -102,12 +104,12 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor, opt_state: O
     sched = LRSchedule(cfg.sched, cfg.optim.lr, spec.replica_quota or spec.quota)
     # One throw-away forward/backward: the allocator's and autograd's first-call costs land
     # in startup (reported as such), not in the first training steps.
-    startup_faults(spec.global_index)
+    startup_faults(spec.global_index, spec.leader_pid)
     model.eval()  # a training-mode forward would move BatchNorm's shared running statistics
     step_fn(int(board.row(spec.local_index)["pos"]))
     model.train()
-    run_loop(inject_faults(step_fn, params, spec.global_index), opt, params, spec, board, wake, gate,
-             sched, cfg.optim.clip_grad_norm)
+    run_loop(inject_faults(step_fn, params, spec.global_index), opt, params, spec, board, wake, kick,
+             sched, cfg.optim.clip_grad_norm, leader_watch(life))
 
 
 def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, sampler: ShardSampler,
@@ -131,36 +133,36 @@ def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, samp
     return step_fn
 
 
-def wait_for_round(stats: np.ndarray, ctrl: np.void, gate: Condition, parent: int) -> float:
+def wait_for_round(stats: np.ndarray, ctrl: np.void, kick: Connection, leader_alive: Callable[[], bool]) -> float:
     """Block, without spinning, while this replica is ``sync.max_lag`` steps past a round that
-    has not completed (the leader moves ``lag_limit`` and notifies ``gate`` after each round).
-    Returns the seconds waited."""
+    has not completed (the leader moves ``lag_limit`` and writes to ``kick`` after each round).
+    Returns the seconds waited. Nothing here can block for longer than a poll: no lock is
+    shared with the leader, so a leader that dies at any moment leaves nothing held (design
+    rule 10)."""
     t0 = time.perf_counter()
-    while stats["pos"].sum() >= ctrl["lag_limit"] and not ctrl["stop"] and os.getppid() == parent:
-        # Never block on the lock itself: a leader SIGKILLed while it held it (notifying after a
-        # round) leaves it held forever, and the worker would outlive its leader (design rule 10).
-        if not gate.acquire(timeout=0.1):
-            continue
+    while stats["pos"].sum() >= ctrl["lag_limit"] and not ctrl["stop"] and leader_alive():
         try:
-            if stats["pos"].sum() >= ctrl["lag_limit"] and not ctrl["stop"]:
-                gate.wait(0.1)
-        finally:
-            gate.release()
+            if kick.poll(0.1):
+                while kick.poll():  # drained: a kick only says "look again"
+                    kick.recv_bytes()
+        except EOFError:
+            break  # its writer, the leader, is gone
     return time.perf_counter() - t0
 
 
 def run_loop(step_fn: StepFn, opt: Optimizer, params: list[Tensor], spec: WorkerSpec,
-             board: Board, wake: Optional[Connection], gate: Optional[Condition] = None,
-             sched: Optional[LRSchedule] = None, clip: Optional[float] = None) -> None:
+             board: Board, wake: Optional[Connection], kick: Optional[Connection] = None,
+             sched: Optional[LRSchedule] = None, clip: Optional[float] = None,
+             leader_alive: Optional[Callable[[], bool]] = None) -> None:
     stats, ctrl = board.stats, board.control
     row = stats[spec.local_index]
-    parent = os.getppid()
+    leader_alive = leader_alive or leader_watch(None)
     row["ready"] = 1.0
     if wake is not None:
         wake.send_bytes(b"r")
     # Replicas start together once every worker everywhere is up (spawn takes seconds).
     while not ctrl["go"] and not ctrl["stop"]:
-        if os.getppid() != parent:
+        if not leader_alive():
             return
         time.sleep(0.005)
     # Read after "go": a respawned worker resumes where its predecessor stopped, and a replica
@@ -168,10 +170,10 @@ def run_loop(step_fn: StepFn, opt: Optimizer, params: list[Tensor], spec: Worker
     step = int(row["pos"])
     loss_ema = float(row["loss"]) if row["loss"] > 0 else 0.0
     while step < spec.quota and not ctrl["stop"]:
-        if os.getppid() != parent:  # leader gone (kill -9): never outlive it
+        if not leader_alive():  # leader gone (kill -9): never outlive it
             return
-        if gate is not None and stats["pos"].sum() >= ctrl["lag_limit"]:
-            row["lag_wait_s"] += wait_for_round(stats, ctrl, gate, parent)
+        if kick is not None and stats["pos"].sum() >= ctrl["lag_limit"]:
+            row["lag_wait_s"] += wait_for_round(stats, ctrl, kick, leader_alive)
             continue  # stop may have been set while waiting
         t0 = time.perf_counter()
         syncing = bool(ctrl["syncing"])

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -74,6 +75,39 @@ def _wait_training(proc: subprocess.Popen[str], n: int, timeout: float = 60) -> 
         time.sleep(0.2)
     proc.kill()
     raise AssertionError("workers never started")
+
+
+@pytest.mark.parametrize("phase", ["training", "waiting for the others to warm up"])
+def test_no_worker_outlives_a_leader_killed_with_sigkill(tmp_path: Path, phase: str) -> None:
+    """A worker's parent is the fork server, which lives while any worker does: workers that
+    watched their parent pid outlived a SIGKILLed leader, and kept counting steps on its progress
+    board, which a restarted replica then counted again. They watch the leader itself now."""
+    out = tmp_path / "run"
+    warming = phase != "training"
+    # Worker 0 warms up 8 s longer: worker 1 is ready and waits for the start signal meanwhile.
+    proc = _start(tmp_path, "workers=2", "train.epochs=100000", f"run_dir={out}",
+                  env=clean_env(HOGWILD_FAULT="warm:0:8000") if warming else None)
+    workers = _wait_training(proc, 2)
+    if warming:
+        marker = Path(tempfile.gettempdir()) / f"hogwild-fault-{proc.pid}-0.warm"
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "worker 0 never began to warm up"
+            time.sleep(0.05)
+        marker.unlink()
+    else:
+        wait_training(out, proc)
+    proc.kill()
+    proc.communicate(timeout=30)
+    # A worker checks on its leader at every step and every 5 ms while it waits; one in warm-up
+    # looks once it is done (8 s here).
+    deadline = time.monotonic() + 30
+    while [w for w in workers if _alive(w)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [w for w in workers if _alive(w)]
+    for w in left:
+        os.kill(w, signal.SIGKILL)
+    assert not left, "a worker outlived its leader"
 
 
 def test_kill9_worker_is_respawned_and_run_meets_bar(tmp_path: Path) -> None:

@@ -122,8 +122,8 @@ def test_workers_wait_at_the_lag_limit_until_the_round_completes() -> None:
 
     step_fn, opt, params, spec, board, _, _, _ = tiny_worker(quota=30)
     board.control["lag_limit"] = 10  # a round is pending; max_lag allows 10 steps
-    gate = threading.Condition()
-    worker = threading.Thread(target=run_loop, args=(step_fn, opt, params, spec, board, None, gate))
+    kick_r, kick_w = Pipe(duplex=False)
+    worker = threading.Thread(target=run_loop, args=(step_fn, opt, params, spec, board, None, kick_r))
     worker.start()
     deadline = time.monotonic() + 20
     while board.row(0)["pos"] < 10 and time.monotonic() < deadline:
@@ -131,8 +131,7 @@ def test_workers_wait_at_the_lag_limit_until_the_round_completes() -> None:
     time.sleep(0.3)
     assert board.row(0)["pos"] == 10 and worker.is_alive(), "the worker ran past the lag limit"
     board.control["lag_limit"] = math.inf  # the leader finished the round
-    with gate:
-        gate.notify_all()
+    kick_w.send_bytes(b"k")
     worker.join(20)
     assert not worker.is_alive() and board.row(0)["pos"] == 30
     assert board.row(0)["lag_wait_s"] >= 0.3
@@ -149,46 +148,51 @@ def test_slow_fault_delays_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
     assert time.perf_counter() - t0 >= 0.06
 
 
-def _hold_forever(gate) -> None:  # type: ignore[no-untyped-def]
-    gate.acquire()
-    import time
-
-    time.sleep(600)
-
-
 @pytest.mark.timeout(60)
-def test_a_worker_waiting_at_the_lag_bound_leaves_when_its_leader_died_holding_the_gate() -> None:
-    """A leader SIGKILLed while it held the gate's lock (notifying after a round) left the lock
-    held forever; a worker that then reached the lag bound blocked on it and outlived its leader
-    (one such orphan was found 26 minutes after a frozen-peer test). The wait never blocks on
-    the lock longer than a poll, so the worker sees its parent gone and leaves."""
-    import multiprocessing as mp
-    import os
-    import signal
+@pytest.mark.parametrize("how", ["its kick pipe closed", "the watch says so"])
+def test_a_worker_waiting_at_the_lag_bound_leaves_when_its_leader_is_gone(how: str) -> None:
+    """Workers waited on a Condition shared with the leader. A leader killed while it held the
+    Condition's lock (notifying after a round, or stopped there and then killed) left it held
+    forever, and a waiting worker blocked re-acquiring it and outlived its leader; one was found
+    after a frozen-peer test. The wait now shares no lock: it polls a pipe whose only writer is
+    the leader, and a dead leader ends it either way."""
     import threading
 
     import numpy as np
 
     from hogwild.replica.worker import wait_for_round
 
-    ctx = mp.get_context("spawn")
-    gate = ctx.Condition()
-    holder = ctx.Process(target=_hold_forever, args=(gate,))
-    holder.start()
-    try:
-        while gate.acquire(timeout=0.01):  # until the holder has it
-            gate.release()
-        os.kill(holder.pid, signal.SIGKILL)
-        holder.join(10)
-        board = Board(1)
-        board.stats["pos"] = np.array([10.0])
-        board.control["lag_limit"] = 5.0  # past the bound: the worker must wait for a round
-        done = threading.Event()
-        # A parent that is not ours: as seen by a worker whose leader is gone.
-        waiter = threading.Thread(target=lambda: (wait_for_round(board.stats, board.control, gate, -1), done.set()),
-                                  daemon=True)
-        waiter.start()
-        assert done.wait(10), "the worker blocked on a lock its dead leader held"
-    finally:
-        if holder.is_alive():
-            holder.kill()
+    board = Board(1)
+    board.stats["pos"] = np.array([10.0])
+    board.control["lag_limit"] = 5.0  # past the bound: the worker must wait for a round
+    kick_r, kick_w = Pipe(duplex=False)
+    alive = how != "the watch says so"
+    if how == "its kick pipe closed":
+        kick_w.close()
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (wait_for_round(board.stats, board.control, kick_r, lambda: alive),
+                                              done.set()), daemon=True)
+    waiter.start()
+    assert done.wait(10), "the worker waited on for a leader that is gone"
+
+
+def test_a_kick_ends_the_wait_only_once_the_bound_moved() -> None:
+    import threading
+
+    import numpy as np
+
+    from hogwild.replica.worker import wait_for_round
+
+    board = Board(1)
+    board.stats["pos"] = np.array([10.0])
+    board.control["lag_limit"] = 5.0
+    kick_r, kick_w = Pipe(duplex=False)
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (wait_for_round(board.stats, board.control, kick_r, lambda: True),
+                                              done.set()), daemon=True)
+    waiter.start()
+    kick_w.send_bytes(b"k")  # a kick with the bound where it was: look again, and wait on
+    assert not done.wait(0.5), "a kick ended the wait though the round had not completed"
+    board.control["lag_limit"] = 20.0
+    kick_w.send_bytes(b"k")
+    assert done.wait(10), "the worker did not go on once the round completed"
