@@ -22,6 +22,7 @@ from hogwild.config.compose import CONF_DIR, preflight, register_resolvers, to_c
 from hogwild.config.env import DistEnv
 from hogwild.errors import Fault, UserError, crash, guarded, report, say_error
 from hogwild.native import left_running
+from hogwild.replica.start import fork_server_from_here
 from hogwild.replica.task import HEADLINE
 from hogwild.report.summary import RunResult
 
@@ -76,6 +77,9 @@ def log_result(result: RunResult) -> None:
 @guarded
 def main() -> None:
     import_from_cwd()
+    # First, while this process has done nothing but imports: the workers' fork server is then a
+    # fork of it instead of a fresh interpreter that imports torch again (replica/start.py).
+    fork_server_from_here()
     register_resolvers()
     try:
         DistEnv.from_env()  # torchrun's variables: Hydra reads them too, inside its own config

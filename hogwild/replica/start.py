@@ -12,17 +12,28 @@ What a forked child does not get from the leader, it is handed explicitly: the o
 share are pickled to it as with spawn (file descriptors pass through the server), ``sys.path``
 and the working directory arrive with multiprocessing's preparation data, and the environment,
 which the server froze when it started, travels with each worker (:func:`environment`).
+
+multiprocessing starts its server as a fresh interpreter, which imports torch once more (about
+2 s of CPU). The command line does better (:func:`fork_server_from_here`): at its very start,
+when it has done nothing but imports, it forks itself into the server. Anywhere else (a script
+or a notebook calling the API, which may already run threads or hold CUDA) the server is a fresh
+interpreter as multiprocessing makes it.
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import sys
+import threading
 import warnings
+from multiprocessing import forkserver, util
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
+
+logger = logging.getLogger(__name__)
 
 # Imported once by the fork server, before it forks: everything a worker needs.
 PRELOAD = ["hogwild.replica.worker"]
@@ -79,3 +90,61 @@ def leader_watch(life: Optional[Connection]) -> Callable[[], bool]:
         parent = os.getppid()
         return lambda: os.getppid() == parent
     return lambda: not life.poll()
+
+
+def fork_server_from_here() -> bool:
+    """Start the fork server as a fork of this process rather than as a fresh interpreter. Only
+    for a process that has done nothing but imports (the command line, first thing): one thread,
+    CUDA untouched, so the fork carries no thread or device state (design rule 5). The server's
+    code is multiprocessing's own; only how its process is made changes. False, with nothing
+    done, where that does not hold: the server then starts later as a fresh interpreter."""
+    if "forkserver" not in mp.get_all_start_methods() or threading.active_count() != 1 or _cuda_touched():
+        return False
+    original = util.spawnv_passfds
+
+    def fork_instead(path: str, args: list[str], passfds: Any) -> int:
+        code = args[-1] if len(args) >= 2 and args[-2] == "-c" else ""
+        if "multiprocessing.forkserver import main" not in code:
+            return original(path, args, passfds)  # the resource tracker, or a layout we do not know
+        pid = os.fork()
+        if pid == 0:
+            _serve(code, passfds)
+        return pid
+
+    util.spawnv_passfds = fork_instead
+    try:
+        worker_context()  # its preload list
+        forkserver.ensure_running()
+    except Exception:  # noqa: BLE001 - the fresh-interpreter server is always there to fall back on
+        logger.debug("fork server from the leader failed; the workers' first start will make one", exc_info=True)
+        return False
+    finally:
+        util.spawnv_passfds = original
+    return True
+
+
+def _cuda_touched() -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and bool(torch.cuda.is_initialized())
+
+
+def _serve(code: str, passfds: Any) -> None:
+    """In the forked child: become the server as the fresh interpreter would, and never return."""
+    try:
+        # As an exec with close_fds would: the server holds its passed pipes and stdio, nothing of
+        # the leader's (a pipe it holds open could keep a reader waiting for an end).
+        keep = {0, 1, 2, *map(int, passfds)}
+        listed = os.path.isdir("/proc/self/fd")
+        for fd in [int(n) for n in os.listdir("/proc/self/fd")] if listed else range(3, 1024):
+            if fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        # The parent's record of its server is mid-start here, its lock held: a worker that starts
+        # processes of its own (a DataLoader under the forkserver method) must find a clean one.
+        forkserver._forkserver.__init__()  # type: ignore[misc]
+        exec(code, {"__name__": "__mp_fork_server__"})  # noqa: S102 - multiprocessing's own command
+    except BaseException:  # noqa: BLE001 - SystemExit is how the server ends (its leader is gone)
+        pass
+    os._exit(0)  # never the leader's atexit handlers, never back into the leader's code

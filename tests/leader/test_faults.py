@@ -39,12 +39,13 @@ def _cmdline(pid: int) -> str:
 
 
 def _workers(leader: int) -> list[int]:
-    """The leader's workers: children of its fork server (replica/start.py), or its own spawned
-    children where the platform has no fork server."""
+    """The leader's workers: the children of its fork server (replica/start.py; the command
+    line's server is a fork of the leader, with its command line), or its own spawned children
+    where the platform has no fork server."""
     out = []
     for c in _children(leader):
         cmd = _cmdline(c)
-        if "multiprocessing.forkserver" in cmd:
+        if "multiprocessing.forkserver" in cmd or cmd == _cmdline(leader):
             out += [w for w in _children(c) if _cmdline(w)]
         elif "multiprocessing.spawn" in cmd and "resource_tracker" not in cmd:
             out.append(c)

@@ -1,16 +1,21 @@
-"""How workers start: from a fork server that imported torch once (fast tier)."""
+"""How workers start: from a fork server that imported torch once (fast tier, and one command-line run)."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import subprocess
+import sys
+import time
 from multiprocessing.queues import SimpleQueue
+from pathlib import Path
 from typing import Optional
 
 import pytest
 import torch
 
 from hogwild.replica.start import adopt_environment, environment, worker_context
+from tests.conftest import clean_env
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,3 +53,39 @@ def test_a_worker_gets_the_leaders_environment_as_of_its_start_not_the_servers(m
     assert value == "set later"
     assert total == 3.0  # torch works in a child of a server that imported it
     assert parent != os.getpid(), "the worker is a fork of this process, not of the fork server"
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the process tree from /proc")
+def test_the_command_line_forks_its_fork_server_instead_of_importing_torch_again(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", "workers=2", "train.epochs=100000",
+                             f"run_dir={tmp_path / 'run'}"], cwd=tmp_path, env=clean_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, server, workers = time.monotonic() + 120, 0, []
+        while len(workers) < 2:  # the workers are the children of the leader's child that has two
+            assert proc.poll() is None, proc.stderr.read()[-2000:] if proc.stderr else ""
+            assert time.monotonic() < deadline, "the workers never started"
+            for c in _children(proc.pid):
+                if len(_children(c)) >= 2:
+                    server, workers = c, _children(c)
+            time.sleep(0.1)
+        # A fork of the leader has its command line; multiprocessing's own server has its own.
+        assert Path(f"/proc/{server}/cmdline").read_bytes() == Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        # A fresh interpreter would have spent ~2 CPU-s importing torch; a fork spends almost none.
+        assert _cpu_s(server) < 1.0, _cpu_s(server)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
