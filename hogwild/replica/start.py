@@ -98,7 +98,8 @@ def fork_server_from_here() -> bool:
     CUDA untouched, so the fork carries no thread or device state (design rule 5). The server's
     code is multiprocessing's own; only how its process is made changes. False, with nothing
     done, where that does not hold: the server then starts later as a fresh interpreter."""
-    if "forkserver" not in mp.get_all_start_methods() or threading.active_count() != 1 or _cuda_touched():
+    # Linux only: on macOS, system frameworks that torch loads are not safe to use after a fork.
+    if not sys.platform.startswith("linux") or threading.active_count() != 1 or _cuda_touched():
         return False
     original = util.spawnv_passfds
 
@@ -134,8 +135,7 @@ def _serve(code: str, passfds: Any) -> None:
         # As an exec with close_fds would: the server holds its passed pipes and stdio, nothing of
         # the leader's (a pipe it holds open could keep a reader waiting for an end).
         keep = {0, 1, 2, *map(int, passfds)}
-        listed = os.path.isdir("/proc/self/fd")
-        for fd in [int(n) for n in os.listdir("/proc/self/fd")] if listed else range(3, 1024):
+        for fd in [int(n) for n in os.listdir("/proc/self/fd")]:
             if fd not in keep:
                 try:
                     os.close(fd)
