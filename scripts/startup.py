@@ -32,7 +32,8 @@ def measure(tree: Optional[Path], steps: int) -> dict[str, float]:
     code = ("import ctypes, os, resource, subprocess, sys, time, json\n"
             f"ctypes.CDLL(None).prctl({PR_SET_CHILD_SUBREAPER}, 1, 0, 0, 0)\n"
             "t0 = time.perf_counter()\n"
-            "rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode\n"
+            "rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL,\n"
+            "                    stderr=subprocess.DEVNULL).returncode\n"
             "wall = time.perf_counter() - t0\n"
             "while True:\n"
             "    try:\n"
@@ -81,7 +82,8 @@ def main() -> None:
                         runs[name][-1]["wall_s"], runs[name][-1]["cpu_s"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "startup.json").write_text(json.dumps({"steps": args.steps, "runs": runs}, indent=2) + "\n")
-    lines = [f"| version | wall s (median of {args.repeats}) | CPU-s, all processes (median) |", "|---|---|---|"]
+    lines = [f"| version | wall s (median of {args.repeats}) | CPU-s, all processes (median) |",
+             "|---|---|---|"]
     for name, rs in runs.items():
         lines.append(f"| {name} | {statistics.median(r['wall_s'] for r in rs):.2f} | "
                      f"{statistics.median(r['cpu_s'] for r in rs):.2f} |")

@@ -119,6 +119,14 @@ def run_metrics(cfg: Any, run_dir: str) -> dict[str, Any]:
     return result.metrics
 
 
+def child_pids(pid: int) -> list[int]:
+    """The live children of ``pid`` (Linux, from /proc); none once it is gone."""
+    try:
+        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def torch_shm() -> set[str]:
     """torch's shared-memory files in /dev/shm (``torch_<pid>_...``)."""
     return {p.name for p in Path("/dev/shm").glob("torch_*")} if Path("/dev/shm").is_dir() else set()

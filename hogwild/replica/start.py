@@ -117,7 +117,8 @@ def fork_server_from_here() -> bool:
         worker_context()  # its preload list
         forkserver.ensure_running()
     except Exception:  # noqa: BLE001 - the fresh-interpreter server is always there to fall back on
-        logger.debug("fork server from the leader failed; the workers' first start will make one", exc_info=True)
+        logger.debug("fork server from the leader failed; the workers' first start will make one",
+                     exc_info=True)
         return False
     finally:
         util.spawnv_passfds = original

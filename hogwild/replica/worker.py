@@ -133,7 +133,8 @@ def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, samp
     return step_fn
 
 
-def wait_for_round(stats: np.ndarray, ctrl: np.void, kick: Connection, leader_alive: Callable[[], bool]) -> float:
+def wait_for_round(stats: np.ndarray, ctrl: np.void, kick: Connection,
+                   leader_alive: Callable[[], bool]) -> float:
     """Block, without spinning, while this replica is ``sync.max_lag`` steps past a round that
     has not completed (the leader moves ``lag_limit`` and writes to ``kick`` after each round).
     Returns the seconds waited. Nothing here can block for longer than a poll: no lock is

@@ -16,19 +16,11 @@ import pytest
 import torch
 
 from hogwild.checkpoint import store as checkpoint
-from tests.conftest import (clean_env, compose_cfg, free_port, leaked_torch_shm, metrics, run_cli, torch_shm,
-                            wait_training)
+from tests.conftest import (child_pids, clean_env, compose_cfg, free_port, leaked_torch_shm, metrics, run_cli,
+                            torch_shm, wait_training)
 from tests.conftest import run_metrics as run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(x) for x in text.split()]
 
 
 def _cmdline(pid: int) -> str:
@@ -43,10 +35,10 @@ def _workers(leader: int) -> list[int]:
     line's server is a fork of the leader, with its command line), or its own spawned children
     where the platform has no fork server."""
     out = []
-    for c in _children(leader):
+    for c in child_pids(leader):
         cmd = _cmdline(c)
         if "multiprocessing.forkserver" in cmd or cmd == _cmdline(leader):
-            out += [w for w in _children(c) if _cmdline(w)]
+            out += [w for w in child_pids(c) if _cmdline(w)]
         elif "multiprocessing.spawn" in cmd and "resource_tracker" not in cmd:
             out.append(c)
     return out
@@ -220,7 +212,7 @@ def test_torchrun_restart_after_leader_kill_resumes_and_loses_at_most_one_checkp
             if len(seen) == 2:
                 kill_at = time.monotonic() + random.uniform(0.0, 2 * every_s)
         time.sleep(0.02)
-    leaders = [c for c in _children(proc.pid) if "hogwild.cli.train" in Path(f"/proc/{c}/cmdline").read_text()]
+    leaders = [c for c in child_pids(proc.pid) if "hogwild.cli.train" in _cmdline(c)]
     assert leaders
     os.kill(leaders[-1], signal.SIGKILL)
     log, _ = proc.communicate(timeout=280)

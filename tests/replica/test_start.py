@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hogwild.replica.start import adopt_environment, environment, worker_context
-from tests.conftest import clean_env
+from tests.conftest import child_pids, clean_env
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -40,8 +40,10 @@ def _child(environ: Optional[dict[str, str]]) -> tuple[Optional[str], int, float
         assert p.exitcode == 0, p.exitcode
 
 
-@pytest.mark.skipif("forkserver" not in mp.get_all_start_methods(), reason="no fork server here: workers are spawned")
-def test_a_worker_gets_the_leaders_environment_as_of_its_start_not_the_servers(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.skipif("forkserver" not in mp.get_all_start_methods(),
+                    reason="no fork server here: workers are spawned")
+def test_a_worker_gets_the_leaders_environment_as_of_its_start_not_the_servers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     # The fork server runs from the first start on; its environment is frozen then.
     monkeypatch.delenv(KEY, raising=False)
     assert _child(environment())[0] is None
@@ -53,13 +55,6 @@ def test_a_worker_gets_the_leaders_environment_as_of_its_start_not_the_servers(m
     assert value == "set later"
     assert total == 3.0  # torch works in a child of a server that imported it
     assert parent != os.getpid(), "the worker is a fork of this process, not of the fork server"
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
 
 
 def _cpu_s(pid: int) -> float:
@@ -78,9 +73,9 @@ def test_the_command_line_forks_its_fork_server_instead_of_importing_torch_again
         while len(workers) < 2:  # the workers are the children of the leader's child that has two
             assert proc.poll() is None, proc.stderr.read()[-2000:] if proc.stderr else ""
             assert time.monotonic() < deadline, "the workers never started"
-            for c in _children(proc.pid):
-                if len(_children(c)) >= 2:
-                    server, workers = c, _children(c)
+            for c in child_pids(proc.pid):
+                if len(child_pids(c)) >= 2:
+                    server, workers = c, child_pids(c)
             time.sleep(0.1)
         # A fork of the leader has its command line; multiprocessing's own server has its own.
         assert Path(f"/proc/{server}/cmdline").read_bytes() == Path(f"/proc/{proc.pid}/cmdline").read_bytes()
