@@ -11,7 +11,9 @@ from hogwild.config.registry import SYNC_RULES
 from hogwild.config.validate import choice, positive, require
 
 BACKENDS = ("auto", "gloo", "nccl")
-SYNC_DTYPES = ("fp32", "bf16", "fp16")
+SYNC_DTYPES = ("fp32", "bf16", "fp16", "int8")
+WEIGHTINGS = ("equal", "steps")
+WEIGHTED_RULES = ("average", "diloco", "slowmo")
 
 
 @dataclass
@@ -43,7 +45,14 @@ class SyncConfig:
     max_interval: int = 5000
     """Upper bound of the adaptive interval."""
     dtype: str = "fp32"
-    """Wire precision of the synced delta: fp32 | bf16 | fp16 (with error feedback)."""
+    """Wire precision of the synced delta: fp32 | bf16 | fp16 | int8 (compressed ones with error
+    feedback; int8 with one scale per 512 values)."""
+    fragments: int = 1
+    """Sync one of this many stretches of the model per round, in rotation (the final round
+    syncs all): a round sends 1/fragments of the model."""
+    weighting: str = "equal"
+    """average, diloco, slowmo: equal | steps (each replica's change weighs as many steps as it
+    made since the last round; a slow replica pulls the consensus less)."""
     coordinator: Optional[str] = None
     """host:port of a hogwild-coordinator: elastic mode, each replica launched on its own; a lost
     replica is dropped and the others go on (null: one torchrun job, a lost peer stops it)."""
@@ -73,6 +82,10 @@ class SyncConfig:
         require(self.max_interval >= self.min_interval, "sync.max_interval",
                  "must be >= sync.min_interval")
         choice(self.dtype, "sync.dtype", SYNC_DTYPES)
+        positive(self.fragments, "sync.fragments")
+        choice(self.weighting, "sync.weighting", WEIGHTINGS)
+        require(self.weighting == "equal" or self.mode in WEIGHTED_RULES, "sync.weighting",
+                f"steps applies to {', '.join(WEIGHTED_RULES)}, not sync.mode={self.mode}")
         if self.coordinator is not None:
             split_endpoint(self.coordinator)
             require(self.replicas >= 2, "sync.replicas", f"elastic mode needs at least 2 slots, got {self.replicas}")

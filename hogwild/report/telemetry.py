@@ -88,8 +88,11 @@ class Telemetry:
         """A sync round's figures (sync/rounds.py measures them; only this class writes)."""
         if stats is None:
             return
-        if stats.seconds:
+        if stats.seconds:  # the final gather's record carries no round of its own
             self.metrics.scalar("sync/seconds", stats.seconds, stats.step)
+            self.metrics.scalar("sync/bytes_sent", stats.link.sent, stats.step)
+            self.metrics.scalar("sync/bytes_received", stats.link.received, stats.step)
+            self.metrics.scalar("sync/link_s", stats.link.seconds, stats.step)
         if stats.steps_between is not None:
             self.metrics.scalar("sync/steps_between", stats.steps_between, stats.step)
         rec = stats.drift

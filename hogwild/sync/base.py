@@ -18,22 +18,22 @@ from torch import Tensor
 
 from hogwild.config.registry import SYNC_RULES
 from hogwild.config.schema import SyncConfig
-from hogwild.sync.comm import SYNC_ROUND, Comm
-
-_WIRE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from hogwild.sync.comm import SYNC_ROUND, Comm, LinkMeter, Metered
+from hogwild.sync.wire import make_wire
 
 
 class RoundVector:
     """Layout of the control vector every round all-reduces (SUM): five job-wide flags, then
-    one "my snapshot is finite" slot per rank, then one slot per rank for the drift it
-    measured in the previous round."""
+    per rank a "my snapshot is finite" slot, the drift it measured in the previous round, and
+    the weight of its contribution (0 when unhealthy)."""
 
     ALL_DONE, ANY_STOP, WANT_CKPT, REACHED, REFORM = range(5)
     NUM_FLAGS = 5
+    PER_RANK = 3
 
     @staticmethod
     def size(world: int) -> int:
-        return RoundVector.NUM_FLAGS + 2 * world
+        return RoundVector.NUM_FLAGS + RoundVector.PER_RANK * world
 
     @staticmethod
     def healthy_slot(rank: int) -> int:
@@ -44,8 +44,12 @@ class RoundVector:
         return RoundVector.NUM_FLAGS + world + rank
 
     @staticmethod
+    def weight_slot(world: int, rank: int) -> int:
+        return RoundVector.NUM_FLAGS + 2 * world + rank
+
+    @staticmethod
     def world(ctl: Tensor) -> int:
-        return (ctl.numel() - RoundVector.NUM_FLAGS) // 2
+        return (ctl.numel() - RoundVector.NUM_FLAGS) // RoundVector.PER_RANK
 
     @staticmethod
     def ends_job(ctl: Tensor) -> bool:
@@ -63,6 +67,8 @@ class SyncContext:
     world_size: int
     healthy: list[bool]
     """Per rank: its snapshot is finite. Unhealthy replicas contribute nothing."""
+    given: Optional[list[float]] = None
+    """Per rank: the weight of its contribution (``sync.weighting``); None: 1 for each."""
 
     @property
     def n_healthy(self) -> int:
@@ -72,19 +78,26 @@ class SyncContext:
     def first_healthy(self) -> int:
         return self.healthy.index(True)
 
+    @property
+    def weights(self) -> list[float]:
+        """Per rank, 0 where unhealthy: every rule divides by their sum, never by a count."""
+        given = self.given or [1.0] * self.world_size
+        return [w if ok else 0.0 for w, ok in zip(given, self.healthy)]
+
 
 class SyncRule(ABC):
     name: ClassVar[str]
 
     def __init__(self, cfg: SyncConfig, comm: Comm, params: Optional[int] = None) -> None:
         self.cfg = cfg
-        self.comm = comm
+        # Every collective a rule makes is counted: what the link carried is a run's figure.
+        self.comm: Metered = comm if isinstance(comm, Metered) else Metered(comm)
         self.params = params
         """How many leading values of the flat buffer are parameters; the rest are float buffers
         (BatchNorm's running statistics), which rules that step past the replicas' mean must
         not extrapolate. None: all of it is parameters."""
-        self.wire = _WIRE[cfg.dtype]
-        self._residual: Optional[Tensor] = None  # error feedback of the compressed wire
+        self.wire = make_wire(cfg.dtype)
+        self.compressed = cfg.dtype != "fp32"
         self._scratch: dict[str, Tensor] = {}
         self.ending = False
         """The job ends with the round being made (its flags say so, or it is the final one):
@@ -93,6 +106,10 @@ class SyncRule(ABC):
         """Set by rules whose target is not the replicas' consensus (the outer-momentum rules
         step past their mean): this replica's ``||snap - mean||`` in the round just made. Drift
         measures how far replicas moved apart, not how far the outer step went."""
+
+    @property
+    def meter(self) -> LinkMeter:
+        return self.comm.meter
 
     def scratch(self, name: str, numel: int, like: Tensor) -> Tensor:
         """A buffer kept across rounds: fresh multi-MB allocations page-fault on every sync."""
@@ -105,6 +122,12 @@ class SyncRule(ABC):
     def prime(self, flat: Tensor) -> None:
         """Called once with the replica's parameters before training starts."""
         del flat
+
+    def plan(self, numel: int, final: bool) -> list[slice]:
+        """The stretches of the flat buffer this round syncs, one :meth:`exchange` each, in
+        order: all of it, unless the rule syncs a fragment per round."""
+        del final
+        return [slice(0, numel)]
 
     @abstractmethod
     def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
@@ -123,46 +146,40 @@ class SyncRule(ABC):
         return self.target(snap, context(ctl, rank)), ctl
 
     def _fused_sum(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float,
-                   final: bool = False) -> tuple[Tensor, Tensor, int]:
+                   final: bool = False) -> tuple[Tensor, Tensor, float]:
         """One collective for the whole round: the control flags travel in front of the
-        parameters, and an unhealthy replica sends zeros. Returns (sum of the healthy
-        snapshots, in a scratch buffer; reduced control; healthy count)."""
+        parameters, and an unhealthy replica sends zeros. Returns (weighted sum of the healthy
+        snapshots, in a scratch buffer; reduced control; their total weight)."""
         c = ctl.numel()
         buf = self.scratch("fused", c + snap.numel(), snap)
         buf[:c].copy_(ctl)
-        if ctl[RoundVector.healthy_slot(rank)] > 0:
+        weight = float(ctl[RoundVector.weight_slot(RoundVector.world(ctl), rank)])
+        if ctl[RoundVector.healthy_slot(rank)] <= 0:
+            buf[c:].zero_()  # not a product with weight 0: NaN * 0 is NaN
+        elif weight == 1.0:
             buf[c:].copy_(snap)
         else:
-            buf[c:].zero_()
+            torch.mul(snap, weight, out=buf[c:])
         self.comm.all_reduce(buf, timeout_s, SYNC_ROUND)
         ctl = buf[:c].clone()
         self.ending = final or RoundVector.ends_job(ctl)
-        return buf[c:], ctl, context(ctl, rank).n_healthy
+        return buf[c:], ctl, sum(context(ctl, rank).weights)
 
     def state_dict(self) -> dict[str, Tensor]:
+        """Every tensor in it has one value per element of the stretch the rule syncs, so a
+        fragmented rule can cut and join its fragments' states (sync/fragments.py)."""
         return {}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         del state
 
-    def _all_reduce_sum(self, x: Tensor) -> Tensor:
-        return self.comm.all_reduce(x)
-
     def _masked(self, snap: Tensor, ctx: SyncContext) -> Tensor:
         return snap if ctx.healthy[ctx.rank] else torch.zeros_like(snap)
 
     def _mean(self, x: Tensor, ctx: SyncContext) -> Tensor:
-        """Mean over healthy replicas of ``x``, on the configured wire dtype."""
-        x = self._masked(x, ctx)
-        if self.wire == torch.float32:
-            return self._all_reduce_sum(x.clone()).div_(ctx.n_healthy)
-        # Reduced precision: send the rounded value, keep the rounding error for next time.
-        if self._residual is None or self._residual.shape != x.shape:
-            self._residual = torch.zeros_like(x)
-        corrected = x + self._residual
-        low = corrected.to(self.wire)
-        self._residual = corrected - low.float()
-        return self._all_reduce_sum(low).float().div_(ctx.n_healthy)
+        """Weighted mean over healthy replicas of ``x``, on the configured wire (sync/wire.py)."""
+        weights = ctx.weights
+        return self.wire.mean(self._masked(x, ctx), weights[ctx.rank], weights, self.comm)
 
 
 def register(cls: type[SyncRule]) -> type[SyncRule]:
@@ -172,9 +189,10 @@ def register(cls: type[SyncRule]) -> type[SyncRule]:
 
 
 def context(ctl: Tensor, rank: int) -> SyncContext:
-    world = RoundVector.world(ctl)
-    first = RoundVector.healthy_slot(0)
+    R = RoundVector
+    world = R.world(ctl)
+    first, w0 = R.healthy_slot(0), R.weight_slot(world, 0)
     healthy = [bool(x > 0.5) for x in ctl[first:first + world].tolist()]
-    return SyncContext(rank, world, healthy)
+    return SyncContext(rank, world, healthy, [float(x) for x in ctl[w0:w0 + world].tolist()])
 
 

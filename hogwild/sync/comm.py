@@ -7,8 +7,10 @@ played by threads in one process.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Iterator, Optional
 
@@ -114,3 +116,69 @@ class LocalComm(Comm):
 
     def all_gather(self, t: Tensor) -> list[Tensor]:
         return [t]
+
+
+@dataclass
+class LinkMeter:
+    """What the sync rounds put on the link: bytes as Gloo's algorithms move them (ring
+    all_reduce and all_gather, one-to-all broadcast), and seconds inside collectives, waits for
+    a slower peer included."""
+
+    sent: float = 0.0
+    received: float = 0.0
+    seconds: float = 0.0
+
+    def copy(self) -> "LinkMeter":
+        return LinkMeter(self.sent, self.received, self.seconds)
+
+    def since(self, before: "LinkMeter") -> "LinkMeter":
+        return LinkMeter(self.sent - before.sent, self.received - before.received,
+                         self.seconds - before.seconds)
+
+
+class Metered(Comm):
+    """Any :class:`Comm`, counting what passes through it into :attr:`meter`. Bytes are counted
+    from each collective's payload rather than read from the network card: the leader's link
+    also carries the coordinator's and the store's traffic, and loopback counts nothing."""
+
+    def __init__(self, inner: Comm) -> None:
+        self.inner = inner
+        self.meter = LinkMeter()
+
+    @property
+    def rank(self) -> int:  # type: ignore[override]
+        return self.inner.rank
+
+    @property
+    def world_size(self) -> int:  # type: ignore[override]
+        return self.inner.world_size
+
+    def _count(self, t0: float, sent: float, received: float) -> None:
+        m = self.meter
+        m.seconds += time.perf_counter() - t0
+        if self.world_size > 1:
+            m.sent += sent
+            m.received += received
+
+    def all_reduce(self, t: Tensor, timeout_s: Optional[float] = None, what: str = "a collective") -> Tensor:
+        t0, R, b = time.perf_counter(), self.world_size, _nbytes(t)
+        out = self.inner.all_reduce(t, timeout_s, what)
+        self._count(t0, 2 * (R - 1) / R * b, 2 * (R - 1) / R * b)  # reduce-scatter, then all_gather
+        return out
+
+    def broadcast(self, t: Tensor, src: int) -> Tensor:
+        t0, R, b = time.perf_counter(), self.world_size, _nbytes(t)
+        out = self.inner.broadcast(t, src)
+        mine = self.rank == src
+        self._count(t0, (R - 1) * b if mine else 0.0, 0.0 if mine else b)
+        return out
+
+    def all_gather(self, t: Tensor) -> list[Tensor]:
+        t0, R, b = time.perf_counter(), self.world_size, _nbytes(t)
+        out = self.inner.all_gather(t)
+        self._count(t0, (R - 1) * b, (R - 1) * b)
+        return out
+
+
+def _nbytes(t: Tensor) -> float:
+    return float(t.numel() * t.element_size())

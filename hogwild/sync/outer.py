@@ -54,17 +54,18 @@ class OuterRule(SyncRule):
         # run): the job ends on a model the replicas trained to, not on the momentum's step past
         # it, which no worker ever corrected (seen: the convnet at R = 4 ended at 0.89 accuracy
         # after such a step, against 0.95 for the replicas just before it).
-        if self.wire != torch.float32 or self.global_params is None or self.momentum is None:
+        if self.compressed or self.global_params is None or self.momentum is None:
             return super().exchange(snap, ctl, rank, timeout_s, final)
-        # The same step as target(), on one fused collective: Δ = θ_g − sum/n. Every line is one
+        # The same step as target(), on one fused collective: Δ = θ_g − sum/W. Every line is one
         # pass over the buffer, and passes are what a round costs beyond its collective.
-        total, ctl, n = self._fused_sum(snap, ctl, rank, timeout_s, final)
-        n = max(n, 1)
-        gap = torch.sub(total, snap, alpha=n, out=self.scratch("spread", snap.numel(), snap))  # n·(mean − snap)
-        self.spread = float(gap.norm()) / n
+        total, ctl, w = self._fused_sum(snap, ctl, rank, timeout_s, final)
+        w = max(w, 1e-12)
+        # W·(mean − snap):
+        gap = torch.sub(total, snap, alpha=w, out=self.scratch("spread", snap.numel(), snap))
+        self.spread = float(gap.norm()) / w
         if self.ending:
-            return self.global_params.copy_(total.div_(n)), ctl
-        pseudo = torch.sub(self.global_params, total, alpha=1.0 / n, out=total)
+            return self.global_params.copy_(total.div_(w)), ctl
+        pseudo = torch.sub(self.global_params, total, alpha=1.0 / w, out=total)
         return self._outer_step(pseudo), ctl  # θ_g itself: the round reads its target, never writes it
 
     def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:

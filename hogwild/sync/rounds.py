@@ -14,7 +14,7 @@ from torch import Tensor
 
 from hogwild.errors import Fault
 from hogwild.replica.board import Board
-from hogwild.sync.comm import Comm
+from hogwild.sync.comm import Comm, LinkMeter
 from hogwild.sync.rules import RoundVector, SyncRule, context
 from hogwild.sync.schedule import DriftRecord, SyncSchedule
 
@@ -52,48 +52,67 @@ class RoundStats:
     """Replica steps since the previous round's snapshot (None for a finishing round)."""
     drift: Optional[DriftRecord] = None
     """The previous round's drift over every replica, once measured."""
+    link: LinkMeter = field(default_factory=LinkMeter)
+    """What this replica's round put on the link (bytes each way, seconds in collectives)."""
 
 
 def sync_round(flat: Tensor, rule: SyncRule, *, done: bool = False, stop: bool = False,
                want_checkpoint: bool = False, reached: bool = False, last_drift: float = 0.0,
-               final: bool = False, timeout_s: float = 300.0, reform: bool = False) -> RoundOutcome:
+               final: bool = False, timeout_s: float = 300.0, reform: bool = False,
+               weight: float = 1.0) -> RoundOutcome:
     """One round on the live buffer ``flat`` while workers may keep writing to it.
 
     ``snap = flat.clone(); target = rule(snap); flat += target - snap``: updates applied
     during the collective survive (design rule 2 in docs/design.md). With ``final`` (workers
     stopped) the replica lands exactly on ``target`` so every replica ends bit-for-bit identical.
+    A fragmented rule syncs one stretch of ``flat`` per round (all of them in the final one).
+    ``weight``: this replica's share of the consensus (``sync.weighting``).
     """
     rank, world = rule.comm.rank, rule.comm.world_size
-    snap = rule.scratch("snapshot", flat.numel(), flat).copy_(flat)
-    # One reduction instead of an isfinite mask: NaN/Inf anywhere make the norm non-finite. The
-    # same pass gives the scale of the drift, so the round reads the buffer once less.
-    scale = float(snap.norm())
-    healthy = math.isfinite(scale)
+    regions = rule.plan(flat.numel(), final)
+    whole = len(regions) == 1 and regions[0] == slice(0, flat.numel())
+    # Health covers the whole model even when one fragment travels: a NaN elsewhere would
+    # otherwise wait F rounds for its fragment while the workers train on it.
+    healthy = True if whole else math.isfinite(float(flat.norm()))
     R = RoundVector
     ctl = torch.zeros(R.size(world), dtype=flat.dtype, device=flat.device)
     ctl[R.ALL_DONE], ctl[R.ANY_STOP] = float(done), float(stop)
     ctl[R.WANT_CKPT], ctl[R.REACHED], ctl[R.REFORM] = float(want_checkpoint), float(reached), float(reform)
-    ctl[R.healthy_slot(rank)] = float(healthy)
     ctl[R.drift_slot(world, rank)] = last_drift  # non-finite values are dropped by the reader
-    target, red = rule.exchange(snap, ctl, rank, timeout_s, final)
-    if context(red, rank).n_healthy == 0:
-        raise Fault("sync: every replica holds non-finite parameters; nothing to sync from "
-                    "(lower optim.lr, or resume from the last good checkpoint)")
-    with torch.no_grad():
-        delta = torch.sub(target, snap, out=snap)  # the snapshot's last use: its memory takes the change
-        # Drift: this replica's distance to the consensus, relative to its size. A rule that steps
-        # past the replicas' mean (outer momentum) measured it to that mean on the way.
-        gap = rule.spread if rule.spread is not None else float(delta.norm())
-        drift = gap / max(scale, 1e-12) if healthy else math.inf
-        if final or not healthy:
-            flat.copy_(target)
-        else:
-            flat.add_(delta)
+    red: Optional[Tensor] = None
+    gaps, scales = 0.0, 0.0
+    for region in regions:
+        live = flat[region]
+        snap = rule.scratch("snapshot", live.numel(), flat).copy_(live)
+        # One reduction instead of an isfinite mask: NaN/Inf anywhere make the norm non-finite. The
+        # same pass gives the scale of the drift, so the round reads the buffer once less.
+        scale = float(snap.norm())
+        healthy = healthy and math.isfinite(scale)
+        ctl[R.healthy_slot(rank)] = float(healthy)
+        ctl[R.weight_slot(world, rank)] = weight if healthy else 0.0
+        target, got = rule.exchange(snap, ctl, rank, timeout_s, final)
+        red = got if red is None else red  # a final round's later fragments reduce the same flags
+        if context(red, rank).n_healthy == 0:
+            raise Fault("sync: every replica holds non-finite parameters; nothing to sync from "
+                        "(lower optim.lr, or resume from the last good checkpoint)")
+        with torch.no_grad():
+            delta = torch.sub(target, snap, out=snap)  # the snapshot's last use: its memory takes the change
+            # Drift: this replica's distance to the consensus, relative to its size. A rule that steps
+            # past the replicas' mean (outer momentum) measured it to that mean on the way.
+            gap = rule.spread if rule.spread is not None else float(delta.norm())
+            gaps, scales = gaps + gap * gap, scales + scale * scale
+            if final or not healthy:
+                live.copy_(target)
+            else:
+                live.add_(delta)
+    assert red is not None
+    drift = math.sqrt(gaps) / max(math.sqrt(scales), 1e-12) if healthy else math.inf
     f = red.cpu()
+    d0 = R.drift_slot(world, 0)
     return RoundOutcome(all_done=bool(f[R.ALL_DONE] == world), any_stop=bool(f[R.ANY_STOP] > 0),
                         checkpoint=bool(f[R.WANT_CKPT] > 0), reached=bool(f[R.REACHED] > 0),
                         reform=bool(f[R.REFORM] > 0), healthy=healthy, drift=drift,
-                        last_drifts=[float(x) for x in f[R.drift_slot(world, 0):]])
+                        last_drifts=[float(x) for x in f[d0:d0 + world]])
 
 
 @dataclass
@@ -108,6 +127,8 @@ class SyncStats:
     """The largest such gap of any replica (at most ``interval + max_lag`` with one worker)."""
     final: Optional[RoundStats] = field(default=None, repr=False)
     """The final round's drift, which no later round carries."""
+    link: LinkMeter = field(default_factory=LinkMeter)
+    """A replica's rounds over the whole run, the mean over replicas."""
 
 
 class Rounds:
@@ -130,10 +151,11 @@ class Rounds:
         ctl = self.board.control
         ctl["syncing"] = 1.0
         pos_at_snap = self.board.replica_pos()
+        link = self.rule.meter.copy()
         try:
             out = sync_round(self.flat, self.rule, done=done, stop=stop, want_checkpoint=want_checkpoint,
                              reached=reached, last_drift=self.last_drift, final=final, timeout_s=timeout_s,
-                             reform=reform)
+                             reform=reform, weight=self._weight(pos_at_snap))
         finally:
             ctl["syncing"] = 0.0
         if not out.healthy:
@@ -143,7 +165,7 @@ class Rounds:
         dt = time.perf_counter() - t0
         self.syncs += 1
         self.times.append(dt)
-        stats = RoundStats(step=int(self.board.replica_pos()), seconds=dt)
+        stats = RoundStats(step=int(self.board.replica_pos()), seconds=dt, link=self.rule.meter.since(link))
         if len(self.times) > 1:  # the drifts riding on round 1 were measured by nobody
             stats.drift = self.schedule.record_drift(out.last_drifts)
         if not (done or final):  # a finished replica's rounds say nothing about the interval
@@ -155,6 +177,14 @@ class Rounds:
         out.stats = stats
         return out
 
+    def _weight(self, pos_at_snap: float) -> float:
+        """``sync.weighting=steps``: the replica's steps since the last round's snapshot, the
+        work behind its change (at least 1, so a replica that made none still counts a little
+        and a round where none did divides by something)."""
+        if self.rule.cfg.weighting != "steps":
+            return 1.0
+        return max(pos_at_snap - self._last_snap, 1.0)
+
     def rebase(self) -> None:
         """Positions jumped (healed from a peer): the next interval counts from here."""
         self._last_snap = pos = self.board.replica_pos()
@@ -164,16 +194,19 @@ class Rounds:
     def close(self) -> SyncStats:
         """After the final round: record its drift (it has no later round to ride on) and
         sum up every replica's rounds, in one small gather."""
-        mine = torch.tensor([self.last_drift, _mean(self.times), _mean(self.gaps), max(self.gaps, default=0.0)],
+        link = self.rule.meter
+        mine = torch.tensor([self.last_drift, _mean(self.times), _mean(self.gaps),
+                             max(self.gaps, default=0.0), link.sent, link.received, link.seconds],
                             dtype=torch.float64)
         gathered = self.comm.all_gather(mine)
         if self.comm.world_size == 1:
             return SyncStats()
         final = RoundStats(step=int(self.board.replica_pos()), seconds=0.0,
                            drift=self.schedule.record_drift([float(g[0]) for g in gathered]))
-        return SyncStats(mean_sync_s=_mean([float(g[1]) for g in gathered]),
-                         steps_per_sync=_mean([float(g[2]) for g in gathered]),
-                         max_steps_per_sync=max(float(g[3]) for g in gathered), final=final)
+        col = [[float(x) for x in g] for g in gathered]
+        return SyncStats(mean_sync_s=_mean([g[1] for g in col]), steps_per_sync=_mean([g[2] for g in col]),
+                         max_steps_per_sync=max(g[3] for g in col), final=final,
+                         link=LinkMeter(*(_mean([g[i] for g in col]) for i in (4, 5, 6))))
 
 
 def _mean(xs: list[float]) -> float:

@@ -17,6 +17,7 @@ from hogwild.config.schema import SyncConfig
 from hogwild.sync import outer
 from hogwild.sync.base import RoundVector, SyncContext, SyncRule, context, register
 from hogwild.sync.comm import Comm
+from hogwild.sync.fragments import Fragmented
 
 __all__ = ["Average", "Broadcast", "Median", "RoundVector", "SyncContext", "SyncRule", "TrimmedMean",
            "context", "make_rule", "outer"]
@@ -28,12 +29,15 @@ def make_rule(cfg: SyncConfig, comm: Comm, params: Optional[int] = None) -> Sync
     """The rule ``sync.mode`` names; ``params``: the flat buffer's parameter prefix (the rest
     are float buffers)."""
     rule: type[SyncRule] = SYNC_RULES.get(cfg.mode)
+    if cfg.fragments > 1:
+        return Fragmented(cfg, comm, params, lambda c: rule(cfg, c, None))
     return rule(cfg, comm, params)
 
 
 @register
 class Average(SyncRule):
-    """θ ← mean over healthy replicas of θ_r (compressed: the delta to the last mean)."""
+    """θ ← weighted mean over healthy replicas of θ_r (compressed: the change since the last
+    agreed mean, which is small and rounds well)."""
 
     name = "average"
 
@@ -41,22 +45,31 @@ class Average(SyncRule):
         super().__init__(cfg, comm, params)
         self._base: Optional[Tensor] = None
 
+    def prime(self, flat: Tensor) -> None:
+        if self.compressed and self._base is None:
+            self._base = flat.detach().clone()
+
     def exchange(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float,
                  final: bool = False) -> tuple[Tensor, Tensor]:
-        if self.wire != torch.float32:
+        if self.compressed:
             return super().exchange(snap, ctl, rank, timeout_s, final)
-        total, ctl, n = self._fused_sum(snap, ctl, rank, timeout_s, final)
-        return total.div_(max(n, 1)), ctl
+        total, ctl, w = self._fused_sum(snap, ctl, rank, timeout_s, final)
+        return total.div_(max(w, 1e-12)), ctl
 
     def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
-        if self.wire == torch.float32:
+        if not self.compressed:
             return self._mean(snap, ctx)
-        # Send only the change since the last agreed mean, which is small and rounds well.
-        if self._base is None:
+        if self._base is None:  # never primed (a rule driven directly, as in tests)
             self._base = self.comm.broadcast(snap.clone(), ctx.first_healthy)
-        delta = snap - self._base if ctx.healthy[ctx.rank] else torch.zeros_like(snap)
-        self._base = self._base + self._mean(delta, ctx)
-        return self._base.clone()
+        self._base.add_(self._mean(snap - self._base, ctx))
+        return self._base
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {} if self._base is None else {"base": self._base.clone()}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        if "base" in state and self.compressed:
+            self._base = state["base"].clone()
 
 
 @register

@@ -25,6 +25,8 @@ CASES = [
     (SyncConfig(mode="median"), VALUES, 1),
     (SyncConfig(mode="trimmed_mean", trim=1), VALUES, 1),
     (SyncConfig(mode="average", dtype="bf16"), VALUES, 3),
+    (SyncConfig(mode="average", dtype="int8"), VALUES, 3),  # an all_gather of int8 bytes on Gloo
+    (SyncConfig(mode="slowmo", dtype="int8"), [VALUES[0], [NAN, 0.0, 0.0], VALUES[2]], 2),
 ]
 
 
