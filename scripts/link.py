@@ -1,0 +1,339 @@
+"""Rounds over a slow link: time to a stated quality, and bytes per replica per step, for DDP,
+hogwild's wires and fragments, and torchft's DiLoCo, side by side in one run.
+
+N simulated machines live in network namespaces, each pinned to one core, each with one
+veth into a bridge (a switch) and its egress shaped with ``tbf`` to the rate, plus ``netem``
+delay where the kernel has it. Needs root and iproute2; anywhere else it says why and exits 0.
+
+    python scripts/link.py --machines 2 --rate 100mbit --workload resnet --repeats 3 \
+        --out bench_results/link
+    python scripts/link.py --machines 2 --rate 1gbit --workload mlp --methods ddp,fp32,int8
+
+Results: ``<out>/<label>.json`` (every run's metrics.json or baseline record), ``<out>/<label>.md``
+and, with matplotlib, ``<out>/<label>.png``. Bytes per replica step come from two sources: the
+rounds' own count (``sync_bytes_per_step``, from the collectives' payloads; DDP's from the same
+ring model) and the machine's interface counter (``tx_bytes``, everything it sent: handshakes,
+heartbeats, evaluation broadcasts, TCP headers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from baselines import MLP, RESNET, Workload  # noqa: E402
+
+logger = logging.getLogger("link")
+BRIDGE = "hwlinkbr"
+WORKLOADS = {"mlp": MLP, "resnet": RESNET}
+# Each method: hogwild's overrides on top of the defaults (None: not a hogwild run). The wires and
+# fragments run under the default rule, which is what a user gets; `diloco` is the rule torchft has.
+METHODS: dict[str, Optional[list[str]]] = {
+    "ddp": None,
+    "fp32": [],
+    "bf16": ["sync.dtype=bf16"],
+    "int8": ["sync.dtype=int8"],
+    "fragments": ["sync.fragments=4"],
+    "fragments_int8": ["sync.fragments=4", "sync.dtype=int8"],
+    "diloco": ["sync.mode=diloco"],
+    "torchft_diloco": None,
+}
+
+
+def ns(i: int) -> str:
+    return f"hwlink{i}"
+
+
+def iface(i: int) -> str:
+    return f"hwl{i}"
+
+
+LOOPBACK = False
+"""--loopback: the machines are processes on 127.0.0.1, no namespaces, no shaping."""
+
+
+def addr(i: int) -> str:
+    return "127.0.0.1" if LOOPBACK else f"192.168.78.{i + 1}"  # only ever inside the namespaces made here
+
+
+def _sh(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+def teardown(machines: int = 8) -> None:
+    for i in range(machines):
+        subprocess.run(["ip", "netns", "del", ns(i)], capture_output=True)
+        subprocess.run(["ip", "link", "del", f"{iface(i)}b"], capture_output=True)
+    subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
+
+
+def setup(machines: int, rate: str, delay_ms: int) -> str:
+    """Make the machines and the switch, shape each machine's egress; returns what was applied."""
+    teardown()
+    _sh("ip", "link", "add", BRIDGE, "type", "bridge")
+    _sh("ip", "link", "set", BRIDGE, "up")
+    shaping = f"tbf {rate}" + (f" + netem {delay_ms} ms" if delay_ms else "")
+    for i in range(machines):
+        _sh("ip", "netns", "add", ns(i))
+        _sh("ip", "link", "add", iface(i), "type", "veth", "peer", "name", f"{iface(i)}b")
+        _sh("ip", "link", "set", iface(i), "netns", ns(i))
+        _sh("ip", "link", "set", f"{iface(i)}b", "master", BRIDGE)
+        _sh("ip", "link", "set", f"{iface(i)}b", "up")
+        _sh("ip", "-n", ns(i), "addr", "add", f"{addr(i)}/24", "dev", iface(i))
+        _sh("ip", "-n", ns(i), "link", "set", iface(i), "up")
+        _sh("ip", "-n", ns(i), "link", "set", "lo", "up")
+        if delay_ms:
+            netem = subprocess.run(["tc", "-n", ns(i), "qdisc", "add", "dev", iface(i), "root", "netem",
+                                    "delay", f"{delay_ms}ms", "rate", rate], capture_output=True, text=True)
+            if netem.returncode == 0:
+                continue
+            shaping = f"tbf {rate}, no added delay (this kernel lacks sch_netem: {netem.stderr.strip()})"
+        _sh("tc", "-n", ns(i), "qdisc", "add", "dev", iface(i), "root", "tbf", "rate", rate,
+            "burst", "256kb", "latency", "400ms")
+    logger.info("%d machines, link shaping: %s", machines, shaping)
+    return shaping
+
+
+def available() -> Optional[str]:
+    """None when namespaces can be made here, else the reason they cannot."""
+    if os.geteuid() != 0:
+        return "needs root for ip netns"
+    if not shutil.which("ip") or not shutil.which("tc"):
+        return "needs iproute2 (ip, tc)"
+    probe = subprocess.run(["ip", "netns", "add", "hwlinkprobe"], capture_output=True, text=True)
+    subprocess.run(["ip", "netns", "del", "hwlinkprobe"], capture_output=True)
+    return None if probe.returncode == 0 else f"ip netns add failed: {probe.stderr.strip()}"
+
+
+def tx_bytes(i: int) -> float:
+    if LOOPBACK:  # every process shares lo: no per-machine count
+        return float("nan")
+    out = _sh("ip", "netns", "exec", ns(i), "cat", f"/sys/class/net/{iface(i)}/statistics/tx_bytes")
+    return float(out.stdout.strip())
+
+
+def _env(i: int) -> dict[str, str]:
+    return {**os.environ, "GLOO_SOCKET_IFNAME": "lo" if LOOPBACK else iface(i), "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1", "RUST_LOG": "error"}
+
+
+def on_machines(cmds: list[list[str]], timeout: float) -> tuple[list[str], float]:
+    """Run ``cmds[i]`` on machine i, pinned to a core of its own where there are enough (the
+    machines otherwise share the host's cores evenly); returns their logs and the mean bytes a
+    machine sent on its link."""
+    cores = os.cpu_count() or 1
+    before = [tx_bytes(i) for i in range(len(cmds))]
+    enter = (lambda i: []) if LOOPBACK else (lambda i: ["ip", "netns", "exec", ns(i)])
+    procs = [subprocess.Popen([*enter(i), "taskset", "-c", str(i % cores), *cmd],
+                              env=_env(i), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for i, cmd in enumerate(cmds)]
+    try:
+        logs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, log in zip(procs, logs):
+        if p.returncode != 0:
+            raise RuntimeError(log[-3000:])
+    sent = [tx_bytes(i) - b for i, b in enumerate(before)]
+    return logs, sum(sent) / len(sent)
+
+
+def _port() -> int:
+    return 29500 + int(time.time() * 1000) % 2000
+
+
+def hogwild(w: Workload, machines: int, interval: int, extra: list[str], root: Path) -> dict[str, Any]:
+    run_dir = Path(tempfile.mkdtemp(dir=root))
+    port = _port()
+    cmds = [[sys.executable, "-m", "torch.distributed.run", f"--nnodes={machines}", "--nproc-per-node=1",
+             f"--node-rank={i}", f"--master-addr={addr(0)}", f"--master-port={port}",
+             "-m", "hogwild.cli.train",
+             *w.hydra(), "workers=1", f"train.target_accuracy={w.target}", f"sync.interval={interval}",
+             f"run_dir={run_dir}", "checkpoint.every_s=3600", *extra] for i in range(machines)]
+    _, sent = on_machines(cmds, 3600)
+    m = json.loads((run_dir / "metrics.json").read_text())
+    steps = max(m["steps"], 1) / machines
+    return {"time_to_target_s": m["time_to_target_s"], "test_accuracy": m["test_accuracy"],
+            "bytes_per_step": m["sync_bytes_per_step"], "tx_bytes_per_step": sent / steps,
+            "steps_per_replica": steps, "syncs": m["syncs"], "link_s": m["sync_link_s"],
+            "wall_s": m["wall_s"]}
+
+
+def _result_line(logs: list[str]) -> dict[str, Any]:
+    line = next(ln for ln in logs[0].splitlines() if ln.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def ddp(w: Workload, machines: int, params: int) -> dict[str, Any]:
+    port = _port()
+    cmds = [[sys.executable, str(Path(__file__).resolve()), "--ddp-rank", str(i), "--machines", str(machines),
+             "--port", str(port), "--workload", key(w), "--target", str(w.target), "--epochs", str(w.max_epochs)]
+            for i in range(machines)]
+    logs, sent = on_machines(cmds, 3600)
+    r = _result_line(logs)
+    steps = r["steps"] / machines
+    ring = 2 * (machines - 1) / machines * 4 * params  # what one step's gradient all_reduce moves
+    return {**r, "bytes_per_step": ring, "tx_bytes_per_step": sent / steps, "steps_per_replica": steps}
+
+
+def torchft(w: Workload, machines: int, interval: int) -> dict[str, Any]:
+    script = Path(__file__).resolve().parent / "torchft_diloco.py"
+    port = _port()
+    cmds = [[sys.executable, str(script), "--replica", str(i), "--replicas", str(machines), "--host", addr(i),
+             "--lighthouse-host", addr(0), "--lighthouse-port", str(port), "--workload",
+             key(w), "--interval", str(interval), "--target", str(w.target), "--epochs", str(w.max_epochs)]
+            for i in range(machines)]
+    logs, sent = on_machines(cmds, 3600)
+    r = _result_line(logs)
+    steps = r["steps"] / machines
+    return {**r, "tx_bytes_per_step": sent / steps, "steps_per_replica": steps,
+            "bytes_per_step": 2 * (machines - 1) / machines * 4 * w_params(w) / interval}
+
+
+def key(w: Workload) -> str:
+    return next(k for k, v in WORKLOADS.items() if v.name == w.name)
+
+
+def w_params(w: Workload) -> int:
+    return sum(p.numel() for p in w.build(w.data()).parameters())
+
+
+def _ddp_rank(rank: int, machines: int, port: int, w: Workload) -> None:
+    from baselines import _ddp_rank as run_rank
+
+    out: dict[str, Any] = {}
+    run_rank(rank, machines, port, out, w, addr=addr(0))
+    if rank == 0:
+        sys.stdout.write("RESULT " + json.dumps(out["r"]) + "\n")
+
+
+def report(res: dict[str, Any], label: str, out: Path) -> None:
+    lines = [f"{res['machines']} machines, link: {res['shaping']}, {res['workload']} "
+             f"({res['params']:,} parameters) to {res['target']}, interval {res['interval']}", "",
+             "| method | median s to target | missed | median final acc | bytes/replica/step (rounds) "
+             "| tx bytes/replica/step | DDP time / this |", "|---|---|---|---|---|---|---|"]
+    d = res["methods"].get("ddp", {}).get("median_s")
+    for k, v in res["methods"].items():
+        speed = f"{d / v['median_s']:.1f}x" if d and v["median_s"] == v["median_s"] and d == d else "-"
+        lines.append(f"| {k} | {v['median_s']:.2f} | {v['missed']} | {v['accuracy']:.4f} | "
+                     f"{v['bytes_per_step']:,.0f} | {v['tx_bytes_per_step']:,.0f} | {speed} |")
+    (out / f"{label}.md").write_text("\n".join(lines) + "\n")
+    sys.stdout.write("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for k, v in res["methods"].items():
+        xs = [r["bytes_per_step"] for r in v["runs"]]
+        ys = [r["time_to_target_s"] if r["time_to_target_s"] is not None else float("nan") for r in v["runs"]]
+        ax.scatter(xs, ys, label=k)
+    ax.set_xscale("log")
+    ax.set_xlabel("bytes per replica per step (rounds)")
+    ax.set_ylabel(f"seconds to {res['target']}")
+    ax.set_title(f"{res['workload']}, {res['machines']} machines, {res['shaping']}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / f"{label}.png", dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--machines", type=int, default=2)
+    ap.add_argument("--rate", default="100mbit")
+    ap.add_argument("--delay-ms", type=int, default=0)
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="mlp")
+    ap.add_argument("--target", type=float, default=None)
+    ap.add_argument("--epochs", type=int, default=None, help="the budget: passes of each replica over its shard")
+    ap.add_argument("--interval", type=int, default=50)
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=OVERRIDE[,OVERRIDE...]",
+                    help="one more hogwild method, e.g. mu9=sync.outer_momentum=0.9 (repeatable)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--loopback", action="store_true",
+                    help="processes on 127.0.0.1: no namespaces, no shaping")
+    ap.add_argument("--out", type=Path, default=Path("bench_results/link"))
+    ap.add_argument("--ddp-rank", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="[link] %(message)s")
+    global LOOPBACK
+    LOOPBACK = args.loopback
+    w = WORKLOADS[args.workload]
+    if args.target is not None:
+        w = dataclasses.replace(w, target=args.target)
+    if args.epochs is not None:
+        w = dataclasses.replace(w, max_epochs=args.epochs)
+    if args.ddp_rank is not None:
+        _ddp_rank(args.ddp_rank, args.machines, args.port, w)
+        return
+    why = None if LOOPBACK else available()
+    if why:
+        logger.warning("skipping the link benchmark: %s", why)
+        return
+    for v in args.variant:
+        name, _, overrides = v.partition("=")
+        METHODS[name] = [o for o in overrides.split(",") if o]
+    methods = [m for m in args.methods.split(",") if m] + [v.partition("=")[0] for v in args.variant]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise SystemExit(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    root = args.out / "runs"
+    root.mkdir(exist_ok=True)
+    params = w_params(w)
+    shaping = "loopback" if LOOPBACK else setup(args.machines, args.rate, args.delay_ms)
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
+    fns: dict[str, Callable[[], dict[str, Any]]] = {
+        m: (lambda m=m: hogwild(w, args.machines, args.interval, METHODS[m] or [], root)) for m in methods}
+    fns["ddp"] = lambda: ddp(w, args.machines, params)
+    fns["torchft_diloco"] = lambda: torchft(w, args.machines, args.interval)
+    try:
+        for rep in range(args.repeats):  # interleaved: a slow spell of the host hits every method alike
+            for m in methods:
+                logger.info("repeat %d/%d: %s", rep + 1, args.repeats, m)
+                try:
+                    runs[m].append(fns[m]())
+                except (RuntimeError, subprocess.TimeoutExpired, StopIteration) as e:
+                    logger.error("%s failed: %s", m, str(e)[-500:])
+                    runs[m].append({"time_to_target_s": None, "test_accuracy": float("nan"), "bytes_per_step":
+                                    float("nan"), "tx_bytes_per_step": float("nan"), "error": str(e)[-2000:]})
+    finally:
+        if not LOOPBACK:
+            teardown(args.machines)
+    res: dict[str, Any] = {"machines": args.machines, "shaping": shaping, "workload": w.name,
+                           "params": params, "target": w.target, "interval": args.interval, "methods": {}}
+    for m, rs in runs.items():
+        times = [r["time_to_target_s"] for r in rs if r.get("time_to_target_s") not in (None, float("nan"))
+                 and r["time_to_target_s"] == r["time_to_target_s"]]
+        res["methods"][m] = {
+            "median_s": statistics.median(times) if times else float("nan"), "missed": len(rs) - len(times),
+            "accuracy": statistics.median(r["test_accuracy"] for r in rs),
+            "bytes_per_step": statistics.median(r["bytes_per_step"] for r in rs),
+            "tx_bytes_per_step": statistics.median(r["tx_bytes_per_step"] for r in rs), "runs": rs}
+    label = f"{w.name}_{args.machines}x_" + ("loopback" if LOOPBACK else args.rate) + (
+        f"_{args.delay_ms}ms" if args.delay_ms and not LOOPBACK else "")
+    (args.out / f"{label}.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
+    report(res, label, args.out)
+
+
+if __name__ == "__main__":
+    main()
