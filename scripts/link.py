@@ -182,8 +182,8 @@ def _result_line(logs: list[str]) -> dict[str, Any]:
 def ddp(w: Workload, machines: int, params: int) -> dict[str, Any]:
     port = _port()
     cmds = [[sys.executable, str(Path(__file__).resolve()), "--ddp-rank", str(i), "--machines", str(machines),
-             "--port", str(port), "--workload", key(w), "--target", str(w.target), "--epochs", str(w.max_epochs)]
-            for i in range(machines)]
+             "--port", str(port), "--workload", key(w), "--target", str(w.target),
+             "--epochs", str(w.max_epochs)] for i in range(machines)]
     logs, sent = on_machines(cmds, 3600)
     r = _result_line(logs)
     steps = r["steps"] / machines
@@ -262,7 +262,8 @@ def main() -> None:
     ap.add_argument("--delay-ms", type=int, default=0)
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="mlp")
     ap.add_argument("--target", type=float, default=None)
-    ap.add_argument("--epochs", type=int, default=None, help="the budget: passes of each replica over its shard")
+    ap.add_argument("--epochs", type=int, default=None,
+                    help="the budget: passes of each replica over its shard")
     ap.add_argument("--interval", type=int, default=50)
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=OVERRIDE[,OVERRIDE...]",
