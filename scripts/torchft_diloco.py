@@ -56,6 +56,10 @@ def run(args: argparse.Namespace, w: Workload) -> dict[str, float]:
                       state_dict=model.state_dict,
                       replica_id=f"replica_{args.replica}", store_addr=args.host, store_port=store.port,
                       rank=0, world_size=1, hostname=args.host,
+                      # Every replica builds the same model from the same seed, as hogwild's do. The
+                      # step-0 heal would fetch it anyway, over an HTTP server that advertises the
+                      # host's name, which other namespaces cannot reach.
+                      init_sync=False,
                       lighthouse_addr=f"http://{args.lighthouse_host}:{args.lighthouse_port}",
                       timeout=timedelta(seconds=120), quorum_timeout=timedelta(seconds=120),
                       connect_timeout=timedelta(seconds=120))
