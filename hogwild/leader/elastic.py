@@ -56,7 +56,8 @@ def job_fingerprint(cfg: Config, params: int, workers: int) -> str:
     optim = f"{cfg.optim._target_ or cfg.optim.name}/{cfg.optim.state}"
     sc = cfg.sync
     return (f"model={model_id(cfg.model)} params={params} data={data} optim={optim} sync.mode={sc.mode} "
-            f"sync.dtype={sc.dtype} sync.fragments={sc.fragments} sync.weighting={sc.weighting} workers={workers} sync.replicas={sc.replicas} train.seed={cfg.train.seed} "
+            f"sync.dtype={sc.dtype} sync.fragments={sc.fragments} sync.weighting={sc.weighting} "
+            f"workers={workers} sync.replicas={sc.replicas} train.seed={cfg.train.seed} "
             f"train.batch_size={cfg.train.batch_size}")
 
 
