@@ -64,6 +64,8 @@ def iface(i: int) -> str:
 
 LOOPBACK = False
 """--loopback: the machines are processes on 127.0.0.1, no namespaces, no shaping."""
+RUN_TIMEOUT_S = 3600.0
+"""--run-timeout-s: a run past it counts as missed, its time unknown."""
 
 
 def addr(i: int) -> str:
@@ -165,7 +167,7 @@ def hogwild(w: Workload, machines: int, interval: int, extra: list[str], root: P
              "-m", "hogwild.cli.train",
              *w.hydra(), "workers=1", f"train.target_accuracy={w.target}", f"sync.interval={interval}",
              f"run_dir={run_dir}", "checkpoint.every_s=3600", *extra] for i in range(machines)]
-    _, sent = on_machines(cmds, 3600)
+    _, sent = on_machines(cmds, RUN_TIMEOUT_S)
     m = json.loads((run_dir / "metrics.json").read_text())
     steps = max(m["steps"], 1) / machines
     return {"time_to_target_s": m["time_to_target_s"], "test_accuracy": m["test_accuracy"],
@@ -184,7 +186,7 @@ def ddp(w: Workload, machines: int, params: int) -> dict[str, Any]:
     cmds = [[sys.executable, str(Path(__file__).resolve()), "--ddp-rank", str(i), "--machines", str(machines),
              "--port", str(port), "--workload", key(w), "--target", str(w.target),
              "--epochs", str(w.max_epochs)] for i in range(machines)]
-    logs, sent = on_machines(cmds, 3600)
+    logs, sent = on_machines(cmds, RUN_TIMEOUT_S)
     r = _result_line(logs)
     steps = r["steps"] / machines
     ring = 2 * (machines - 1) / machines * 4 * params  # what one step's gradient all_reduce moves
@@ -198,7 +200,7 @@ def torchft(w: Workload, machines: int, interval: int) -> dict[str, Any]:
              "--lighthouse-host", addr(0), "--lighthouse-port", str(port), "--workload",
              key(w), "--interval", str(interval), "--target", str(w.target), "--epochs", str(w.max_epochs)]
             for i in range(machines)]
-    logs, sent = on_machines(cmds, 3600)
+    logs, sent = on_machines(cmds, RUN_TIMEOUT_S)
     r = _result_line(logs)
     steps = r["steps"] / machines
     return {**r, "tx_bytes_per_step": sent / steps, "steps_per_replica": steps,
@@ -271,13 +273,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--loopback", action="store_true",
                     help="processes on 127.0.0.1: no namespaces, no shaping")
+    ap.add_argument("--run-timeout-s", type=float, default=3600.0)
     ap.add_argument("--out", type=Path, default=Path("bench_results/link"))
     ap.add_argument("--ddp-rank", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="[link] %(message)s")
-    global LOOPBACK
-    LOOPBACK = args.loopback
+    global LOOPBACK, RUN_TIMEOUT_S
+    LOOPBACK, RUN_TIMEOUT_S = args.loopback, args.run_timeout_s
     w = WORKLOADS[args.workload]
     if args.target is not None:
         w = dataclasses.replace(w, target=args.target)
@@ -307,6 +310,10 @@ def main() -> None:
         m: (lambda m=m: hogwild(w, args.machines, args.interval, METHODS[m] or [], root)) for m in methods}
     fns["ddp"] = lambda: ddp(w, args.machines, params)
     fns["torchft_diloco"] = lambda: torchft(w, args.machines, args.interval)
+    label = f"{w.name}_{args.machines}x_" + ("loopback" if LOOPBACK else args.rate) + (
+        f"_{args.delay_ms}ms" if args.delay_ms and not LOOPBACK else "")
+    head = {"machines": args.machines, "shaping": shaping, "workload": w.name, "params": params,
+            "target": w.target, "interval": args.interval}
     try:
         for rep in range(args.repeats):  # interleaved: a slow spell of the host hits every method alike
             for m in methods:
@@ -317,23 +324,27 @@ def main() -> None:
                     logger.error("%s failed: %s", m, str(e)[-500:])
                     runs[m].append({"time_to_target_s": None, "test_accuracy": float("nan"), "bytes_per_step":
                                     float("nan"), "tx_bytes_per_step": float("nan"), "error": str(e)[-2000:]})
+                # Hours of runs: what is done so far is on disk if the host or the operator stops it.
+                (args.out / f"{label}.json").write_text(json.dumps(summary(head, runs), indent=2, default=str) + "\n")
     finally:
         if not LOOPBACK:
             teardown(args.machines)
-    res: dict[str, Any] = {"machines": args.machines, "shaping": shaping, "workload": w.name,
-                           "params": params, "target": w.target, "interval": args.interval, "methods": {}}
+    report(summary(head, runs), label, args.out)
+
+
+def summary(head: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    res: dict[str, Any] = {**head, "methods": {}}
     for m, rs in runs.items():
-        times = [r["time_to_target_s"] for r in rs if r.get("time_to_target_s") not in (None, float("nan"))
+        if not rs:
+            continue
+        times = [r["time_to_target_s"] for r in rs if r.get("time_to_target_s") is not None
                  and r["time_to_target_s"] == r["time_to_target_s"]]
         res["methods"][m] = {
             "median_s": statistics.median(times) if times else float("nan"), "missed": len(rs) - len(times),
             "accuracy": statistics.median(r["test_accuracy"] for r in rs),
             "bytes_per_step": statistics.median(r["bytes_per_step"] for r in rs),
             "tx_bytes_per_step": statistics.median(r["tx_bytes_per_step"] for r in rs), "runs": rs}
-    label = f"{w.name}_{args.machines}x_" + ("loopback" if LOOPBACK else args.rate) + (
-        f"_{args.delay_ms}ms" if args.delay_ms and not LOOPBACK else "")
-    (args.out / f"{label}.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
-    report(res, label, args.out)
+    return res
 
 
 if __name__ == "__main__":
