@@ -162,10 +162,12 @@ def _port() -> int:
 def hogwild(w: Workload, machines: int, interval: int, extra: list[str], root: Path) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(dir=root))
     port = _port()
+    # A method may set its own interval (fragments with a shorter one), which Hydra would refuse twice.
+    interval_arg = [] if any(o.startswith("sync.interval=") for o in extra) else [f"sync.interval={interval}"]
     cmds = [[sys.executable, "-m", "torch.distributed.run", f"--nnodes={machines}", "--nproc-per-node=1",
              f"--node-rank={i}", f"--master-addr={addr(0)}", f"--master-port={port}",
              "-m", "hogwild.cli.train",
-             *w.hydra(), "workers=1", f"train.target_accuracy={w.target}", f"sync.interval={interval}",
+             *w.hydra(), "workers=1", f"train.target_accuracy={w.target}", *interval_arg,
              f"run_dir={run_dir}", "checkpoint.every_s=3600", *extra] for i in range(machines)]
     _, sent = on_machines(cmds, RUN_TIMEOUT_S)
     m = json.loads((run_dir / "metrics.json").read_text())
@@ -236,6 +238,8 @@ def report(res: dict[str, Any], label: str, out: Path) -> None:
                      f"{v['bytes_per_step']:,.0f} | {v['tx_bytes_per_step']:,.0f} | {speed} |")
     (out / f"{label}.md").write_text("\n".join(lines) + "\n")
     sys.stdout.write("\n".join(lines) + "\n")
+    if not any(r.get("time_to_target_s") for v in res["methods"].values() for r in v["runs"]):
+        return  # a budget run (no target reached): nothing to plot
     try:
         import matplotlib
 
