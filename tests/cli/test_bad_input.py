@@ -252,14 +252,7 @@ def test_bad_input_fails_in_one_line(tmp_path: Path, name: str, setup: Setup, ke
     assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"hogwild: error: {key}"), lines[0]
+    if name == "unreachable rendezvous":  # the endpoint it tried, within sync.timeout_s=3 of the 120 s limit
+        assert f"127.0.0.1:{env['MASTER_PORT']}" in lines[0], lines[0]
     assert not list(tmp_path.glob("run/checkpoints/*.pt")), "a failed start must not write checkpoints"
     assert not list(tmp_path.glob("run/*/checkpoints/*.pt")), "no job of a bad sweep may run"
-
-
-@pytest.mark.slow
-def test_rendezvous_failure_names_endpoint_and_is_bounded(tmp_path: Path) -> None:
-    port = free_port()
-    env = clean_env(RANK="1", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    proc = run_cli(["sync.timeout_s=3", f"run_dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=60, env=env)
-    assert proc.returncode != 0
-    assert f"127.0.0.1:{port}" in proc.stderr
