@@ -36,6 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from baselines import MLP, RESNET, Workload  # noqa: E402
+from bench import reached  # noqa: E402
+
+from hogwild.sync.comm import ring_all_reduce_bytes  # noqa: E402
 
 logger = logging.getLogger("link")
 BRIDGE = "hwlinkbr"
@@ -191,11 +194,11 @@ def ddp(w: Workload, machines: int, params: int) -> dict[str, Any]:
     logs, sent = on_machines(cmds, RUN_TIMEOUT_S)
     r = _result_line(logs)
     steps = r["steps"] / machines
-    ring = 2 * (machines - 1) / machines * 4 * params  # what one step's gradient all_reduce moves
-    return {**r, "bytes_per_step": ring, "tx_bytes_per_step": sent / steps, "steps_per_replica": steps}
+    return {**r, "bytes_per_step": ring_all_reduce_bytes(4 * params, machines),  # every step's gradients
+            "tx_bytes_per_step": sent / steps, "steps_per_replica": steps}
 
 
-def torchft(w: Workload, machines: int, interval: int) -> dict[str, Any]:
+def torchft(w: Workload, machines: int, interval: int, params: int) -> dict[str, Any]:
     script = Path(__file__).resolve().parent / "torchft_diloco.py"
     port = _port()
     cmds = [[sys.executable, str(script), "--replica", str(i), "--replicas", str(machines), "--host", addr(i),
@@ -206,7 +209,7 @@ def torchft(w: Workload, machines: int, interval: int) -> dict[str, Any]:
     r = _result_line(logs)
     steps = r["steps"] / machines
     return {**r, "tx_bytes_per_step": sent / steps, "steps_per_replica": steps,
-            "bytes_per_step": 2 * (machines - 1) / machines * 4 * w_params(w) / interval}
+            "bytes_per_step": ring_all_reduce_bytes(4 * params, machines) / interval}  # fp32 pseudo-gradients
 
 
 def key(w: Workload) -> str:
@@ -233,12 +236,12 @@ def report(res: dict[str, Any], label: str, out: Path) -> None:
              "| tx bytes/replica/step | DDP time / this |", "|---|---|---|---|---|---|---|"]
     d = res["methods"].get("ddp", {}).get("median_s")
     for k, v in res["methods"].items():
-        speed = f"{d / v['median_s']:.1f}x" if d and v["median_s"] == v["median_s"] and d == d else "-"
+        speed = f"{d / v['median_s']:.1f}x" if reached(d) and reached(v["median_s"]) else "-"
         lines.append(f"| {k} | {v['median_s']:.2f} | {v['missed']} | {v['accuracy']:.4f} | "
                      f"{v['bytes_per_step']:,.0f} | {v['tx_bytes_per_step']:,.0f} | {speed} |")
     (out / f"{label}.md").write_text("\n".join(lines) + "\n")
     sys.stdout.write("\n".join(lines) + "\n")
-    if not any(r.get("time_to_target_s") for v in res["methods"].values() for r in v["runs"]):
+    if not any(reached(r.get("time_to_target_s")) for v in res["methods"].values() for r in v["runs"]):
         return  # a budget run (no target reached): nothing to plot
     try:
         import matplotlib
@@ -250,7 +253,7 @@ def report(res: dict[str, Any], label: str, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for k, v in res["methods"].items():
         xs = [r["bytes_per_step"] for r in v["runs"]]
-        ys = [r["time_to_target_s"] if r["time_to_target_s"] is not None else float("nan") for r in v["runs"]]
+        ys = [r["time_to_target_s"] if reached(r["time_to_target_s"]) else float("nan") for r in v["runs"]]
         ax.scatter(xs, ys, label=k)
     ax.set_xscale("log")
     ax.set_xlabel("bytes per replica per step (rounds)")
@@ -313,7 +316,7 @@ def main() -> None:
     fns: dict[str, Callable[[], dict[str, Any]]] = {
         m: (lambda m=m: hogwild(w, args.machines, args.interval, METHODS[m] or [], root)) for m in methods}
     fns["ddp"] = lambda: ddp(w, args.machines, params)
-    fns["torchft_diloco"] = lambda: torchft(w, args.machines, args.interval)
+    fns["torchft_diloco"] = lambda: torchft(w, args.machines, args.interval, params)
     label = f"{w.name}_{args.machines}x_" + ("loopback" if LOOPBACK else args.rate) + (
         f"_{args.delay_ms}ms" if args.delay_ms and not LOOPBACK else "")
     head = {"machines": args.machines, "shaping": shaping, "workload": w.name, "params": params,
@@ -341,8 +344,7 @@ def summary(head: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> dict
     for m, rs in runs.items():
         if not rs:
             continue
-        times = [r["time_to_target_s"] for r in rs if r.get("time_to_target_s") is not None
-                 and r["time_to_target_s"] == r["time_to_target_s"]]
+        times = [r["time_to_target_s"] for r in rs if reached(r.get("time_to_target_s"))]
         res["methods"][m] = {
             "median_s": statistics.median(times) if times else float("nan"), "missed": len(rs) - len(times),
             "accuracy": statistics.median(r["test_accuracy"] for r in rs),

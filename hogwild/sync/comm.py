@@ -161,9 +161,9 @@ class Metered(Comm):
             m.received += received
 
     def all_reduce(self, t: Tensor, timeout_s: Optional[float] = None, what: str = "a collective") -> Tensor:
-        t0, R, b = time.perf_counter(), self.world_size, _nbytes(t)
+        t0, b = time.perf_counter(), ring_all_reduce_bytes(_nbytes(t), self.world_size)
         out = self.inner.all_reduce(t, timeout_s, what)
-        self._count(t0, 2 * (R - 1) / R * b, 2 * (R - 1) / R * b)  # reduce-scatter, then all_gather
+        self._count(t0, b, b)
         return out
 
     def broadcast(self, t: Tensor, src: int) -> Tensor:
@@ -178,6 +178,12 @@ class Metered(Comm):
         out = self.inner.all_gather(t)
         self._count(t0, (R - 1) * b, (R - 1) * b)
         return out
+
+
+def ring_all_reduce_bytes(nbytes: float, world: int) -> float:
+    """What a ring all_reduce of ``nbytes`` sends, and receives, per rank: a reduce-scatter,
+    then an all_gather, each moving ``(R - 1) / R`` of the buffer."""
+    return 2 * (world - 1) / world * nbytes
 
 
 def _nbytes(t: Tensor) -> float:
