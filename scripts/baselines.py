@@ -83,17 +83,32 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class RankResults:
+    """What a rank reports (``out[key] = value``), carried home on a queue. A Manager's dict
+    would cost a server process, and under spawn that is one more interpreter importing torch."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.queue.put((key, value))
+
+
 def spawn_ranks(fn: Callable[..., None], world: int, *args: Any) -> dict[Any, Any]:
     """Run ``fn(rank, world, port, out, *args)`` in ``world`` spawned processes."""
     ctx = mp.get_context("spawn")
-    out = ctx.Manager().dict()
+    queue = ctx.SimpleQueue()
     port = free_port()
-    ps = [ctx.Process(target=fn, args=(r, world, port, out, *args)) for r in range(world)]
+    ps = [ctx.Process(target=fn, args=(r, world, port, RankResults(queue), *args)) for r in range(world)]
     for p in ps:
         p.start()
     for p in ps:
         p.join(900)
-    return dict(out)
+    out: dict[Any, Any] = {}
+    while not queue.empty():  # a few small dicts: they fit in the pipe, so joining first cannot block
+        key, value = queue.get()
+        out[key] = value
+    return out
 
 
 def _sgd_until(model: torch.nn.Module, ds: Dataset, sampler: ShardSampler, w: Workload,
@@ -209,8 +224,9 @@ def mnist_hogwild(procs: int, w: Workload) -> dict[str, float]:
     return {"time_to_target_s": elapsed if acc >= w.target else float("nan"), "test_accuracy": acc}
 
 
-def _sync_cost_rank(rank: int, world: int, port: int, out: Any, n: int, reps: int, mode: str) -> None:
-    """Bare all_reduce of an n-float buffer vs hogwild's sync round (rule ``mode``) on one, same processes."""
+def _sync_cost_rank(rank: int, world: int, port: int, out: Any, n: int, reps: int, modes: tuple[str, ...]) -> None:
+    """Bare all_reduce of an n-float buffer vs hogwild's sync round (each rule of ``modes``) on
+    one, interleaved in the same processes."""
     from hogwild.config.schema import SyncConfig
     from hogwild.sync.comm import DistComm
     from hogwild.sync.rounds import sync_round
@@ -219,27 +235,31 @@ def _sync_cost_rank(rank: int, world: int, port: int, out: Any, n: int, reps: in
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     flat = torch.randn(n)
-    rule = make_rule(SyncConfig(mode=mode), DistComm(flat.device))
-    rule.prime(flat)  # as the leader does before training: outer rules start from the initial model
     buf = flat.clone()
-    bare, ours = [], []
-    for _ in range(reps):
-        buf.copy_(flat)
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_reduce(buf)
-        bare.append(time.perf_counter() - t0)
-        dist.barrier()
-        t0 = time.perf_counter()
-        sync_round(flat, rule)
-        ours.append(time.perf_counter() - t0)
-    if rank == 0:
-        out["r"] = {"bare_allreduce_s": statistics.median(bare), "sync_round_s": statistics.median(ours)}
+    for mode in modes:
+        rule = make_rule(SyncConfig(mode=mode), DistComm(flat.device))
+        rule.prime(flat)  # as the leader does before training: outer rules start from the initial model
+        bare, ours = [], []
+        for _ in range(reps):
+            buf.copy_(flat)
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(buf)
+            bare.append(time.perf_counter() - t0)
+            dist.barrier()
+            t0 = time.perf_counter()
+            sync_round(flat, rule)
+            ours.append(time.perf_counter() - t0)
+        if rank == 0:
+            out[mode] = {"bare_allreduce_s": statistics.median(bare), "sync_round_s": statistics.median(ours)}
     dist.destroy_process_group()
 
 
-def sync_cost(n: int, world: int = 2, reps: int = 100, mode: str = "average") -> dict[str, float]:
-    return dict(spawn_ranks(_sync_cost_rank, world, n, reps, mode)["r"])
+def sync_cost(n: int, world: int = 2, reps: int = 100, modes: tuple[str, ...] = ("average",)
+              ) -> dict[str, dict[str, float]]:
+    """Per rule of ``modes``: the median bare all_reduce and sync round, in seconds. One process
+    group for all of them (each start of ``world`` interpreters costs seconds)."""
+    return spawn_ranks(_sync_cost_rank, world, n, reps, tuple(modes))
 
 
 def _tree(root: int) -> list[int]:

@@ -214,8 +214,8 @@ def main() -> None:
         for label, n in (("mlp_digits", 9610), ("1M", 1_000_000), ("10M", 10_000_000)):
             if args.tiny and n > 9610:
                 continue
-            for mode in ("average", "slowmo"):
-                c = sync_cost(n, reps=20 if args.tiny or n >= 10_000_000 else 100, mode=mode)
+            costs = sync_cost(n, reps=20 if args.tiny or n >= 10_000_000 else 100, modes=("average", "slowmo"))
+            for mode, c in costs.items():
                 res["sync"][f"{label} {mode}"] = {"floats": n, "rule": mode, **c,
                                                   "ratio": c["sync_round_s"] / c["bare_allreduce_s"]}
     if "memory" in only:
