@@ -19,7 +19,7 @@ from tests.conftest import clean_env, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-TOTAL, LR = 3000, 0.05
+TOTAL, LR = 1500, 0.05
 ARGS = ["workers=1", f"train.max_steps={TOTAL}", "sched.name=cosine", f"optim.lr={LR}", "checkpoint.every_s=0.2",
         "eval.every_s=1"]
 
