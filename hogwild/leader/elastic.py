@@ -166,6 +166,8 @@ class ElasticGroup(Group):
         state = {"flat": rep.flat, "opt": rep.opt_state or {}, "sync": crew.rule.state_dict(),
                  "counters": crew.base.lineage(), "syncs": crew.rounds.syncs, "lineage": crew.saver.lineage,
                  "positions": self.restored_positions if restart else None} if mine else None
+        if mine and restart:
+            self._reset_absent(ep)
         got = self.comm.send_state(state, ep.members.index(source))
         if mine or (self.env.rank not in ep.joiners and self.env.rank not in behind):
             if restart:
@@ -204,6 +206,29 @@ class ElasticGroup(Group):
         crew.rounds.rebase()
         logger.info("slot %d healed from slot %d (step %d, %d syncs)", self.env.rank, source,
                     crew.base.steps, crew.rounds.syncs)
+
+    def _reset_absent(self, ep: Epoch) -> None:
+        """A group of joiners only goes back to the source's restore point. The slots outside it
+        left at the coordinator the positions and totals of the lineage that went back: read by
+        :meth:`job` and :meth:`positions`, and by such a slot when it joins later, they counted
+        its steps before the checkpoint twice and skipped its data after it (seen in CI: 1,947
+        steps for 1,800 read). The restore point's positions replace them, and zero totals: its
+        steps up to the checkpoint are in the counters every member restored. Set before the
+        state is sent, so no later epoch can admit such a slot before they are in place; set,
+        not kept (Membership.put), so a coordinator restart never puts them back over what the
+        slot itself publishes later."""
+        table = self.restored_positions
+        zeros = Counts().to_tensor().numpy().tobytes()
+        for s in range(self.env.world_size):
+            if s in ep.members:
+                continue
+            pos = table[s] if table is not None else torch.zeros(self.crew.workers)
+            try:
+                self.m.link.set(f"pos/{s}", pos.to(torch.float64).numpy().tobytes())
+                self.m.link.set(f"done/{s}", zeros)
+            except CoordinatorAway:  # the stale ones stay: say so, a resume would show it
+                logger.warning("slot %d: the coordinator went away before slot %d's positions were reset",
+                               self.env.rank, s)
 
     def _became(self, ep: Epoch) -> None:
         writer = self.comm.rank == 0
