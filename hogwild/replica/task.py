@@ -14,6 +14,7 @@ import functools
 import inspect
 import logging
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -219,11 +220,18 @@ def preflight(model: nn.Module, ds: Dataset, task: Task, batch_size: int, device
                               f"{type(e).__name__}: {first_line(e)}") from None
         if not isinstance(out, Tensor):
             raise ConfigError(f"model: forward must return one tensor, got a {type(out).__name__}")
-        try:
-            loss = task.loss(out, y)
-        except Exception as e:  # noqa: BLE001 - output and labels do not fit the loss
-            raise ConfigError(f"loss: the {task.kind} loss of output {tuple(out.shape)} and labels "
-                              f"{tuple(y.shape)} raised {type(e).__name__}: {first_line(e)}") from None
+        # torch warns before it fails (mse_loss on mismatched shapes): held back, so a loss
+        # that does not fit is one line, and said once as a warning when it does fit.
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            try:
+                loss = task.loss(out, y)
+            except Exception as e:  # noqa: BLE001 - output and labels do not fit the loss
+                raise ConfigError(f"loss: the {task.kind} loss of output {tuple(out.shape)} and labels "
+                                  f"{tuple(y.shape)} raised {type(e).__name__}: {first_line(e)}") from None
+        for w in said:
+            logger.warning("loss: on output %s and labels %s: %s", tuple(out.shape), tuple(y.shape),
+                           first_line(w.message) if isinstance(w.message, Warning) else str(w.message))
         if not isinstance(loss, Tensor) or loss.numel() != 1:
             what = f"shape {tuple(loss.shape)}" if isinstance(loss, Tensor) else type(loss).__name__
             raise ConfigError(f"loss._target_: the loss must return a scalar tensor, got {what}")
