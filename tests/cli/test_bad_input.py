@@ -4,6 +4,7 @@ written. Most cases are checked in this process; a few run the real CLI as a use
 from __future__ import annotations
 
 import socket
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -196,7 +197,8 @@ def test_bad_input_is_refused_before_anything_starts(tmp_path: Path, monkeypatch
     args = _with_run_dir(args, tmp_path)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    with pytest.raises(UserError) as info:
+    with warnings.catch_warnings(record=True) as said, pytest.raises(UserError) as info:
+        warnings.simplefilter("always")
         cfg = compose_cfg(args)
         Leader(cfg, str(tmp_path / "run")).run()
     while _LOCKS:
@@ -204,6 +206,8 @@ def test_bad_input_is_refused_before_anything_starts(tmp_path: Path, monkeypatch
     msg = str(info.value)
     assert msg.startswith(key), msg
     assert "\n" not in msg.strip(), "the message must fit on one line"
+    # Nor may a warning print above it (torch warned about broadcasting before mse_loss failed).
+    assert not said, [f"{w.category.__name__}: {w.message}" for w in said]
     assert not list(tmp_path.glob("run/checkpoints/*.pt")), "a failed start must not write checkpoints"
 
 
