@@ -135,6 +135,26 @@ def test_preflight_names_a_model_whose_forward_returns_a_tuple(tmp_cwd: object) 
         preflight(Pair(), ds, build_task(compose_cfg([]), ds), 8, CPU)
 
 
+def test_preflight_says_a_working_loss_s_warning_once_as_one_log_line(tmp_cwd: object,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    import dataclasses
+    import logging
+    import warnings
+
+    def warns(out: Tensor, y: Tensor) -> Tensor:
+        warnings.warn("a loss that warns\nover two lines", UserWarning, stacklevel=2)
+        return ((out - y) ** 2).mean()
+
+    ds = _regression()
+    task = dataclasses.replace(build_task(compose_cfg([]), ds), loss=warns)
+    with warnings.catch_warnings(record=True) as escaped, caplog.at_level(logging.WARNING, "hogwild.replica.task"):
+        warnings.simplefilter("always")
+        preflight(Identity(), ds, task, 8, CPU)
+    assert not escaped, [str(w.message) for w in escaped]
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["loss: on output (8,) and labels (8,): a loss that warns"], said
+
+
 def test_the_verdict_uses_the_task_s_own_baseline(tmp_cwd: object) -> None:
     from hogwild.replica.build import Replica
     from hogwild.report.verdict import judge
