@@ -1,12 +1,20 @@
 """Is the model worth a checkpoint? A diverged model must never overwrite a good file
-(docs/design.md, rule 18). Pure functions: the writer supplies the numbers; report/verdict.py
-reuses them for the run's verdict.
+(docs/design.md, rule 18). The writer and report/verdict.py (the run's verdict) ask the same
+question, of the live buffer: :func:`model_trouble`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from hogwild.replica.shared import Slot
+
+# Slots named in a non-finite model's message: enough to say where, one line still.
+WHERE_SHOWN = 3
 
 # Cross-entropy of a model that has learned nothing is about ln(classes); a loss this many
 # times above the larger of that and the starting loss means the updates blew the model up.
@@ -30,3 +38,21 @@ def diverged(model_finite: bool, loss: float, bar: float) -> Optional[str]:
     if not math.isfinite(loss) or loss > bar:
         return f"the loss diverged ({loss:.4g}, above {bar:.4g})"
     return None
+
+
+def nonfinite_where(flat: Tensor, slots: Sequence[Slot]) -> str:
+    """Which parameters or buffers hold the NaN/Inf values, and how many each: a model that went
+    bad in one layer (a BatchNorm variance, an embedding row) reads differently from one that
+    blew up everywhere."""
+    bad = [(s.name, int((~torch.isfinite(s.view(flat))).sum()), s.numel) for s in slots]
+    bad = [b for b in bad if b[1]]
+    shown = ", ".join(f"{name} {n:,} of {total:,}" for name, n, total in bad[:WHERE_SHOWN])
+    more = f" and {len(bad) - WHERE_SHOWN} more" if len(bad) > WHERE_SHOWN else ""
+    return f"in {shown}{more}" if bad else "outside the model's parameters"
+
+
+def model_trouble(flat: Tensor, slots: Sequence[Slot], loss: float, bar: float) -> Optional[str]:
+    """:func:`diverged` for a model held in ``flat``, saying where its non-finite values are."""
+    finite = bool(torch.isfinite(flat).all())
+    bad = diverged(finite, loss, bar)
+    return bad if bad is None or finite else f"{bad} ({nonfinite_where(flat, slots)})"

@@ -16,11 +16,11 @@ import torch
 from torch import Tensor, nn
 
 from hogwild.checkpoint import store as checkpoint
-from hogwild.checkpoint.health import diverged
+from hogwild.checkpoint.health import model_trouble
 from hogwild.errors import EXIT_FAILED, EXIT_WRITE
 from hogwild.replica.board import Board, Counts
 from hogwild.replica.build import Replica
-from hogwild.replica.shared import state_dict_of
+from hogwild.replica.shared import layout, state_dict_of
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class Saver:
               config: dict[str, Any], loss: float) -> Optional[tuple[str, int]]:
         """Write a checkpoint of ``rep`` if it is good. Returns (why not, exit code) when the
         run must stop: the model went bad, or the disk refused the file twice."""
-        bad = diverged(bool(torch.isfinite(rep.flat).all()), loss, self.loss_bar)
+        bad = model_trouble(rep.flat, layout(rep.model), loss, self.loss_bar)
         if bad is not None:
             return f"{bad}: not checkpointed; {self.kept()}", EXIT_FAILED
         data = payload(model_name=self.model_name, shapes=rep.shapes, flat=rep.flat, opt_state=rep.opt_state,

@@ -9,10 +9,9 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
-
-from hogwild.checkpoint.health import diverged
+from hogwild.checkpoint.health import model_trouble
 from hogwild.replica.build import Replica
+from hogwild.replica.shared import layout
 from hogwild.replica.task import Task
 
 # More than this share of update attempts skipped as non-finite: the run did not train.
@@ -47,7 +46,7 @@ def judge(rep: Replica, scores: dict[str, float], bar: float, applied: int, skip
     training mean, the training tokens' frequencies)."""
     task, attempts = rep.task, applied + skipped
     test_loss = scores["loss"]
-    failure = diverged(bool(torch.isfinite(rep.flat).all()), test_loss if not math.isnan(test_loss) else math.inf, bar)
+    failure = model_trouble(rep.flat, layout(rep.model), test_loss if not math.isnan(test_loss) else math.inf, bar)
     if failure is None and attempts > 0 and skipped > MAX_SKIPPED_SHARE * attempts:
         failure = f"{skipped} of {attempts} updates were skipped as non-finite"
     if failure is not None:

@@ -156,3 +156,20 @@ def test_verdict_refuses_non_finite_and_diverged_models() -> None:
     assert "diverged" in diverged(True, 2.6e26, bar)
     assert "diverged" in diverged(True, math.inf, bar)
     assert chance_accuracy(torch.tensor([0, 1, 1, 1])) == 0.75
+
+
+def test_a_non_finite_model_is_refused_naming_where_its_nan_values_are() -> None:
+    from torch import nn
+
+    from hogwild.checkpoint.health import model_trouble
+    from hogwild.replica.shared import layout, share_model
+
+    model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Linear(3, 2))
+    flat = share_model(model, "cpu")
+    slots = layout(model)
+    assert model_trouble(flat, slots, 0.5, 10.0) is None
+    with torch.no_grad():
+        model[0].weight[0, :2] = math.nan
+        model[1].running_var[1] = math.inf
+    msg = model_trouble(flat, slots, 0.5, 10.0)
+    assert msg == "the model holds non-finite values (in 0.weight 2 of 12, 1.running_var 1 of 3)", msg
