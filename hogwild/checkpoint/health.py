@@ -6,12 +6,12 @@ question, of the live buffer: :func:`model_trouble`.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from hogwild.replica.shared import Slot
+from hogwild.replica.shared import Slot, layout
 
 # Slots named in a non-finite model's message: enough to say where, one line still.
 WHERE_SHOWN = 3
@@ -56,3 +56,24 @@ def model_trouble(flat: Tensor, slots: Sequence[Slot], loss: float, bar: float) 
     finite = bool(torch.isfinite(flat).all())
     bad = diverged(finite, loss, bar)
     return bad if bad is None or finite else f"{bad} ({nonfinite_where(flat, slots)})"
+
+
+def probe_loss(model: nn.Module, flat: Tensor, inputs: tuple[Tensor, ...], labels: Tensor,
+               loss: Callable[[Tensor, Tensor], Tensor]) -> float:
+    """The loss of the values in ``flat`` (a snapshot of the shared buffer, not the buffer itself)
+    on one fixed training batch, in ``eval()`` mode; NaN counts as infinite.
+
+    The workers' loss average lags the model by an update: it holds the loss measured *before*
+    the last step, so a step that blew the model up (optim.lr=1e6) still shows the good loss
+    until the next one is measured. A checkpoint written in that moment would replace the last
+    good file with garbage (seen with checkpoint.keep=1 beside a CPU hog). This loss is of the
+    very values the file will hold."""
+    values = {s.name: s.view(flat) for s in layout(model)}
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            value = float(loss(torch.func.functional_call(model, values, inputs), labels))
+    finally:
+        model.train(was_training)
+    return math.inf if math.isnan(value) else value

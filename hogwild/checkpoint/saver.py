@@ -16,13 +16,17 @@ import torch
 from torch import Tensor, nn
 
 from hogwild.checkpoint import store as checkpoint
-from hogwild.checkpoint.health import model_trouble
+from hogwild.checkpoint.health import model_trouble, probe_loss
 from hogwild.errors import EXIT_FAILED, EXIT_WRITE
 from hogwild.replica.board import Board, Counts
 from hogwild.replica.build import Replica
 from hogwild.replica.shared import layout, state_dict_of
 
 logger = logging.getLogger(__name__)
+
+# Samples of the training split whose loss judges each checkpoint before it is written: enough
+# for a mean (one sample's loss may be large in a good model), one forward pass of a batch.
+PROBE_SAMPLES = 64
 
 
 def payload(*, model_name: str, shapes: list[tuple[int, ...]], flat: Tensor,
@@ -58,6 +62,7 @@ class Saver:
         self.loss_bar = float("inf")
         """Set once the starting loss is known (checkpoint/health.py: loss_bar)."""
         self._seen: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+        self._probe: Optional[tuple[tuple[Tensor, ...], Tensor]] = None
 
     def gathered(self, positions: torch.Tensor, job: Counts, own: Counts) -> None:
         """Every replica's positions and the job totals, as a collective just saw them, with
@@ -86,6 +91,15 @@ class Saver:
         positions[rank] = torch.from_numpy(board.stats["pos"].copy())
         return positions, Counts.from_tensor(job + own.to_tensor() - own_then)
 
+    def _probe_batch(self, rep: Replica) -> tuple[tuple[Tensor, ...], Tensor]:
+        """The first samples of the training split, on the model's device, kept for every write."""
+        if self._probe is None:
+            idx = torch.arange(min(PROBE_SAMPLES, len(rep.ds.train)))
+            inputs, labels = rep.ds.train.batch(idx)
+            device = rep.flat.device
+            self._probe = tuple(t.to(device) for t in inputs), labels.to(device)
+        return self._probe
+
     def kept(self) -> str:
         return f"kept the last good checkpoint {self.last_good}" if self.last_good else "no good checkpoint to keep"
 
@@ -93,10 +107,14 @@ class Saver:
               config: dict[str, Any], loss: float) -> Optional[tuple[str, int]]:
         """Write a checkpoint of ``rep`` if it is good. Returns (why not, exit code) when the
         run must stop: the model went bad, or the disk refused the file twice."""
-        bad = model_trouble(rep.flat, layout(rep.model), loss, self.loss_bar)
+        snap = rep.flat.detach().clone()  # judged and written as one: the workers write on meanwhile
+        slots = layout(rep.model)
+        bad = (model_trouble(snap, slots, loss, self.loss_bar)
+               or model_trouble(snap, slots, probe_loss(rep.model, snap, *self._probe_batch(rep), rep.task.loss),
+                                self.loss_bar))
         if bad is not None:
             return f"{bad}: not checkpointed; {self.kept()}", EXIT_FAILED
-        data = payload(model_name=self.model_name, shapes=rep.shapes, flat=rep.flat, opt_state=rep.opt_state,
+        data = payload(model_name=self.model_name, shapes=rep.shapes, flat=snap, opt_state=rep.opt_state,
                        positions=positions, counters=counters, sync_state=sync_state, config=config,
                        lineage=self.lineage, model=rep.model)
         try:

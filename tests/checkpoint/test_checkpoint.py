@@ -173,3 +173,37 @@ def test_a_non_finite_model_is_refused_naming_where_its_nan_values_are() -> None
         model[1].running_var[1] = math.inf
     msg = model_trouble(flat, slots, 0.5, 10.0)
     assert msg == "the model holds non-finite values (in 0.weight 2 of 12, 1.running_var 1 of 3)", msg
+
+
+def test_a_step_that_blew_the_model_up_is_not_written_while_the_loss_average_still_looks_good(
+        tmp_path: Path) -> None:
+    """The workers' loss average holds the loss measured before the last update. The writer
+    judges the values it writes by their own loss, so a good-looking average cannot carry a
+    blown-up model over the last good file (checkpoint.keep=1 would have pruned it)."""
+    from torch import nn
+
+    from hogwild.checkpoint.saver import Saver
+    from hogwild.data.splits import Dataset, Split
+    from hogwild.errors import EXIT_FAILED
+    from hogwild.replica.board import Counts
+    from hogwild.replica.build import Replica
+    from hogwild.replica.shared import share_model
+    from hogwild.replica.task import DEFAULT_LOSS, Task
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(100, 4, generator=g), torch.randint(0, 3, (100,), generator=g)
+    ds = Dataset(Split((x,), y), Split((x,), y), 3, (4,))
+    model = nn.Linear(4, 3)
+    rep = Replica(ds, model, share_model(model, "cpu"), None,
+                  Task("classification", DEFAULT_LOSS["classification"], 3))
+    saver = Saver(tmp_path, keep=1, lineage="aaaa", model_name="linear")
+    saver.loss_bar = loss_bar(1.1, 3)
+    kw = dict(positions=torch.zeros(1, 1, dtype=torch.float64), counters=Counts(), sync_state={}, config={})
+    assert saver.write(rep, loss=1.0, **kw) is None
+    good = saver.last_good
+    with torch.no_grad():
+        model.weight.mul_(1e6)  # one update at optim.lr=1e6: finite, and far past the bar
+    failed = saver.write(rep, loss=1.0, **kw)  # the average has not seen a loss of it yet
+    assert failed is not None and failed[1] == EXIT_FAILED and failed[0].startswith("the loss diverged"), failed
+    assert [n for n in _names(tmp_path) if n.startswith("step_")] == [Path(str(good)).name]
+    assert saver.last_good == good
