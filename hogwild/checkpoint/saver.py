@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from hogwild.checkpoint import store as checkpoint
-from hogwild.checkpoint.health import model_trouble, probe_loss
+from hogwild.checkpoint.health import diverged, model_trouble, probe_loss
 from hogwild.errors import EXIT_FAILED, EXIT_WRITE
 from hogwild.replica.board import Board, Counts
 from hogwild.replica.build import Replica
@@ -109,9 +109,9 @@ class Saver:
         run must stop: the model went bad, or the disk refused the file twice."""
         snap = rep.flat.detach().clone()  # judged and written as one: the workers write on meanwhile
         slots = layout(rep.model)
-        bad = (model_trouble(snap, slots, loss, self.loss_bar)
-               or model_trouble(snap, slots, probe_loss(rep.model, snap, *self._probe_batch(rep), rep.task.loss),
-                                self.loss_bar))
+        bad = model_trouble(snap, slots, loss, self.loss_bar)
+        if bad is None:  # finite: the snapshot's own loss needs no second pass over it
+            bad = diverged(True, probe_loss(rep.model, snap, *self._probe_batch(rep), rep.task.loss), self.loss_bar)
         if bad is not None:
             return f"{bad}: not checkpointed; {self.kept()}", EXIT_FAILED
         data = payload(model_name=self.model_name, shapes=rep.shapes, flat=snap, opt_state=rep.opt_state,

@@ -218,14 +218,13 @@ class ElasticGroup(Group):
         not kept (Membership.put), so a coordinator restart never puts them back over what the
         slot itself publishes later."""
         table = self.restored_positions
-        zeros = Counts().to_tensor().numpy().tobytes()
         for s in range(self.env.world_size):
             if s in ep.members:
                 continue
-            pos = table[s] if table is not None else torch.zeros(self.crew.workers)
+            pos = table[s].numpy() if table is not None else np.zeros(self.crew.workers)
             try:
-                self.m.link.set(f"pos/{s}", pos.to(torch.float64).numpy().tobytes())
-                self.m.link.set(f"done/{s}", zeros)
+                for key, raw in slot_record(s, pos, Counts()).items():
+                    self.m.link.set(key, raw)
             except CoordinatorAway:  # the stale ones stay: say so, a resume would show it
                 logger.warning("slot %d: the coordinator went away before slot %d's positions were reset",
                                self.env.rank, s)
@@ -276,9 +275,9 @@ class ElasticGroup(Group):
     def _publish(self) -> None:
         """This slot's data positions and totals, for a restarted slot to go on from and for the
         job's count while the slot is away."""
-        self.m.put(f"pos/{self.env.rank}", self.crew.board.stats["pos"].astype(np.float64).tobytes())
-        self.m.put(f"done/{self.env.rank}", self.own(self.crew.board.totals(self.crew.pool.restarts))
-                   .to_tensor().numpy().tobytes())
+        totals = self.own(self.crew.board.totals(self.crew.pool.restarts))
+        for key, raw in slot_record(self.env.rank, self.crew.board.stats["pos"], totals).items():
+            self.m.put(key, raw)
 
     def wants_reform(self) -> bool:
         self._became(self.m.epoch)  # the writer may take the lock a dropped writer has let go
@@ -404,6 +403,13 @@ class ElasticGroup(Group):
         if self.connected:
             self.comm.abandon()
             self.m.close()
+
+
+def slot_record(slot: int, positions: np.ndarray, totals: Counts) -> dict[str, bytes]:
+    """A slot's data positions and totals as the coordinator holds them (read back with
+    :func:`floats`)."""
+    return {f"pos/{slot}": np.asarray(positions, dtype=np.float64).tobytes(),
+            f"done/{slot}": totals.to_tensor().numpy().tobytes()}
 
 
 def floats(n: int) -> Callable[[bytes], np.ndarray]:
