@@ -297,7 +297,7 @@ class Leader:
                              timing=timing, sync=sync_stats, workers=crew.workers, threads=crew.specs[0].threads,
                              replicas=self.env.world_size, sync_mode=self.cfg.sync.mode,
                              schedule=crew.schedule, resumed=crew.restored, run_dir=crew.run_dir).metrics()
-        metrics.update(verdict=verdict.summary, **group.report())
+        metrics.update(verdict=verdict.summary, target_held=tel.target_held(), **group.report())
         write_report(crew.run_dir / "metrics.json", metrics)
         tel.metrics.hparams(flatten("", self._config_dict()), {f"test_{k}": v for k, v in tel.scores.items()})
         tel.metrics.close()

@@ -35,6 +35,7 @@ def test_a_real_runs_metrics_are_strict_json(tmp_path: Path) -> None:
     result = hogwild.train(["workers=1", "train.max_steps=30", "eval.every_s=100", f"run_dir={tmp_path / 'run'}"])
     m = _strict((tmp_path / "run" / "metrics.json").read_text())
     assert m["time_to_target_s"] is None, "no target was set: the time to it does not exist"
+    assert m["target_held"] is None, "no target stopped the run: there is nothing to hold"
     assert result.metrics is not None and result.metrics["steps"] == m["steps"] == 30
     with pytest.raises(ValueError):
         _strict('{"x": NaN}')  # the reader used here does refuse what the old files held
