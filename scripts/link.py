@@ -1,7 +1,8 @@
 """Rounds over a slow link: time to a stated quality, and bytes per replica per step, for DDP,
 hogwild's wires and fragments, and torchft's DiLoCo, side by side in one run.
 
-N simulated machines live in network namespaces, each pinned to one core, each with one
+N simulated machines live in network namespaces, each pinned to one core (with more machines
+than cores, each gets an equal CFS share of them instead), each with one
 veth into a bridge (a switch) and its egress shaped with ``tbf`` to the rate, plus ``netem``
 delay where the kernel has it. Needs root and iproute2; anywhere else it says why and exits 0.
 
@@ -136,14 +137,57 @@ def _env(i: int) -> dict[str, str]:
             "PYTHONUNBUFFERED": "1", "RUST_LOG": "error"}
 
 
-def on_machines(cmds: list[list[str]], timeout: float) -> tuple[list[str], float]:
-    """Run ``cmds[i]`` on machine i, pinned to a core of its own where there are enough (the
-    machines otherwise share the host's cores evenly); returns their logs and the mean bytes a
-    machine sent on its link."""
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
+"""cgroup v1's cpu controller: where the machines get equal shares when there are more of them
+than cores."""
+
+
+def cpu_shares(machines: int) -> Optional[str]:
+    """With more machines than cores, give each machine a cgroup whose CFS quota is an equal share
+    of the host's cores (3 machines on 2 cores: 2/3 of a core each, however the scheduler places
+    them); pinning them instead would put two machines on one core and leave the third one alone.
+    Returns what was applied, or None where every machine has a core of its own."""
     cores = os.cpu_count() or 1
+    if machines <= cores:
+        return None
+    period = 100_000
+    try:
+        for i in range(machines):
+            d = CGROUP_CPU / ns(i)
+            d.mkdir(exist_ok=True)
+            (d / "cpu.cfs_period_us").write_text(f"{period}\n")
+            (d / "cpu.cfs_quota_us").write_text(f"{period * cores // machines}\n")
+    except OSError as e:
+        raise SystemExit(f"--machines {machines}: more machines than this host's {cores} cores needs "
+                         f"cgroup v1's cpu controller at {CGROUP_CPU} to share them evenly ({e})") from None
+    return f"{cores}/{machines} of a core each (CFS quota, {cores} cores shared)"
+
+
+def drop_cpu_shares(machines: int = 8) -> None:
+    for i in range(machines):
+        try:
+            (CGROUP_CPU / ns(i)).rmdir()
+        except OSError:  # not made, or a process of a killed run still in it: the next run reuses it
+            pass
+
+
+def _placement(i: int, machines: int) -> list[str]:
+    """The prefix that puts machine i's processes on its CPU: its cgroup (entered before the
+    namespace, whose /sys hides the host's cgroup mount) or a core of its own."""
+    cores = os.cpu_count() or 1
+    if machines > cores:
+        procs = CGROUP_CPU / ns(i) / "cgroup.procs"
+        return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh"]
+    return ["taskset", "-c", str(i)]
+
+
+def on_machines(cmds: list[list[str]], timeout: float) -> tuple[list[str], float]:
+    """Run ``cmds[i]`` on machine i, on a core of its own where there are enough, else on an
+    equal share of the cores (:func:`cpu_shares`); returns their logs and the mean bytes a machine
+    sent on its link."""
     before = [tx_bytes(i) for i in range(len(cmds))]
     enter = (lambda i: []) if LOOPBACK else (lambda i: ["ip", "netns", "exec", ns(i)])
-    procs = [subprocess.Popen([*enter(i), "taskset", "-c", str(i % cores), *cmd],
+    procs = [subprocess.Popen([*_placement(i, len(cmds)), *enter(i), *cmd],
                               env=_env(i), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
              for i, cmd in enumerate(cmds)]
     try:
@@ -178,7 +222,7 @@ def hogwild(w: Workload, machines: int, interval: int, extra: list[str], root: P
     return {"time_to_target_s": m["time_to_target_s"], "test_accuracy": m["test_accuracy"],
             "bytes_per_step": m["sync_bytes_per_step"], "tx_bytes_per_step": sent / steps,
             "steps_per_replica": steps, "syncs": m["syncs"], "link_s": m["sync_link_s"],
-            "wall_s": m["wall_s"]}
+            "wall_s": m["wall_s"], "target_held": m.get("target_held")}
 
 
 def _result_line(logs: list[str]) -> dict[str, Any]:
@@ -233,12 +277,13 @@ def report(res: dict[str, Any], label: str, out: Path) -> None:
     lines = [f"{res['machines']} machines, link: {res['shaping']}, {res['workload']} "
              f"({res['params']:,} parameters) to {res['target']}, interval {res['interval']}", "",
              "| method | median s to target | missed | median final acc | bytes/replica/step (rounds) "
-             "| tx bytes/replica/step | DDP time / this |", "|---|---|---|---|---|---|---|"]
+             "| tx bytes/replica/step | DDP time / this | final below target |", "|---|---|---|---|---|---|---|---|"]
     d = res["methods"].get("ddp", {}).get("median_s")
     for k, v in res["methods"].items():
         speed = f"{d / v['median_s']:.1f}x" if reached(d) and reached(v["median_s"]) else "-"
         lines.append(f"| {k} | {v['median_s']:.2f} | {v['missed']} | {v['accuracy']:.4f} | "
-                     f"{v['bytes_per_step']:,.0f} | {v['tx_bytes_per_step']:,.0f} | {speed} |")
+                     f"{v['bytes_per_step']:,.0f} | {v['tx_bytes_per_step']:,.0f} | {speed} | "
+                     f"{v.get('final_below_target', 0)} |")
     (out / f"{label}.md").write_text("\n".join(lines) + "\n")
     sys.stdout.write("\n".join(lines) + "\n")
     if not any(reached(r.get("time_to_target_s")) for v in res["methods"].values() for r in v["runs"]):
@@ -312,6 +357,10 @@ def main() -> None:
     root.mkdir(exist_ok=True)
     params = w_params(w)
     shaping = "loopback" if LOOPBACK else setup(args.machines, args.rate, args.delay_ms)
+    shares = cpu_shares(args.machines)
+    if shares:
+        shaping += f"; CPU: {shares}"
+        logger.info("%d machines on %d cores: %s", args.machines, os.cpu_count(), shares)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     fns: dict[str, Callable[[], dict[str, Any]]] = {
         m: (lambda m=m: hogwild(w, args.machines, args.interval, METHODS[m] or [], root)) for m in methods}
@@ -336,6 +385,7 @@ def main() -> None:
     finally:
         if not LOOPBACK:
             teardown(args.machines)
+        drop_cpu_shares(args.machines)
     report(summary(head, runs), label, args.out)
 
 
@@ -349,7 +399,10 @@ def summary(head: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> dict
             "median_s": statistics.median(times) if times else float("nan"), "missed": len(rs) - len(times),
             "accuracy": statistics.median(r["test_accuracy"] for r in rs),
             "bytes_per_step": statistics.median(r["bytes_per_step"] for r in rs),
-            "tx_bytes_per_step": statistics.median(r["tx_bytes_per_step"] for r in rs), "runs": rs}
+            "tx_bytes_per_step": statistics.median(r["tx_bytes_per_step"] for r in rs),
+            # hogwild stops on rank 0's live model and ends on the replicas' mean; the baselines
+            # stop on the model they end with, so only hogwild's runs can land below the target.
+            "final_below_target": sum(r.get("target_held") is False for r in rs), "runs": rs}
     return res
 
 
