@@ -14,7 +14,10 @@ deadline (:class:`Bounded`) or until asked to stop (:func:`until_stopped`). A ca
 left to finish by itself; until it does, :class:`Bounded` fails later calls at once instead of
 piling more blocked threads onto a dead server. A process that exits while one still runs must
 leave with ``os._exit`` (see :func:`left_running`): tearing the interpreter down under a thread
-inside C++ aborts it ("terminate called without an active exception").
+inside C++ aborts it ("terminate called without an active exception"). The same holds for a
+process group aborted in the middle of a run (:func:`hold`): its worker threads may still hold a
+collective's tensors, and freeing those during teardown takes the GIL from a dying interpreter.
+That holds whatever the run's exit code: a run that recovered and finished well exits 0 the same way.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from hogwild.errors import StopNow
 T = TypeVar("T")
 
 _LEFT: list[threading.Thread] = []
+_HELD: list[object] = []  # aborted process groups: never freed, so no destructor runs in teardown
 _LEFT_LOCK = threading.Lock()
 
 
@@ -35,15 +39,24 @@ class CallTimedOut(TimeoutError):
 
 
 def left_running() -> bool:
-    """Some native call given up on still runs: the process must end with ``os._exit``."""
+    """Some native call given up on still runs, or a group was aborted mid-run: the process
+    must end with ``os._exit``."""
     with _LEFT_LOCK:
         _LEFT[:] = [t for t in _LEFT if t.is_alive()]
-        return bool(_LEFT)
+        return bool(_LEFT) or bool(_HELD)
 
 
-def _leave(thread: threading.Thread) -> None:
+def leave(thread: threading.Thread) -> None:
+    """A thread inside a native call that its caller gave up on (see the module)."""
     with _LEFT_LOCK:
         _LEFT.append(thread)
+
+
+def hold(obj: object) -> None:
+    """Native state given up on mid-run (an aborted process group): kept until the process
+    ends, which it then does with ``os._exit`` (see the module)."""
+    with _LEFT_LOCK:
+        _HELD.append(obj)
 
 
 def _start(fn: Callable[[], T], name: str) -> tuple[threading.Thread, dict[str, object]]:
@@ -89,7 +102,7 @@ class Bounded:
         if thread.is_alive():
             with self._lock:
                 self._stuck = thread
-            _leave(thread)
+            leave(thread)
             raise CallTimedOut(f"{what}: no answer within {self.deadline_s:g}s")
         return _result(box)
 
@@ -105,6 +118,6 @@ def until_stopped(fn: Callable[[], T], stopped: Callable[[], bool], name: str, p
             thread.join(poll_s)
     except BaseException:
         if thread.is_alive():
-            _leave(thread)
+            leave(thread)
         raise
     return _result(box)

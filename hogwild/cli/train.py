@@ -15,6 +15,7 @@ from typing import Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from hogwild.cli.common import import_from_cwd
@@ -42,16 +43,19 @@ def _hydra_main(dcfg: DictConfig) -> Optional[float]:
     except Exception as e:  # noqa: BLE001 - else Hydra prints the raw traceback and exits 1
         crash(e, Path(run_dir) if Path(run_dir).is_dir() else None)
     log_result(result)
+    if result.exit_code != 0 and result.error:
+        say_error(result.error)
+    if (result.peer_lost or left_running()) and not HydraConfig.get().mode == RunMode.MULTIRUN:
+        # A collective to a lost peer is still pending inside Gloo/NCCL, a group was aborted
+        # mid-run, or a native call given up on still runs (hogwild/native.py): tearing the
+        # interpreter down under them aborts it (SIGABRT), even after a run that recovered and
+        # finished well. A sweep's next job needs this interpreter, so there it is left to chance.
+        logger.debug("leaving with os._exit(%d): native work given up on may still run", result.exit_code)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(result.exit_code)
     if result.exit_code != 0:
-        if result.error:
-            say_error(result.error)
-        if result.peer_lost or left_running():
-            # A collective to the lost peer is still pending inside Gloo/NCCL, or a native call
-            # given up on still runs (hogwild/native.py); tearing the interpreter down would
-            # destroy its thread and abort (SIGABRT) instead of exiting with the run's code.
-            logging.shutdown()
-            sys.stdout.flush()
-            os._exit(result.exit_code)
         raise SystemExit(result.exit_code)
     m = result.metrics or {}
     headline = m.get(f"test_{HEADLINE[m['task']]}") if "task" in m else None

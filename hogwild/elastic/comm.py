@@ -22,6 +22,7 @@ from torch import Tensor
 from hogwild.elastic.link import CoordinatorAway
 from hogwild.elastic.membership import Epoch, Membership
 from hogwild.errors import first_line
+from hogwild.native import hold, leave
 from hogwild.sync.comm import SYNC_ROUND, Comm, PeerLost
 
 logger = logging.getLogger(__name__)
@@ -37,7 +38,6 @@ class ElasticComm(Comm):
         # completing everywhere, as when this leader judges a peer lost the moment the others finish.
         self.lose_rounds, self.rounds = lose_rounds, 0
         self.pg: Optional[Any] = None
-        self._abandoned: list[Any] = []  # aborted groups; kept so no thread frees a buffer in use
 
     @property
     def rank(self) -> int:  # type: ignore[override]
@@ -72,25 +72,34 @@ class ElasticComm(Comm):
         builder = threading.Thread(target=build, name="hogwild-group", daemon=True)
         builder.start()
         t0 = time.monotonic()
-        while True:
-            builder.join(CHECK_EVERY_S)
-            if not builder.is_alive():
-                break
-            self.m.tick()  # waiting for the others is this loop's progress
-            self._check_peers(what)  # an abandoned constructor gives up on its own, at its timeout
-            if time.monotonic() - t0 > self.timeout_s + CHECK_EVERY_S:
-                raise PeerLost(f"sync: {what} did not form within {self.timeout_s:.0f}s (sync.timeout_s)")
+        try:
+            while True:
+                builder.join(CHECK_EVERY_S)
+                if not builder.is_alive():
+                    break
+                self.m.tick()  # waiting for the others is this loop's progress
+                self._check_peers(what)  # an abandoned constructor gives up on its own, at its timeout
+                if time.monotonic() - t0 > self.timeout_s + CHECK_EVERY_S:
+                    raise PeerLost(f"sync: {what} did not form within {self.timeout_s:.0f}s (sync.timeout_s)")
+        except BaseException:
+            if builder.is_alive():
+                leave(builder)
+            raise
         if "error" in box:
             raise PeerLost(f"sync: {what} did not form: {first_line(box['error'])}") from None
         self.pg = box["pg"]
 
-    def abandon(self) -> None:
+    def abandon(self, midway: bool = True) -> None:
+        """Abort the current group. ``midway``: a collective may still be in flight on it, so
+        it is held to the end of the process (hogwild/native.py) rather than freed; a group
+        closed after the job's last collective completed is simply let go."""
         if self.pg is not None:
             try:
                 self.pg.abort()
             except Exception:  # noqa: BLE001 - a broken group may refuse even that
                 logger.debug("abort failed", exc_info=True)
-            self._abandoned.append(self.pg)
+            if midway:
+                hold(self.pg)
             self.pg = None
 
     def _wait(self, work: Any, timeout_s: Optional[float], what: str) -> None:

@@ -401,7 +401,7 @@ class ElasticGroup(Group):
         if self.lock is not None:
             self.lock.release()
         if self.connected:
-            self.comm.abandon()
+            self.comm.abandon(midway=degraded)
             self.m.close()
 
 
