@@ -45,7 +45,8 @@ def _hydra_main(dcfg: DictConfig) -> Optional[float]:
     log_result(result)
     if result.exit_code != 0 and result.error:
         say_error(result.error)
-    if (result.peer_lost or left_running()) and not HydraConfig.get().mode == RunMode.MULTIRUN:
+    sweep_goes_on = result.exit_code == 0 and HydraConfig.get().mode == RunMode.MULTIRUN
+    if (result.peer_lost or left_running()) and not sweep_goes_on:
         # A collective to a lost peer is still pending inside Gloo/NCCL, a group was aborted
         # mid-run, or a native call given up on still runs (hogwild/native.py): tearing the
         # interpreter down under them aborts it (SIGABRT), even after a run that recovered and
