@@ -29,7 +29,7 @@ from hogwild.leader.api import Control, Crew, Group
 from hogwild.leader.torchrun import TorchrunGroup
 from hogwild.replica import resources
 from hogwild.replica.board import Board, Counts, previous_attempt
-from hogwild.replica.build import build_replica
+from hogwild.replica.build import build_replica, replica_device
 from hogwild.replica.faults import dump_final, exit_after_final
 from hogwild.replica.models import model_id
 from hogwild.replica.pool import WorkerPool, worker_specs
@@ -69,7 +69,8 @@ class Leader:
         torch.set_num_threads(1)  # the leader sleeps; the cores belong to the workers
         k = resolve_workers(cfg.workers, env.local_world_size)
         resources.check(cfg, k, env.local_world_size)  # before anything is allocated
-        rep = build_replica(cfg)
+        device = replica_device(cfg.device, env.local_rank)
+        rep = build_replica(cfg, device)
         comm, run_dir = group.connect(cfg, self.run_dir, k, rep)
         self.run_dir = run_dir
         rule = make_rule(cfg.sync, comm, rep.param_numel)
@@ -86,7 +87,6 @@ class Leader:
             # them: a checkpoint written alone before then must not put their shards back to zero.
             saver.gathered(restored.positions, Counts(), Counts())
         specs = worker_specs(cfg, env, k, len(rep.ds.train))
-        device = torch.device("cuda", env.local_rank) if cfg.device == "cuda" else torch.device("cpu")
         tel = Telemetry(cfg, run_dir, env.rank == 0, rep.model, rep.ds.test, device, rep.task, group.alive)
         rounds = Rounds(rep.flat, rule, comm, board, schedule, base.syncs)
         pool = WorkerPool(cfg, specs, rep, board)

@@ -41,9 +41,25 @@ class Replica:
         return sum(s.numel for s in param_slots(self.model))
 
 
-def build_replica(cfg: Config) -> Replica:
-    if cfg.device == "cuda" and not torch.cuda.is_available():
+def replica_device(device: str, local_rank: int) -> torch.device:
+    """The device this replica's model lives on: ``cuda:LOCAL_RANK`` made current before the flat
+    buffer is allocated. Made current any later (when the process group is joined), a second
+    local rank would allocate on GPU 0 and join NCCL on GPU 1: two ranks on one GPU, which NCCL
+    refuses ("Duplicate GPU detected")."""
+    if device != "cuda":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
         raise ConfigError("device: cuda requested but torch.cuda.is_available() is False")
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise ConfigError(f"device: cuda for LOCAL_RANK {local_rank}, but this machine shows {count} GPU(s); "
+                          f"start at most {count} replica(s) per machine (--nproc-per-node)")
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def build_replica(cfg: Config, device: torch.device = torch.device("cpu")) -> Replica:
+    """``device`` comes from :func:`replica_device`, which has made it current."""
     ds = load_dataset(cfg.data).share_memory_()
     model = build_model(cfg.model, ds, cfg.train.seed)
     task = build_task(cfg, ds)
@@ -53,8 +69,8 @@ def build_replica(cfg: Config) -> Replica:
     check_schedule(cfg.sched, cfg.optim.lr)
     if cfg.optim._target_:
         torch_optimizer(cfg.optim, list(model.parameters()))  # built once here: a bad one fails in one line
-    flat = share_model(model, cfg.device)
+    flat = share_model(model, device.type)
     opt_state = None
     if cfg.optim.state == "shared":
-        opt_state = FlatOptimizer.new_state(cfg.optim, flat.numel(), lambda n: alloc(n, cfg.device))
+        opt_state = FlatOptimizer.new_state(cfg.optim, flat.numel(), lambda n: alloc(n, device.type))
     return Replica(ds, model, flat, opt_state, task)
