@@ -38,3 +38,19 @@ def test_bench_rejects_an_unknown_section(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--only", "nope",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=60, env=clean_env())
     assert proc.returncode == 2 and "unknown section(s) nope" in proc.stderr
+
+
+def test_gpu_bench_checks_its_sections_then_says_when_there_is_no_gpu(tmp_path: Path) -> None:
+    script = [sys.executable, str(REPO / "scripts" / "gpu.py")]
+    bad = subprocess.run([*script, "--only", "sync,nope", "--out", str(tmp_path)], capture_output=True, text=True,
+                         timeout=60, env=clean_env())
+    assert bad.returncode == 2 and "unknown section(s) nope" in bad.stderr
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the benchmark would run")
+    none = subprocess.run([*script, "--only", "sync", "--out", str(tmp_path / "g")], capture_output=True, text=True,
+                          timeout=60, env=clean_env())
+    assert none.returncode == 1 and none.stderr.strip() == (
+        "gpu.py: no CUDA GPU is visible (torch.cuda.is_available() is False)")
+    assert not (tmp_path / "g").exists(), "nothing is written without a GPU"
