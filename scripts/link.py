@@ -142,6 +142,11 @@ CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 than cores."""
 
 
+CFS_PERIOD_US = 10_000
+"""A short period: a machine that spends its quota early waits at most ~3 ms, not ~33 ms, so it
+behaves more like a slower core than like a core that stops now and then."""
+
+
 def cpu_shares(machines: int) -> Optional[str]:
     """With more machines than cores, give each machine a cgroup whose CFS quota is an equal share
     of the host's cores (3 machines on 2 cores: 2/3 of a core each, however the scheduler places
@@ -150,7 +155,7 @@ def cpu_shares(machines: int) -> Optional[str]:
     cores = os.cpu_count() or 1
     if machines <= cores:
         return None
-    period = 100_000
+    period = CFS_PERIOD_US
     try:
         for i in range(machines):
             d = CGROUP_CPU / ns(i)
@@ -181,12 +186,20 @@ def _placement(i: int, machines: int) -> list[str]:
     return ["taskset", "-c", str(i)]
 
 
+def _enter(i: int) -> list[str]:
+    """Into machine i's network namespace only: ``ip netns exec`` also remounts /sys, which
+    hides the cgroup mount, and hogwild reads its CPU quota there (replica/resources.py)."""
+    if shutil.which("nsenter"):
+        return ["nsenter", f"--net=/var/run/netns/{ns(i)}"]
+    return ["ip", "netns", "exec", ns(i)]
+
+
 def on_machines(cmds: list[list[str]], timeout: float) -> tuple[list[str], float]:
     """Run ``cmds[i]`` on machine i, on a core of its own where there are enough, else on an
     equal share of the cores (:func:`cpu_shares`); returns their logs and the mean bytes a machine
     sent on its link."""
     before = [tx_bytes(i) for i in range(len(cmds))]
-    enter = (lambda i: []) if LOOPBACK else (lambda i: ["ip", "netns", "exec", ns(i)])
+    enter = (lambda i: []) if LOOPBACK else _enter
     procs = [subprocess.Popen([*_placement(i, len(cmds)), *enter(i), *cmd],
                               env=_env(i), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
              for i, cmd in enumerate(cmds)]
