@@ -58,7 +58,7 @@ def replica_device(device: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def build_replica(cfg: Config, device: torch.device = torch.device("cpu")) -> Replica:
+def build_replica(cfg: Config, device: torch.device) -> Replica:
     """``device`` comes from :func:`replica_device`, which has made it current."""
     ds = load_dataset(cfg.data).share_memory_()
     model = build_model(cfg.model, ds, cfg.train.seed)
