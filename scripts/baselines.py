@@ -229,30 +229,46 @@ def _sync_cost_rank(rank: int, world: int, port: int, out: Any, n: int, reps: in
     one, interleaved in the same processes."""
     from hogwild.config.schema import SyncConfig
     from hogwild.sync.comm import DistComm
-    from hogwild.sync.rounds import sync_round
     from hogwild.sync.rules import make_rule
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     flat = torch.randn(n)
-    buf = flat.clone()
     for mode in modes:
         rule = make_rule(SyncConfig(mode=mode), DistComm(flat.device))
         rule.prime(flat)  # as the leader does before training: outer rules start from the initial model
-        bare, ours = [], []
-        for _ in range(reps):
-            buf.copy_(flat)
-            dist.barrier()
-            t0 = time.perf_counter()
-            dist.all_reduce(buf)
-            bare.append(time.perf_counter() - t0)
-            dist.barrier()
-            t0 = time.perf_counter()
-            sync_round(flat, rule)
-            ours.append(time.perf_counter() - t0)
+        bare, ours = time_bare_and_round(flat, rule, reps)
         if rank == 0:
-            out[mode] = {"bare_allreduce_s": statistics.median(bare), "sync_round_s": statistics.median(ours)}
+            out[mode] = {"bare_allreduce_s": bare, "sync_round_s": ours}
     dist.destroy_process_group()
+
+
+def time_bare_and_round(flat: torch.Tensor, rule: Any, reps: int, warmup: int = 0,
+                        settle: Callable[[], None] = lambda: None) -> tuple[float, float]:
+    """Medians of a bare all_reduce of a copy of ``flat`` and of hogwild's sync round on ``flat``,
+    interleaved in the same processes. ``settle`` waits for queued device work (CUDA's kernels
+    run after the call returns); the first ``warmup`` pairs are not counted."""
+    from hogwild.sync.rounds import sync_round
+
+    buf = flat.clone()
+    bare, ours = [], []
+    for i in range(warmup + reps):
+        buf.copy_(flat)
+        settle()
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(buf)
+        settle()
+        t1 = time.perf_counter()
+        dist.barrier()
+        t2 = time.perf_counter()
+        sync_round(flat, rule)
+        settle()
+        t3 = time.perf_counter()
+        if i >= warmup:
+            bare.append(t1 - t0)
+            ours.append(t3 - t2)
+    return statistics.median(bare), statistics.median(ours)
 
 
 def sync_cost(n: int, world: int = 2, reps: int = 100, modes: tuple[str, ...] = ("average",)

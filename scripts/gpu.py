@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from baselines import MLP, RESNET, Workload, free_port, spawn_ranks  # noqa: E402
+from baselines import MLP, RESNET, Workload, free_port, spawn_ranks, time_bare_and_round  # noqa: E402
 
 logger = logging.getLogger("gpu")
 SECTIONS = ("sync", "train", "replicas")
@@ -43,7 +43,6 @@ def _sync_rank(rank: int, world: int, port: int, out: Any, backend: str, sizes: 
     """Per size and rule: the median bare all_reduce and sync round on CUDA tensors, interleaved."""
     from hogwild.config.schema import SyncConfig
     from hogwild.sync.comm import DistComm
-    from hogwild.sync.rounds import sync_round
     from hogwild.sync.rules import make_rule
 
     torch.cuda.set_device(0)
@@ -51,31 +50,15 @@ def _sync_rank(rank: int, world: int, port: int, out: Any, backend: str, sizes: 
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     for n in sizes:
         flat = torch.randn(n, device=dev)
-        buf = flat.clone()
         for mode, dtype in RULES:
             rule = make_rule(SyncConfig(mode=mode, dtype=dtype), DistComm(dev), flat.numel())
             rule.prime(flat)
-            bare, ours = [], []
-            for i in range(reps + 2):  # two warm-ups: NCCL builds its communicator on first use
-                buf.copy_(flat)
-                torch.cuda.synchronize()
-                dist.barrier()
-                t0 = time.perf_counter()
-                dist.all_reduce(buf)
-                torch.cuda.synchronize()
-                t1 = time.perf_counter()
-                dist.barrier()
-                t2 = time.perf_counter()
-                sync_round(flat, rule)
-                torch.cuda.synchronize()
-                t3 = time.perf_counter()
-                if i >= 2:
-                    bare.append(t1 - t0)
-                    ours.append(t3 - t2)
+            # Two warm-ups: NCCL builds its communicator on first use.
+            bare, ours = time_bare_and_round(flat, rule, reps, warmup=2, settle=torch.cuda.synchronize)
             if rank == 0:
                 out[f"{backend}/{world}/{n}/{mode}/{dtype}"] = {
                     "backend": backend, "ranks": world, "floats": n, "rule": mode, "wire": dtype,
-                    "bare_allreduce_s": statistics.median(bare), "sync_round_s": statistics.median(ours)}
+                    "bare_allreduce_s": bare, "sync_round_s": ours}
     dist.destroy_process_group()
 
 

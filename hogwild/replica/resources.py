@@ -12,7 +12,7 @@ import logging
 import math
 import os
 import shutil
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -62,7 +62,7 @@ def cgroup_cpu_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/f
     return min(limits) if limits else None
 
 
-def _walk(mount: str, path: str, read: Any) -> list[float]:
+def _walk(mount: str, path: str, read: Callable[[str], Optional[float]]) -> list[float]:
     """The limits ``read`` finds in ``path``'s cgroup directory and every one above it."""
     found, parts = [], [q for q in path.split("/") if q]
     for depth in range(len(parts), -1, -1):
