@@ -53,19 +53,23 @@ class Workload:
     target_path: str = ""
     """A model._target_ (e.g. torchvision.models.resnet18) instead of the built-in ``model``."""
     channels: int = 1
+    seed: int = 0
+    """Initial weights, shards and data order, as hogwild's ``train.seed`` sets them. One seed is one
+    draw: a deterministic baseline repeated on it gives the same run every time."""
 
     def hydra(self) -> list[str]:
         model = [f"model._target_={self.target_path}"] if self.target_path else [f"model={self.model}",
                                                                                   f"model.hidden={self.hidden}"]
         return [*model, f"data.image_size={self.image_size}", f"data.channels={self.channels}",
                 f"optim.lr={self.lr}", f"train.batch_size={self.bs}", f"train.epochs={self.max_epochs}",
-                f"eval.every_s={self.eval_every_s}"]
+                f"eval.every_s={self.eval_every_s}", f"train.seed={self.seed}"]
 
     def data(self) -> Dataset:
         return load_dataset(DataConfig(name="digits", image_size=self.image_size, channels=self.channels))
 
     def build(self, ds: Dataset) -> torch.nn.Module:
-        return build_model(ModelConfig(name=self.model, hidden=self.hidden, _target_=self.target_path or None), ds, 0)
+        return build_model(ModelConfig(name=self.model, hidden=self.hidden, _target_=self.target_path or None), ds,
+                           self.seed)
 
 
 MLP = Workload("mlp_digits", "mlp", target=0.97, lr=0.1, max_epochs=60, eval_every=5, eval_every_s=0.02)
@@ -145,7 +149,7 @@ def single(w: Workload) -> dict[str, float]:
         acc = evaluate(model, ds.test, CPU, CLASSIFY)["accuracy"]
         return acc >= w.target, acc
 
-    sampler = ShardSampler(torch.arange(len(ds.train)), w.bs, 0)
+    sampler = ShardSampler(torch.arange(len(ds.train)), w.bs, w.seed)
     return _result(*_sgd_until(model, ds, sampler, w, reached), w, 1)
 
 
@@ -166,11 +170,14 @@ def _ddp_rank(rank: int, world: int, port: int, out: Any, w: Workload, addr: str
         dist.broadcast(flag, 0)
         return bool(flag[0] > 0), acc
 
-    sampler = ShardSampler(shard(len(ds.train), world, rank, 0), w.bs, rank)
+    sampler = ShardSampler(shard(len(ds.train), world, rank, w.seed), w.bs, w.seed + rank)
     dist.barrier()
     res = _sgd_until(model, ds, sampler, w, reached)
     if rank == 0:
         out["r"] = _result(*res, w, world)
+    # Rank 0 serves the store: leaving while another rank still tears its process group down
+    # kills that rank in C++ ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 

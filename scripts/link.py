@@ -9,6 +9,12 @@ delay where the kernel has it. Needs root and iproute2; anywhere else it says wh
     python scripts/link.py --machines 2 --rate 100mbit --workload resnet --repeats 3 \
         --out bench_results/link
     python scripts/link.py --machines 2 --rate 1gbit --workload mlp --methods ddp,fp32,int8
+    python scripts/link.py --loopback --workload mlp --target 0.96 --repeats 11 --vary-seed
+
+``--vary-seed`` gives repeat i seed i in every method (initial weights, shards, data order):
+torchft's script and DDP are deterministic, so without it their repeats are one run, one draw of
+the seed, while hogwild's lock-free runs differ. A missed target counts as infinitely slow in
+the median.
 
 Results: ``<out>/<label>.json`` (every run's metrics.json or baseline record), ``<out>/<label>.md``
 and, with matplotlib, ``<out>/<label>.png``. Bytes per replica step come from two sources: the
@@ -23,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import shutil
 import statistics
@@ -247,7 +254,8 @@ def ddp(w: Workload, machines: int, params: int) -> dict[str, Any]:
     port = _port()
     cmds = [[sys.executable, str(Path(__file__).resolve()), "--ddp-rank", str(i), "--machines", str(machines),
              "--port", str(port), "--workload", key(w), "--target", str(w.target),
-             "--epochs", str(w.max_epochs)] for i in range(machines)]
+             "--epochs", str(w.max_epochs), "--seed", str(w.seed), *(["--loopback"] if LOOPBACK else [])]
+            for i in range(machines)]
     logs, sent = on_machines(cmds, RUN_TIMEOUT_S)
     r = _result_line(logs)
     steps = r["steps"] / machines
@@ -260,7 +268,8 @@ def torchft(w: Workload, machines: int, interval: int, params: int) -> dict[str,
     port = _port()
     cmds = [[sys.executable, str(script), "--replica", str(i), "--replicas", str(machines), "--host", addr(i),
              "--lighthouse-host", addr(0), "--lighthouse-port", str(port), "--workload",
-             key(w), "--interval", str(interval), "--target", str(w.target), "--epochs", str(w.max_epochs)]
+             key(w), "--interval", str(interval), "--target", str(w.target), "--epochs", str(w.max_epochs),
+             "--seed", str(w.seed)]
             for i in range(machines)]
     logs, sent = on_machines(cmds, RUN_TIMEOUT_S)
     r = _result_line(logs)
@@ -284,6 +293,10 @@ def _ddp_rank(rank: int, machines: int, port: int, w: Workload) -> None:
     run_rank(rank, machines, port, out, w, addr=addr(0))
     if rank == 0:
         sys.stdout.write("RESULT " + json.dumps(out["r"]) + "\n")
+    sys.stdout.flush()
+    # The result is out. torch 2.14's exit, after a Gloo DDP run, sometimes aborts in a C++
+    # destructor ("terminate called without an active exception", 1 in 6 on loopback): skip it.
+    os._exit(0)
 
 
 def report(res: dict[str, Any], label: str, out: Path) -> None:
@@ -293,7 +306,8 @@ def report(res: dict[str, Any], label: str, out: Path) -> None:
              "| tx bytes/replica/step | DDP time / this | final below target |", "|---|---|---|---|---|---|---|---|"]
     d = res["methods"].get("ddp", {}).get("median_s")
     for k, v in res["methods"].items():
-        speed = f"{d / v['median_s']:.1f}x" if reached(d) and reached(v["median_s"]) else "-"
+        finite = d is not None and math.isfinite(d) and math.isfinite(v["median_s"])
+        speed = f"{d / v['median_s']:.1f}x" if finite else "-"
         lines.append(f"| {k} | {v['median_s']:.2f} | {v['missed']} | {v['accuracy']:.4f} | "
                      f"{v['bytes_per_step']:,.0f} | {v['tx_bytes_per_step']:,.0f} | {speed} | "
                      f"{v.get('final_below_target', 0)} |")
@@ -336,6 +350,10 @@ def main() -> None:
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=OVERRIDE[,OVERRIDE...]",
                     help="one more hogwild method, e.g. mu9=sync.outer_momentum=0.9 (repeatable)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--vary-seed", action="store_true",
+                    help="repeat i runs every method with seed i (initial weights, shards, data order); "
+                         "without it every repeat uses seed 0, and a deterministic baseline repeats one run")
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--loopback", action="store_true",
                     help="processes on 127.0.0.1: no namespaces, no shaping")
     ap.add_argument("--run-timeout-s", type=float, default=3600.0)
@@ -351,6 +369,7 @@ def main() -> None:
         w = dataclasses.replace(w, target=args.target)
     if args.epochs is not None:
         w = dataclasses.replace(w, max_epochs=args.epochs)
+    w = dataclasses.replace(w, seed=args.seed)
     if args.ddp_rank is not None:
         _ddp_rank(args.ddp_rank, args.machines, args.port, w)
         return
@@ -375,24 +394,26 @@ def main() -> None:
         shaping += f"; CPU: {shares}"
         logger.info("%d machines on %d cores: %s", args.machines, os.cpu_count(), shares)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
-    fns: dict[str, Callable[[], dict[str, Any]]] = {
-        m: (lambda m=m: hogwild(w, args.machines, args.interval, METHODS[m] or [], root)) for m in methods}
-    fns["ddp"] = lambda: ddp(w, args.machines, params)
-    fns["torchft_diloco"] = lambda: torchft(w, args.machines, args.interval, params)
+    fns: dict[str, Callable[[Workload], dict[str, Any]]] = {
+        m: (lambda wr, m=m: hogwild(wr, args.machines, args.interval, METHODS[m] or [], root)) for m in methods}
+    fns["ddp"] = lambda wr: ddp(wr, args.machines, params)
+    fns["torchft_diloco"] = lambda wr: torchft(wr, args.machines, args.interval, params)
     label = f"{w.name}_{args.machines}x_" + ("loopback" if LOOPBACK else args.rate) + (
         f"_{args.delay_ms}ms" if args.delay_ms and not LOOPBACK else "")
     head = {"machines": args.machines, "shaping": shaping, "workload": w.name, "params": params,
-            "target": w.target, "interval": args.interval}
+            "target": w.target, "interval": args.interval, "vary_seed": args.vary_seed}
     try:
         for rep in range(args.repeats):  # interleaved: a slow spell of the host hits every method alike
+            wr = dataclasses.replace(w, seed=rep) if args.vary_seed else w
             for m in methods:
-                logger.info("repeat %d/%d: %s", rep + 1, args.repeats, m)
+                logger.info("repeat %d/%d: %s, seed %d", rep + 1, args.repeats, m, wr.seed)
                 try:
-                    runs[m].append(fns[m]())
+                    runs[m].append({**fns[m](wr), "seed": wr.seed})
                 except (RuntimeError, subprocess.TimeoutExpired, StopIteration) as e:
                     logger.error("%s failed: %s", m, str(e)[-500:])
                     runs[m].append({"time_to_target_s": None, "test_accuracy": float("nan"), "bytes_per_step":
-                                    float("nan"), "tx_bytes_per_step": float("nan"), "error": str(e)[-2000:]})
+                                    float("nan"), "tx_bytes_per_step": float("nan"), "error": str(e)[-2000:],
+                                    "seed": wr.seed})
                 # Hours of runs: what is done so far is on disk if the host or the operator stops it.
                 (args.out / f"{label}.json").write_text(json.dumps(summary(head, runs), indent=2, default=str) + "\n")
     finally:
@@ -407,9 +428,11 @@ def summary(head: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> dict
     for m, rs in runs.items():
         if not rs:
             continue
-        times = [r["time_to_target_s"] for r in rs if reached(r.get("time_to_target_s"))]
+        # A run that missed the target took longer than the budget, not no time: it counts as
+        # infinitely slow, so a method that misses half its runs has no finite median.
+        times = [r["time_to_target_s"] if reached(r.get("time_to_target_s")) else math.inf for r in rs]
         res["methods"][m] = {
-            "median_s": statistics.median(times) if times else float("nan"), "missed": len(rs) - len(times),
+            "median_s": statistics.median(times), "missed": sum(t == math.inf for t in times),
             "accuracy": statistics.median(r["test_accuracy"] for r in rs),
             "bytes_per_step": statistics.median(r["bytes_per_step"] for r in rs),
             "tx_bytes_per_step": statistics.median(r["tx_bytes_per_step"] for r in rs),

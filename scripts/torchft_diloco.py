@@ -42,7 +42,7 @@ def run(args: argparse.Namespace, w: Workload) -> dict[str, float]:
     from torchft.local_sgd import DiLoCo
 
     torch.set_num_threads(1)
-    torch.manual_seed(0)  # every replica starts from the same model, as hogwild's do
+    torch.manual_seed(w.seed)  # every replica starts from the same model, as hogwild's do
     lighthouse = None
     if args.replica == 0:
         lighthouse = LighthouseServer(bind=f"[::]:{args.lighthouse_port}", min_replicas=args.replicas)
@@ -63,7 +63,8 @@ def run(args: argparse.Namespace, w: Workload) -> dict[str, float]:
                       lighthouse_addr=f"http://{args.lighthouse_host}:{args.lighthouse_port}",
                       timeout=timedelta(seconds=120), quorum_timeout=timedelta(seconds=120),
                       connect_timeout=timedelta(seconds=120))
-    sampler = ShardSampler(shard(len(ds.train), args.replicas, args.replica, 0), w.bs, args.replica)
+    # Shards and data order as hogwild's train.seed makes them for worker `replica` of the job.
+    sampler = ShardSampler(shard(len(ds.train), args.replicas, args.replica, w.seed), w.bs, w.seed + args.replica)
     clock, steps, acc = 0.0, 0, 0.0
     try:
         with DiLoCo(manager, [model], inner, outer, sync_every=args.interval) as _:
@@ -100,6 +101,7 @@ def main() -> None:
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--target", type=float, default=None)
     ap.add_argument("--epochs", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0, help="initial weights, shards and data order (hogwild's train.seed)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     try:
@@ -112,6 +114,7 @@ def main() -> None:
         w = dataclasses.replace(w, target=args.target)
     if args.epochs is not None:
         w = dataclasses.replace(w, max_epochs=args.epochs)
+    w = dataclasses.replace(w, seed=args.seed)
     sys.stdout.write("RESULT " + json.dumps(run(args, w)) + "\n")
 
 

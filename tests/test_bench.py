@@ -54,3 +54,24 @@ def test_gpu_bench_checks_its_sections_then_says_when_there_is_no_gpu(tmp_path: 
     assert none.returncode == 1 and none.stderr.strip() == (
         "gpu.py: no CUDA GPU is visible (torch.cuda.is_available() is False)")
     assert not (tmp_path / "g").exists(), "nothing is written without a GPU"
+
+
+def _script(name: str) -> object:
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+
+
+def test_link_median_counts_a_missed_run_as_slower_than_every_run_that_reached_the_target() -> None:
+    link = _script("link")
+
+    def run(t: object) -> dict[str, object]:
+        return {"time_to_target_s": t, "test_accuracy": 0.96, "bytes_per_step": 1.0, "tx_bytes_per_step": 1.0}
+
+    # Dropping the miss would give 0.4 s; counted, it is the slowest of three: the median is 0.5 s.
+    res = link.summary({}, {"a": [run(0.3), run(None), run(0.5)], "b": [run(float("nan")), run(None), run(0.2)]})
+    assert res["methods"]["a"]["median_s"] == 0.5 and res["methods"]["a"]["missed"] == 1
+    assert res["methods"]["b"]["median_s"] == math.inf and res["methods"]["b"]["missed"] == 2
+
