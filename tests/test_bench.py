@@ -75,3 +75,18 @@ def test_link_median_counts_a_missed_run_as_slower_than_every_run_that_reached_t
     assert res["methods"]["a"]["median_s"] == 0.5 and res["methods"]["a"]["missed"] == 1
     assert res["methods"]["b"]["median_s"] == math.inf and res["methods"]["b"]["missed"] == 2
 
+
+def test_outer_rules_reports_each_seed_and_refuses_an_unknown_rule(tmp_path: Path) -> None:
+    script = [sys.executable, str(REPO / "scripts" / "outer_rules.py")]
+    bad = subprocess.run([*script, "--rules", "slowmo,nope"], capture_output=True, text=True, timeout=60,
+                         env=clean_env())
+    assert bad.returncode == 2 and "--rules: unknown nope" in bad.stderr
+    out = tmp_path / "rules"
+    proc = subprocess.run([*script, "--rules", "slowmo,diloco", "--seeds", "2", "--rounds", "3", "--target", "0.5",
+                           "--out", str(out)], capture_output=True, text=True, timeout=120, env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = json.loads(out.with_suffix(".json").read_text())["runs"]
+    assert set(runs) == {"slowmo", "diloco"} and all(len(v) == 2 for v in runs.values())
+    # The digits mlp passes 0.5 within a few rounds; a count is always a whole number of rounds.
+    assert all(r["steps"] in (50, 100, 150) for v in runs.values() for r in v), runs
+    assert "| slowmo |" in out.with_suffix(".md").read_text()

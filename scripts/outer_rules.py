@@ -1,0 +1,127 @@
+"""The outer rules alone, seed by seed: how many steps each needs to a target when nothing else
+varies. R replicas train in one process in lockstep (no lock-free updates, no lag, no clock),
+meet every ``--interval`` steps through hogwild's own rule classes, and the synced model is
+evaluated right after each round, as torchft's DiLoCo script does. Seed s sets the initial
+weights, the shards and the data order as ``train.seed=s`` does in a hogwild job, so seed 0 is
+the run ``scripts/torchft_diloco.py`` makes.
+
+    python scripts/outer_rules.py --seeds 16 --target 0.96 --out bench_results/outer_rules
+
+A run that does not reach the target within ``--rounds`` rounds counts as infinitely slow in the
+median. Results: ``<out>.json`` and ``<out>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from baselines import CLASSIFY, CPU, MLP, Workload  # noqa: E402
+from torch.nn.utils import parameters_to_vector, vector_to_parameters  # noqa: E402
+
+from hogwild.config.schema import SyncConfig  # noqa: E402
+from hogwild.data.datasets import ShardSampler, shard  # noqa: E402
+from hogwild.replica.task import evaluate  # noqa: E402
+from hogwild.sync.comm import LocalComm  # noqa: E402
+from hogwild.sync.rounds import sync_round  # noqa: E402
+from hogwild.sync.rules import make_rule  # noqa: E402
+
+logger = logging.getLogger("outer_rules")
+RULES = ("slowmo", "diloco", "average")
+
+
+def rule_config(mode: str, replicas: int) -> SyncConfig:
+    """The rule as an R-replica job gets it. The rule runs here on a one-rank communicator fed the
+    replicas' mean, so a default that depends on R (slowmo's μ = 1 − 1/R) is spelled out."""
+    cfg = SyncConfig(mode=mode)
+    if mode == "slowmo":
+        cfg = dataclasses.replace(cfg, outer_momentum=1.0 - 1.0 / replicas)
+    return cfg
+
+
+def steps_to_target(w: Workload, mode: str, seed: int, replicas: int, interval: int,
+                    rounds: int) -> tuple[Optional[int], float]:
+    """(replica steps at the first round whose synced model reads ``w.target``, or None; the best
+    accuracy any round's synced model read)."""
+    torch.set_num_threads(1)
+    w = dataclasses.replace(w, seed=seed)
+    ds = w.data()
+    models = [w.build(ds) for _ in range(replicas)]  # one seed: the same initial weights
+    opts = [torch.optim.SGD(m.parameters(), lr=w.lr) for m in models]
+    samplers = [ShardSampler(shard(len(ds.train), replicas, r, seed), w.bs, seed + r) for r in range(replicas)]
+    synced = parameters_to_vector(models[0].parameters()).detach().clone()
+    rule = make_rule(rule_config(mode, replicas), LocalComm())
+    rule.prime(synced)
+    best = 0.0
+    for k in range(1, rounds + 1):
+        for r, (model, opt) in enumerate(zip(models, opts)):
+            for step in range((k - 1) * interval, k * interval):
+                (x,), y = ds.train.batch(samplers[r].batch(step))
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+        mean = torch.stack([parameters_to_vector(m.parameters()).detach() for m in models]).mean(0)
+        sync_round(mean, rule)  # the replicas' mean in, the rule's synced model out
+        for model in models:  # a copy each: vector_to_parameters makes the parameters views of its vector
+            vector_to_parameters(mean.clone(), model.parameters())
+        acc = evaluate(models[0], ds.test, CPU, CLASSIFY)["accuracy"]
+        best = max(best, acc)
+        if acc >= w.target:
+            return k * interval, best
+    return None, best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rules", default=",".join(RULES))
+    ap.add_argument("--seeds", type=int, default=16, help="seeds 0 .. N-1")
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--interval", type=int, default=50)
+    ap.add_argument("--target", type=float, default=0.96)
+    ap.add_argument("--rounds", type=int, default=40, help="the budget, in rounds")
+    ap.add_argument("--procs", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=Path("bench_results/outer_rules"))
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="[outer_rules] %(message)s")
+    rules = [r for r in args.rules.split(",") if r]
+    bad = [r for r in rules if r not in RULES]
+    if bad:
+        ap.error(f"--rules: unknown {', '.join(bad)}; choose from {', '.join(RULES)}")
+    w = dataclasses.replace(MLP, target=args.target)
+    jobs = [(m, s) for m in rules for s in range(args.seeds)]
+    with ProcessPoolExecutor(args.procs) as pool:
+        futs = {job: pool.submit(steps_to_target, w, job[0], job[1], args.replicas, args.interval, args.rounds)
+                for job in jobs}
+        res = {job: f.result() for job, f in futs.items()}
+    table = {m: [{"seed": s, "steps": res[(m, s)][0], "best_accuracy": res[(m, s)][1]} for s in range(args.seeds)]
+             for m in rules}
+    lines = [f"{w.name}, {args.replicas} replicas in lockstep, interval {args.interval}, target {args.target}, "
+             f"seeds 0-{args.seeds - 1}, budget {args.rounds} rounds", "",
+             "| rule | median steps/replica | missed | seed 0 | every seed |", "|---|---|---|---|---|"]
+    for m, runs in table.items():
+        steps = [r["steps"] if r["steps"] is not None else math.inf for r in runs]
+        med = statistics.median(steps)
+        lines.append(f"| {m} | {med:g} | {sum(s == math.inf for s in steps)} | {steps[0]:g} | "
+                     f"{', '.join(f'{s:g}' for s in steps)} |")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                                         "runs": table}, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
