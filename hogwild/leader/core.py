@@ -87,7 +87,8 @@ class Leader:
             # them: a checkpoint written alone before then must not put their shards back to zero.
             saver.gathered(restored.positions, Counts(), Counts())
         specs = worker_specs(cfg, env, k, len(rep.ds.train))
-        tel = Telemetry(cfg, run_dir, env.rank == 0, rep.model, rep.ds.test, device, rep.task, group.alive)
+        tel = Telemetry(cfg, run_dir, env.rank == 0, rep.model, rep.ds.test, device, rep.task, group.alive,
+                        rep.flat)
         rounds = Rounds(rep.flat, rule, comm, board, schedule, base.syncs)
         pool = WorkerPool(cfg, specs, rep, board)
         crew = Crew(cfg=cfg, env=env, run_dir=run_dir, workers=k, rep=rep, comm=comm, rule=rule, board=board,
@@ -263,6 +264,7 @@ class Leader:
                 if self.env.distributed:
                     self._round(crew, True, True, final=True)
                     exit_after_final(self.env.rank)
+                hand_back_judged(crew)
                 positions, job = self._gather(crew)  # workers are stopped: final totals
                 sync_stats = crew.rounds.close()
                 break
@@ -303,6 +305,32 @@ class Leader:
         tel.metrics.close()
         return RunResult(status=metrics["status"], exit_code=metrics["exit_code"], error=metrics.get("error"),
                          run_dir=crew.run_dir, metrics=strict(metrics))  # as metrics.json holds it
+
+
+def hand_back_judged(crew: Crew) -> None:
+    """A run that train.target stopped ends on a model that meets it. The final round lands on the
+    replicas' mean (and a single replica's workers train on after the evaluation), which near a
+    plateau can read a little below the copy that met the target; every replica then lands on that
+    copy instead, sent by the leader that judged it. Collective whenever a target is set, so every
+    leader makes the same calls."""
+    tel, cfg = crew.tel, crew.cfg
+    if not tel.has_target:
+        return
+    flat, rank = crew.rep.flat, crew.comm.rank
+    miss = torch.zeros(crew.comm.world_size)
+    miss[rank] = float(tel.final_misses_target())
+    crew.comm.all_reduce(miss, cfg.sync.timeout_s, "the check of the final model")
+    if not bool(miss.any()):
+        return
+    src = int(torch.nonzero(miss)[0])
+    if rank == src:
+        assert tel.judged is not None
+        t = cfg.train.target
+        logger.warning("the final model reads test %s %.4f, below train.target.value=%g that stopped the run: "
+                       "handing back the model that met it", t.metric, tel.scores[str(t.metric)], t.value)
+        flat.copy_(tel.judged)
+    crew.comm.broadcast(flat, src)
+    crew.rule.settle(flat)
 
 
 def leader_for(cfg: Config, run_dir: str, env: Optional[DistEnv] = None,

@@ -165,6 +165,13 @@ class SyncRule(ABC):
         self.ending = final or RoundVector.ends_job(ctl)
         return buf[c:], ctl, sum(context(ctl, rank).weights)
 
+    def settle(self, flat: Tensor) -> None:
+        """The job ends on ``flat``, the same on every replica, though it is not the final round's
+        target (a run that met its target hands back the model that met it): whatever the rule
+        keeps as the agreed model becomes ``flat``, so a run resumed from the final checkpoint
+        starts its rounds from the model it holds."""
+        del flat
+
     def state_dict(self) -> dict[str, Tensor]:
         """Every tensor in it has one value per element of the stretch the rule syncs, so a
         fragmented rule can cut and join its fragments' states (sync/fragments.py)."""

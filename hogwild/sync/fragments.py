@@ -86,6 +86,10 @@ class Fragmented(SyncRule):
         out[r] = part.target(snap[r].clone(), ctx)
         return out
 
+    def settle(self, flat: Tensor) -> None:
+        for part, r in zip(self.parts, self._bind(flat.numel())):
+            part.settle(flat[r])
+
     def state_dict(self) -> dict[str, Tensor]:
         states = [p.state_dict() for p in self.parts]
         # The fragments' states joined end to end have the whole-model rule's layout, so a

@@ -93,6 +93,10 @@ class OuterRule(SyncRule):
         self.global_params[n:].sub_(pseudo[n:])
         return self.global_params
 
+    def settle(self, flat: Tensor) -> None:
+        if self.global_params is not None:  # the momentum is kept, as after a final round
+            self.global_params.copy_(flat)
+
     def state_dict(self) -> dict[str, Tensor]:
         if self.global_params is None or self.momentum is None:
             return {}

@@ -64,6 +64,10 @@ class Average(SyncRule):
         self._base.add_(self._mean(snap - self._base, ctx))
         return self._base
 
+    def settle(self, flat: Tensor) -> None:
+        if self._base is not None:
+            self._base.copy_(flat)
+
     def state_dict(self) -> dict[str, Tensor]:
         return {} if self._base is None else {"base": self._base.clone()}
 

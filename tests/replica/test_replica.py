@@ -121,8 +121,9 @@ def test_resume_continues_from_checkpoint(tmp_cwd: Path) -> None:
 def test_a_run_to_a_target_reports_the_time_and_steps_per_worker_it_took(tmp_cwd: Path) -> None:
     out = tmp_cwd / "run"
     m = run(compose_cfg(["workers=2", "train.target_accuracy=0.9", "eval.every_s=0.05", f"run_dir={out}"]), str(out))
-    assert m["time_to_target_s"] > 0 and m["test_accuracy"] >= 0.85
-    assert m["target_held"] is (m["test_accuracy"] >= 0.9)  # the model handed back, judged by the same bar
+    # The model handed back meets the target that stopped the run, though the workers trained on
+    # after the evaluation that met it.
+    assert m["time_to_target_s"] > 0 and m["test_accuracy"] >= 0.9 and m["target_held"] is True
     quota = 40 * len(load_dataset(compose_cfg([]).data).train) // (2 * 32)  # 40 epochs of a half shard
     # Stopped at the target, long before the epochs ran out, and counted per worker: two workers
     # made about the job's steps at that moment, half each.

@@ -1,15 +1,24 @@
-"""The final model is judged against the target that stopped the run: a user who asked for 0.96
-learns when the model the run hands back reads less."""
+"""The model a run hands back meets the target that stopped it: the copy that met it replaces a
+final model that reads less, on every replica, and a run says so."""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
+from torch import Tensor
 
+from hogwild.config.schema import SyncConfig
 from hogwild.config.train import TargetConfig
+from hogwild.leader.core import hand_back_judged
 from hogwild.report.telemetry import Telemetry
+from hogwild.sync.comm import Comm
+from hogwild.sync.rules import make_rule
+from tests.conftest import compose_cfg
+from tests.fake_comm import run_ranks
 
 
 def _tel(reached_at: float | None, final: float) -> SimpleNamespace:
@@ -30,3 +39,71 @@ def test_a_final_model_that_keeps_the_target_or_a_run_it_did_not_stop_says_nothi
         assert Telemetry.target_held(_tel(1.5, 0.961)) is True  # type: ignore[arg-type]
         assert Telemetry.target_held(_tel(None, 0.5)) is None  # type: ignore[arg-type]
     assert caplog.text == ""
+
+
+def _replica(tmp_path: Path, target: list[str]) -> tuple[Telemetry, Tensor]:
+    from hogwild.replica.build import build_replica
+
+    cfg = compose_cfg(["workers=1", f"run_dir={tmp_path}", *target])
+    rep = build_replica(cfg, torch.device("cpu"))
+    tel = Telemetry(cfg, tmp_path, False, rep.model, rep.ds.test, torch.device("cpu"), rep.task, flat=rep.flat)
+    return tel, rep.flat
+
+
+# The initial mlp's test loss is about 2.3, below the bar; parameters made NaN give a NaN loss,
+# which meets no bar. So the judged copy meets it and a spoiled final model does not.
+LOSS_BAR = ["train.target.metric=loss", "train.target.value=100"]
+
+
+def test_with_a_target_evaluations_read_a_still_copy_and_the_one_that_met_it_is_kept(tmp_path: Path) -> None:
+    tel, flat = _replica(tmp_path, LOSS_BAR)
+    before = flat.clone()
+    model = tel._snapshot()
+    flat.add_(1.0)  # the workers write on while the copy is evaluated
+    tel.evaluate(0, model)
+    tel._check_target(0.0)
+    assert tel.time_to_target is not None and tel.judged is not None
+    assert torch.equal(tel.judged, before), "the copy that met the target is the one evaluated, not the live model"
+    flat.fill_(float("nan"))  # the final model misses the target
+    assert tel.final_misses_target()
+    flat.copy_(tel.judged)
+    assert not tel.final_misses_target()
+
+
+def test_without_a_target_evaluations_read_the_live_model_and_keep_no_copy(tmp_path: Path) -> None:
+    tel, flat = _replica(tmp_path, [])
+    assert tel._snapshot() is tel.model and tel._snap is None
+    flat.fill_(float("nan"))
+    assert not tel.final_misses_target(), "no target stopped the run: nothing to hand back"
+
+
+def _hand_back(world: int, judged_misses: bool) -> list[tuple[Tensor, Tensor]]:
+    """Two replicas after a final round on the mean 0.5; rank 0 judged the model 2.0 earlier."""
+
+    def body(comm: Comm) -> tuple[Tensor, Tensor]:
+        flat = torch.full((6,), 0.5)
+        rule = make_rule(SyncConfig(mode="slowmo"), comm)
+        rule.prime(flat)
+        judged = torch.full((6,), 2.0) if comm.rank == 0 else None
+        tel = SimpleNamespace(has_target=True, judged=judged, scores={"accuracy": 0.95},
+                              final_misses_target=lambda: judged is not None and judged_misses)
+        cfg = SimpleNamespace(sync=SimpleNamespace(timeout_s=10.0), train=SimpleNamespace(
+            target=TargetConfig("accuracy", 0.96)))
+        crew = SimpleNamespace(tel=tel, cfg=cfg, rep=SimpleNamespace(flat=flat), comm=comm, rule=rule)
+        hand_back_judged(crew)  # type: ignore[arg-type]
+        assert rule.global_params is not None
+        return flat, rule.global_params
+
+    return run_ranks(world, body)
+
+
+def test_a_final_model_below_the_target_is_replaced_on_every_replica_by_the_copy_that_met_it() -> None:
+    for flat, agreed in _hand_back(2, judged_misses=True):
+        assert torch.equal(flat, torch.full((6,), 2.0))
+        # A run resumed from the final checkpoint starts its rounds from the model it holds.
+        assert torch.equal(agreed, flat)
+
+
+def test_a_final_model_that_meets_the_target_is_the_one_handed_back() -> None:
+    for flat, agreed in _hand_back(2, judged_misses=False):
+        assert torch.equal(flat, torch.full((6,), 0.5)) and torch.equal(agreed, flat)

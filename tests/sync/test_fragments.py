@@ -167,3 +167,14 @@ def test_more_fragments_than_values_is_a_config_error() -> None:
     rule = make_rule(SyncConfig(fragments=20), LocalComm())
     with pytest.raises(ConfigError, match="sync.fragments"):
         rule.prime(torch.zeros(10))
+
+
+@pytest.mark.parametrize("mode,dtype,key", [("slowmo", "fp32", "global_params"), ("average", "int8", "base")])
+def test_settling_on_a_handed_back_model_sets_every_fragments_agreed_model(mode: str, dtype: str, key: str) -> None:
+    # A run that met its target ends on the copy that met it; a run resumed from that checkpoint
+    # must start its rounds from there, in every fragment.
+    rule = make_rule(SyncConfig(mode=mode, fragments=3, dtype=dtype), LocalComm())
+    rule.prime(_start(0))
+    handed_back = torch.linspace(-1.0, 1.0, N)
+    rule.settle(handed_back)
+    assert torch.equal(rule.state_dict()[key], handed_back)
