@@ -56,16 +56,20 @@ class Workload:
     seed: int = 0
     """Initial weights, shards and data order, as hogwild's ``train.seed`` sets them. One seed is one
     draw: a deterministic baseline repeated on it gives the same run every time."""
+    split_seed: int = 0
+    """The digits' train/test split (``data.split_seed``): which 360 images are the test set."""
 
     def hydra(self) -> list[str]:
         model = [f"model._target_={self.target_path}"] if self.target_path else [f"model={self.model}",
                                                                                   f"model.hidden={self.hidden}"]
         return [*model, f"data.image_size={self.image_size}", f"data.channels={self.channels}",
                 f"optim.lr={self.lr}", f"train.batch_size={self.bs}", f"train.epochs={self.max_epochs}",
-                f"eval.every_s={self.eval_every_s}", f"train.seed={self.seed}"]
+                f"eval.every_s={self.eval_every_s}", f"train.seed={self.seed}",
+                f"data.split_seed={self.split_seed}"]
 
     def data(self) -> Dataset:
-        return load_dataset(DataConfig(name="digits", image_size=self.image_size, channels=self.channels))
+        return load_dataset(DataConfig(name="digits", image_size=self.image_size, channels=self.channels,
+                                       split_seed=self.split_seed))
 
     def build(self, ds: Dataset) -> torch.nn.Module:
         return build_model(ModelConfig(name=self.model, hidden=self.hidden, _target_=self.target_path or None), ds,

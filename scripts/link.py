@@ -254,7 +254,8 @@ def ddp(w: Workload, machines: int, params: int) -> dict[str, Any]:
     port = _port()
     cmds = [[sys.executable, str(Path(__file__).resolve()), "--ddp-rank", str(i), "--machines", str(machines),
              "--port", str(port), "--workload", key(w), "--target", str(w.target),
-             "--epochs", str(w.max_epochs), "--seed", str(w.seed), *(["--loopback"] if LOOPBACK else [])]
+             "--epochs", str(w.max_epochs), "--seed", str(w.seed), "--split-seed", str(w.split_seed),
+             *(["--loopback"] if LOOPBACK else [])]
             for i in range(machines)]
     logs, sent = on_machines(cmds, RUN_TIMEOUT_S)
     r = _result_line(logs)
@@ -269,7 +270,7 @@ def torchft(w: Workload, machines: int, interval: int, params: int) -> dict[str,
     cmds = [[sys.executable, str(script), "--replica", str(i), "--replicas", str(machines), "--host", addr(i),
              "--lighthouse-host", addr(0), "--lighthouse-port", str(port), "--workload",
              key(w), "--interval", str(interval), "--target", str(w.target), "--epochs", str(w.max_epochs),
-             "--seed", str(w.seed)]
+             "--seed", str(w.seed), "--split-seed", str(w.split_seed)]
             for i in range(machines)]
     logs, sent = on_machines(cmds, RUN_TIMEOUT_S)
     r = _result_line(logs)
@@ -353,6 +354,8 @@ def main() -> None:
     ap.add_argument("--vary-seed", action="store_true",
                     help="repeat i runs every method with seed i (initial weights, shards, data order); "
                          "without it every repeat uses seed 0, and a deterministic baseline repeats one run")
+    ap.add_argument("--split-seed", type=int, default=0,
+                    help="the digits' train/test split (data.split_seed), the same in every method")
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--loopback", action="store_true",
                     help="processes on 127.0.0.1: no namespaces, no shaping")
@@ -369,7 +372,7 @@ def main() -> None:
         w = dataclasses.replace(w, target=args.target)
     if args.epochs is not None:
         w = dataclasses.replace(w, max_epochs=args.epochs)
-    w = dataclasses.replace(w, seed=args.seed)
+    w = dataclasses.replace(w, seed=args.seed, split_seed=args.split_seed)
     if args.ddp_rank is not None:
         _ddp_rank(args.ddp_rank, args.machines, args.port, w)
         return
@@ -401,7 +404,7 @@ def main() -> None:
     label = f"{w.name}_{args.machines}x_" + ("loopback" if LOOPBACK else args.rate) + (
         f"_{args.delay_ms}ms" if args.delay_ms and not LOOPBACK else "")
     head = {"machines": args.machines, "shaping": shaping, "workload": w.name, "params": params,
-            "target": w.target, "interval": args.interval, "vary_seed": args.vary_seed}
+            "target": w.target, "interval": args.interval, "vary_seed": args.vary_seed, "split_seed": w.split_seed}
     try:
         for rep in range(args.repeats):  # interleaved: a slow spell of the host hits every method alike
             wr = dataclasses.replace(w, seed=rep) if args.vary_seed else w

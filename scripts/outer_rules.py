@@ -92,6 +92,7 @@ def main() -> None:
     ap.add_argument("--interval", type=int, default=50)
     ap.add_argument("--target", type=float, default=0.96)
     ap.add_argument("--rounds", type=int, default=40, help="the budget, in rounds")
+    ap.add_argument("--split-seed", type=int, default=0, help="the digits' train/test split (data.split_seed)")
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("bench_results/outer_rules"))
     args = ap.parse_args()
@@ -100,7 +101,7 @@ def main() -> None:
     bad = [r for r in rules if r not in RULES]
     if bad:
         ap.error(f"--rules: unknown {', '.join(bad)}; choose from {', '.join(RULES)}")
-    w = dataclasses.replace(MLP, target=args.target)
+    w = dataclasses.replace(MLP, target=args.target, split_seed=args.split_seed)
     jobs = [(m, s) for m in rules for s in range(args.seeds)]
     with ProcessPoolExecutor(args.procs) as pool:
         futs = {job: pool.submit(steps_to_target, w, job[0], job[1], args.replicas, args.interval, args.rounds)
@@ -108,14 +109,16 @@ def main() -> None:
         res = {job: f.result() for job, f in futs.items()}
     table = {m: [{"seed": s, "steps": res[(m, s)][0], "best_accuracy": res[(m, s)][1]} for s in range(args.seeds)]
              for m in rules}
-    lines = [f"{w.name}, {args.replicas} replicas in lockstep, interval {args.interval}, target {args.target}, "
-             f"seeds 0-{args.seeds - 1}, budget {args.rounds} rounds", "",
-             "| rule | median steps/replica | missed | seed 0 | every seed |", "|---|---|---|---|---|"]
+    lines = [f"{w.name} (split seed {args.split_seed}), {args.replicas} replicas in lockstep, interval "
+             f"{args.interval}, target {args.target}, seeds 0-{args.seeds - 1}, budget {args.rounds} rounds", "",
+             "| rule | median steps/replica | missed | seed 0 | every seed | median best accuracy |",
+             "|---|---|---|---|---|---|"]
     for m, runs in table.items():
         steps = [r["steps"] if r["steps"] is not None else math.inf for r in runs]
         med = statistics.median(steps)
         lines.append(f"| {m} | {med:g} | {sum(s == math.inf for s in steps)} | {steps[0]:g} | "
-                     f"{', '.join(f'{s:g}' for s in steps)} |")
+                     f"{', '.join(f'{s:g}' for s in steps)} | "
+                     f"{statistics.median(r['best_accuracy'] for r in runs):.3f} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                                          "runs": table}, indent=2) + "\n")

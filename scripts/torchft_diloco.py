@@ -102,6 +102,7 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=None)
     ap.add_argument("--epochs", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0, help="initial weights, shards and data order (hogwild's train.seed)")
+    ap.add_argument("--split-seed", type=int, default=0, help="the digits' train/test split (data.split_seed)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     try:
@@ -114,7 +115,7 @@ def main() -> None:
         w = dataclasses.replace(w, target=args.target)
     if args.epochs is not None:
         w = dataclasses.replace(w, max_epochs=args.epochs)
-    w = dataclasses.replace(w, seed=args.seed)
+    w = dataclasses.replace(w, seed=args.seed, split_seed=args.split_seed)
     sys.stdout.write("RESULT " + json.dumps(run(args, w)) + "\n")
 
 
