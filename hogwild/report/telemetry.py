@@ -42,7 +42,7 @@ class Telemetry:
         """The shared buffer ``model`` views: what a snapshot copies."""
         self.judged: Optional[Tensor] = None
         """The model (a copy of the flat buffer) whose evaluation first met ``train.target``: what
-        the run hands back if its final model does not meet it (Leader._hand_back_judged)."""
+        the run hands back if its final model does not meet it (leader/core.py, hand_back_judged)."""
         self._snap: Optional[Tensor] = None
         self._snap_model: Optional[nn.Module] = None
         self.metrics = Metrics(run_dir, is_rank0)
