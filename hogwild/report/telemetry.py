@@ -107,9 +107,16 @@ class Telemetry:
         if not self.has_target or self.flat is None:
             return self.model
         if self._snap_model is None:
+            try:
+                twin = copy.deepcopy(self.model)
+            except Exception as e:  # noqa: BLE001 - a user's module may hold what cannot be copied
+                logger.warning("train.target: the model cannot be copied (%s: %s), so evaluations read the live "
+                               "model and a final model below the target cannot be replaced", type(e).__name__, e)
+                self.flat = None  # asked once
+                return self.model
             self._snap = torch.empty_like(self.flat)
-            self._snap_model = copy.deepcopy(self.model)
-            bind(self._snap_model, self._snap)
+            bind(twin, self._snap)
+            self._snap_model = twin
         assert self._snap is not None
         self._snap.copy_(self.flat)
         return self._snap_model

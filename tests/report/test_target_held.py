@@ -107,3 +107,27 @@ def test_a_final_model_below_the_target_is_replaced_on_every_replica_by_the_copy
 def test_a_final_model_that_meets_the_target_is_the_one_handed_back() -> None:
     for flat, agreed in _hand_back(2, judged_misses=False):
         assert torch.equal(flat, torch.full((6,), 0.5)) and torch.equal(agreed, flat)
+
+
+class _Uncopyable(torch.nn.Module):
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.inner(x)
+
+    def __deepcopy__(self, memo: dict[int, object]) -> "_Uncopyable":
+        raise TypeError("holds a handle")
+
+
+def test_a_model_that_cannot_be_copied_is_evaluated_live_with_one_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tel, _ = _replica(tmp_path, LOSS_BAR)
+    tel.model = _Uncopyable(tel.model)
+    with caplog.at_level(logging.WARNING):
+        assert tel._snapshot() is tel.model and tel._snapshot() is tel.model
+    assert caplog.text.count("the model cannot be copied (TypeError: holds a handle)") == 1
+    tel.evaluate(0, tel._snapshot())
+    tel._check_target(0.0)
+    assert tel.time_to_target is not None and tel.judged is None  # met, but nothing to hand back
