@@ -88,6 +88,10 @@ class TargetConfig:
         require((self.metric is None) == (self.value is None), "train.target",
                 "set both train.target.metric and train.target.value, or neither")
 
+    @property
+    def is_set(self) -> bool:
+        return self.metric is not None and self.value is not None
+
 
 @dataclass
 class SchedConfig:

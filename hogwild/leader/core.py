@@ -281,7 +281,7 @@ class Leader:
         dump_final(crew.rep.flat, self.env.rank, crew.rule.state_dict(), crew.rounds.syncs)
         tel, board = crew.tel, crew.board
         if group.writer:  # judged before the final checkpoint: a failed run never writes one
-            tel.evaluate(crew.base.steps + board.applied() * self.env.world_size)
+            tel.evaluate_final(crew.base.steps + board.applied() * self.env.world_size)
             verdict = judge(crew.rep, tel.scores, crew.saver.loss_bar, board.applied(), board.skipped())
             if verdict.failure:
                 ctl.fail(f"{verdict.failure}; {crew.saver.kept()}", EXIT_FAILED)
@@ -324,11 +324,10 @@ def hand_back_judged(crew: Crew) -> None:
         return
     src = int(torch.nonzero(miss)[0])
     if rank == src:
-        assert tel.judged is not None
         t = cfg.train.target
         logger.warning("the final model reads test %s %.4f, below train.target.value=%g that stopped the run: "
                        "handing back the model that met it", t.metric, tel.scores[str(t.metric)], t.value)
-        flat.copy_(tel.judged)
+        tel.restore_judged()
     crew.comm.broadcast(flat, src)
     crew.rule.settle(flat)
 

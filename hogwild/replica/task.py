@@ -120,7 +120,7 @@ class Task:
 def reached(task: Task, target: TargetConfig, scores: dict[str, float]) -> bool:
     """``train.target`` is met by these test scores, in the metric's direction (or the one
     ``train.target.mode`` names)."""
-    if target.metric is None or target.value is None:
+    if not target.is_set:
         return False
     value = scores[target.metric]
     higher = task.metrics[target.metric] if target.mode == "auto" else target.mode == "max"

@@ -45,6 +45,7 @@ class Telemetry:
         the run hands back if its final model does not meet it (leader/core.py, hand_back_judged)."""
         self._snap: Optional[Tensor] = None
         self._snap_model: Optional[nn.Module] = None
+        self._final_scored = False  # final_misses_target scored the final model as it stands
         self.metrics = Metrics(run_dir, is_rank0)
         self.scores: dict[str, float] = {m: math.nan for m in task.metrics}
         """The last test evaluation: every metric the task reports."""
@@ -92,13 +93,23 @@ class Telemetry:
     def evaluate(self, step: int, model: Optional[nn.Module] = None) -> None:
         """Test scores of ``model`` (the live one unless given), logged at ``step``."""
         self.scores = evaluate(model or self.model, self.test, self.device, self.task, on_batch=self.on_batch)
+        self._log_scores(step)
+
+    def evaluate_final(self, step: int) -> None:
+        """The final model's scores, logged at ``step``: evaluated here unless the check of the
+        final model already scored it as it stands."""
+        if self._final_scored:
+            self._log_scores(step)
+        else:
+            self.evaluate(step)
+
+    def _log_scores(self, step: int) -> None:
         for name, value in self.scores.items():
             self.metrics.scalar(f"test/{name}", value, step)
 
     @property
     def has_target(self) -> bool:
-        t = self.cfg.train.target
-        return t.metric is not None and t.value is not None
+        return bool(self.cfg.train.target.is_set)
 
     def _snapshot(self) -> nn.Module:
         """With a target, evaluations read a still copy of the live model, so the model that meets
@@ -193,7 +204,14 @@ class Telemetry:
         if self.judged is None:
             return False
         self.scores = evaluate(self.model, self.test, self.device, self.task, on_batch=self.on_batch)
+        self._final_scored = True
         return not reached(self.task, self.cfg.train.target, self.scores)
+
+    def restore_judged(self) -> None:
+        """The live buffer (workers stopped) takes the copy that met the target back."""
+        assert self.judged is not None and self.flat is not None
+        self.flat.copy_(self.judged)
+        self._final_scored = False
 
     def target_held(self) -> Optional[bool]:
         """After the final evaluation: whether the model the run ends with meets the target that

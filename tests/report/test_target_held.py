@@ -66,7 +66,10 @@ def test_with_a_target_evaluations_read_a_still_copy_and_the_one_that_met_it_is_
     assert torch.equal(tel.judged, before), "the copy that met the target is the one evaluated, not the live model"
     flat.fill_(float("nan"))  # the final model misses the target
     assert tel.final_misses_target()
-    flat.copy_(tel.judged)
+    tel.restore_judged()
+    assert torch.equal(flat, before)
+    tel.evaluate_final(1)  # the model changed since it was checked: scored again
+    assert tel.scores["loss"] < 100
     assert not tel.final_misses_target()
 
 
@@ -86,7 +89,8 @@ def _hand_back(world: int, judged_misses: bool) -> list[tuple[Tensor, Tensor]]:
         rule.prime(flat)
         judged = torch.full((6,), 2.0) if comm.rank == 0 else None
         tel = SimpleNamespace(has_target=True, judged=judged, scores={"accuracy": 0.95},
-                              final_misses_target=lambda: judged is not None and judged_misses)
+                              final_misses_target=lambda: judged is not None and judged_misses,
+                              restore_judged=lambda: flat.copy_(judged))
         cfg = SimpleNamespace(sync=SimpleNamespace(timeout_s=10.0), train=SimpleNamespace(
             target=TargetConfig("accuracy", 0.96)))
         crew = SimpleNamespace(tel=tel, cfg=cfg, rep=SimpleNamespace(flat=flat), comm=comm, rule=rule)
@@ -131,3 +135,18 @@ def test_a_model_that_cannot_be_copied_is_evaluated_live_with_one_warning(
     tel.evaluate(0, tel._snapshot())
     tel._check_target(0.0)
     assert tel.time_to_target is not None and tel.judged is None  # met, but nothing to hand back
+
+
+def test_the_final_model_is_evaluated_once_when_its_check_already_scored_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import hogwild.report.telemetry as telemetry
+
+    tel, _ = _replica(tmp_path, LOSS_BAR)
+    tel.evaluate(0, tel._snapshot())
+    tel._check_target(0.0)
+    calls = []
+    real = telemetry.evaluate
+    monkeypatch.setattr(telemetry, "evaluate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert not tel.final_misses_target()
+    tel.evaluate_final(1)
+    assert len(calls) == 1 and tel.scores["loss"] < 100
