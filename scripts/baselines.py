@@ -71,6 +71,11 @@ class Workload:
         return load_dataset(DataConfig(name="digits", image_size=self.image_size, channels=self.channels,
                                        split_seed=self.split_seed))
 
+    def sampler(self, ds: Dataset, shards: int, index: int) -> ShardSampler:
+        """Worker ``index`` of ``shards``: its shard and data order as ``train.seed`` makes them in
+        a hogwild job, so a baseline's rank or replica reads what hogwild's worker would."""
+        return ShardSampler(shard(len(ds.train), shards, index, self.seed), self.bs, self.seed + index)
+
     def build(self, ds: Dataset) -> torch.nn.Module:
         return build_model(ModelConfig(name=self.model, hidden=self.hidden, _target_=self.target_path or None), ds,
                            self.seed)
@@ -119,6 +124,14 @@ def spawn_ranks(fn: Callable[..., None], world: int, *args: Any) -> dict[Any, An
     return out
 
 
+def sgd_step(model: torch.nn.Module, opt: torch.optim.Optimizer, ds: Dataset, idx: torch.Tensor) -> None:
+    """One step of the baselines' recipe (cross-entropy, the optimizer given) on training rows ``idx``."""
+    (x,), y = ds.train.batch(idx)
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
 def _sgd_until(model: torch.nn.Module, ds: Dataset, sampler: ShardSampler, w: Workload,
                reached: Callable[[], tuple[bool, float]]) -> tuple[float, int, float]:
     """SGD steps until ``reached()`` says so; returns (training clock, steps, last accuracy)."""
@@ -126,10 +139,7 @@ def _sgd_until(model: torch.nn.Module, ds: Dataset, sampler: ShardSampler, w: Wo
     clock, steps, acc = 0.0, 0, 0.0
     for step in range(w.max_epochs * sampler.batches_per_epoch):
         t0 = time.perf_counter()
-        (x,), y = ds.train.batch(sampler.batch(step))
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
+        sgd_step(model, opt, ds, sampler.batch(step))
         clock += time.perf_counter() - t0
         steps += 1
         if step % w.eval_every == 0:
@@ -174,7 +184,7 @@ def _ddp_rank(rank: int, world: int, port: int, out: Any, w: Workload, addr: str
         dist.broadcast(flag, 0)
         return bool(flag[0] > 0), acc
 
-    sampler = ShardSampler(shard(len(ds.train), world, rank, w.seed), w.bs, w.seed + rank)
+    sampler = w.sampler(ds, world, rank)
     dist.barrier()
     res = _sgd_until(model, ds, sampler, w, reached)
     if rank == 0:

@@ -28,28 +28,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from baselines import CLASSIFY, CPU, MLP, Workload  # noqa: E402
+from baselines import CLASSIFY, CPU, MLP, Workload, sgd_step  # noqa: E402
 from torch.nn.utils import parameters_to_vector, vector_to_parameters  # noqa: E402
 
 from hogwild.config.schema import SyncConfig  # noqa: E402
-from hogwild.data.datasets import ShardSampler, shard  # noqa: E402
 from hogwild.replica.task import evaluate  # noqa: E402
 from hogwild.sync.comm import LocalComm  # noqa: E402
 from hogwild.sync.rounds import sync_round  # noqa: E402
+from hogwild.sync.base import SyncRule  # noqa: E402
+from hogwild.sync.outer import OuterRule  # noqa: E402
 from hogwild.sync.rules import make_rule  # noqa: E402
 
 logger = logging.getLogger("outer_rules")
 RULES = ("slowmo", "diloco", "average")
 
 
-def rule_config(mode: str, replicas: int) -> SyncConfig:
-    """The rule as an R-replica job gets it. The rule runs here on a one-rank communicator fed the
-    replicas' mean, so a default that depends on R (slowmo's μ = 1 − 1/R) is spelled out."""
-    cfg = SyncConfig(mode=mode)
-    if mode == "slowmo":
-        cfg = dataclasses.replace(cfg, outer_momentum=1.0 - 1.0 / replicas)
-    return cfg
+def rule_for(mode: str, replicas: int) -> SyncRule:
+    """The rule as an R-replica job gets it. It runs here on a one-rank communicator fed the
+    replicas' mean, so an outer momentum whose default depends on R (slowmo's) is set to the
+    rule's own default for R replicas."""
+    rule = make_rule(SyncConfig(mode=mode), LocalComm())
+    if isinstance(rule, OuterRule):
+        rule.cfg = dataclasses.replace(rule.cfg, outer_momentum=rule.default_momentum(replicas))
+    return rule
 
 
 def steps_to_target(w: Workload, mode: str, seed: int, replicas: int, interval: int,
@@ -61,18 +62,15 @@ def steps_to_target(w: Workload, mode: str, seed: int, replicas: int, interval: 
     ds = w.data()
     models = [w.build(ds) for _ in range(replicas)]  # one seed: the same initial weights
     opts = [torch.optim.SGD(m.parameters(), lr=w.lr) for m in models]
-    samplers = [ShardSampler(shard(len(ds.train), replicas, r, seed), w.bs, seed + r) for r in range(replicas)]
+    samplers = [w.sampler(ds, replicas, r) for r in range(replicas)]
     synced = parameters_to_vector(models[0].parameters()).detach().clone()
-    rule = make_rule(rule_config(mode, replicas), LocalComm())
+    rule = rule_for(mode, replicas)
     rule.prime(synced)
     best = 0.0
     for k in range(1, rounds + 1):
         for r, (model, opt) in enumerate(zip(models, opts)):
             for step in range((k - 1) * interval, k * interval):
-                (x,), y = ds.train.batch(samplers[r].batch(step))
-                opt.zero_grad()
-                F.cross_entropy(model(x), y).backward()
-                opt.step()
+                sgd_step(model, opt, ds, samplers[r].batch(step))
         mean = torch.stack([parameters_to_vector(m.parameters()).detach() for m in models]).mean(0)
         sync_round(mean, rule)  # the replicas' mean in, the rule's synced model out
         for model in models:  # a copy each: vector_to_parameters makes the parameters views of its vector

@@ -27,10 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from baselines import CLASSIFY, CPU, MLP, RESNET, Workload  # noqa: E402
+from baselines import CLASSIFY, CPU, MLP, RESNET, Workload, sgd_step  # noqa: E402
 
-from hogwild.data.datasets import ShardSampler, shard  # noqa: E402
 from hogwild.replica.task import evaluate  # noqa: E402
 
 WORKLOADS = {"mlp": MLP, "resnet": RESNET}
@@ -63,18 +61,15 @@ def run(args: argparse.Namespace, w: Workload) -> dict[str, float]:
                       lighthouse_addr=f"http://{args.lighthouse_host}:{args.lighthouse_port}",
                       timeout=timedelta(seconds=120), quorum_timeout=timedelta(seconds=120),
                       connect_timeout=timedelta(seconds=120))
-    # Shards and data order as hogwild's train.seed makes them for worker `replica` of the job.
-    sampler = ShardSampler(shard(len(ds.train), args.replicas, args.replica, w.seed), w.bs, w.seed + args.replica)
+    sampler = w.sampler(ds, args.replicas, args.replica)
     clock, steps, acc = 0.0, 0, 0.0
     try:
         with DiLoCo(manager, [model], inner, outer, sync_every=args.interval) as _:
             manager.start_quorum()  # the first quorum (startup) off the clock
             for step in range(w.max_epochs * sampler.batches_per_epoch):
                 t0 = time.perf_counter()
-                (x,), y = ds.train.batch(sampler.batch(step))
-                inner.zero_grad()
-                F.cross_entropy(model(x), y).backward()
-                inner.step()  # every sync_every-th step is the outer round, inside this call
+                # Every sync_every-th inner step is the outer round, inside the optimizer's step.
+                sgd_step(model, inner, ds, sampler.batch(step))
                 clock += time.perf_counter() - t0
                 steps += 1
                 if steps % args.interval == 0:
