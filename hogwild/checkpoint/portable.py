@@ -13,7 +13,7 @@ import logging
 from typing import Any, Optional, Sequence
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
 from hogwild.checkpoint import store
@@ -28,7 +28,7 @@ from hogwild.replica.shared import bind, layout, state_dict_of
 logger = logging.getLogger(__name__)
 
 
-def config_from_checkpoint(ckpt: dict[str, Any], overrides: Sequence[str]) -> Config:
+def _merged_config(ckpt: dict[str, Any], overrides: Sequence[str]) -> DictConfig:
     """The run's own config, with ``key=value`` overrides (e.g. data.root) on top."""
     try:
         base = OmegaConf.merge(OmegaConf.structured(Config), ckpt["config"])
@@ -39,15 +39,29 @@ def config_from_checkpoint(ckpt: dict[str, Any], overrides: Sequence[str]) -> Co
         merged = OmegaConf.merge(base, OmegaConf.from_dotlist(list(overrides)))
     except Exception as e:  # noqa: BLE001 - OmegaConf raises many types for bad dotlists
         raise ConfigError(f"{getattr(e, 'full_key', '') or 'override'}: {first_line(e)}") from None
-    return to_config(merged)
+    assert isinstance(merged, DictConfig)
+    return merged
+
+
+def _resolved(merged: DictConfig, source: str) -> dict[str, Any]:
+    try:
+        container = OmegaConf.to_container(merged, resolve=True)
+    except Exception as e:  # noqa: BLE001 - a ${...} that points nowhere, a resolver that fails
+        key = getattr(e, "full_key", "") or "config"
+        raise ConfigError(f"{key}: {source} holds a config that cannot be resolved ({first_line(e)})") from None
+    assert isinstance(container, dict)
+    return container
 
 
 def rebuild(ckpt: dict[str, Any], path: str, overrides: Sequence[str] = (), trusted: bool = False,
             calls: Sequence[str] = ("model", "data", "loss")) -> tuple[nn.Module, Config, Dataset]:
     """The checkpoint's model, built from its config (with ``overrides``) and holding its values.
-    The data is loaded too: a built-in model takes its input shape and class count from it."""
-    refuse_stored_targets(ckpt.get("config"), list(overrides), trusted, f"checkpoint {path}", calls=tuple(calls))
-    cfg = config_from_checkpoint(ckpt, overrides)
+    The data is loaded too: a built-in model takes its input shape and class count from it.
+    The target gate judges the very config that is then built, interpolations resolved."""
+    source = f"checkpoint {path}"
+    merged = _merged_config(ckpt, overrides)
+    refuse_stored_targets(_resolved(merged, source), list(overrides), trusted, source, calls=tuple(calls))
+    cfg = to_config(merged)
     ds = load_dataset(cfg.data)
     model = build_model(cfg.model, ds, cfg.train.seed)
     store.check_compatible(ckpt, path, model_id(cfg.model), [s.shape for s in layout(model)])

@@ -7,6 +7,8 @@ import importlib
 import re
 from typing import Any, Callable
 
+from omegaconf import OmegaConf
+
 from hogwild.errors import ConfigError, first_line
 
 
@@ -55,18 +57,42 @@ def stored_targets(config: Any, prefix: str = "") -> dict[str, str]:
     return found
 
 
-def refuse_stored_targets(config: Any, overrides: list[str], trusted: bool, source: str,
+def _vouched(overrides: list[str]) -> dict[str, str]:
+    """The targets the command line names as plain values. A value that is itself an
+    interpolation (``model._target_=${model.kwargs.x}``) names nothing: it points at whatever the
+    file stored there, so it vouches for nothing."""
+    said: dict[str, str] = {}
+    for override in overrides:
+        key, eq, _ = override.partition("=")
+        key = key.lstrip("+~")
+        if not eq or not key.endswith("_target_"):
+            continue
+        try:
+            node = OmegaConf.from_dotlist([override.lstrip("+~")])
+            if not OmegaConf.is_interpolation(node, key) and "${" not in str(OmegaConf.select(node, key)):
+                said[key] = str(OmegaConf.select(node, key))
+        except Exception:  # noqa: BLE001 - a malformed override vouches for nothing; the merge names it
+            continue
+    return said
+
+
+def refuse_stored_targets(resolved: Any, overrides: list[str], trusted: bool, source: str,
                           calls: tuple[str, ...] = ("model", "data", "loss")) -> None:
     """A checkpoint names callables in its stored config; calling them would run whatever code the
     file's author chose (``model._target_=os.system``). ``weights_only=True`` does not help: the
-    config is plain strings. So a stored ``_target_`` is used only when the command line sets
-    that key itself (the user names the code to run) or passes ``trust_targets=true``; this
-    check runs before anything is imported, since importing a module already runs its code.
+    config is plain strings. So a target is called only when the command line names that same
+    callable for that key as a plain value (the user names the code to run) or passes
+    ``trust_targets=true``; this check runs before anything is imported, since importing a module
+    already runs its code.
+
+    ``resolved`` is the config as it will be used: stored values and overrides merged and every
+    ``${...}`` resolved. Judging the stored strings instead let a file hide a target behind an
+    interpolation that the user, told to name the string, then resolved to the hidden callable.
     ``calls``: the groups whose targets the command will call (evaluation builds no optimizer)."""
     if trusted:
         return
-    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
-    for key, path in stored_targets(config).items():
-        if key.split(".")[0] in calls and key not in given:
+    said = _vouched(overrides)
+    for key, path in stored_targets(resolved).items():
+        if key.split(".")[0] in calls and said.get(key) != path:
             raise ConfigError(f"{key}: {source} asks to call {path!r}; name it yourself ({key}={path}) "
                               f"or pass {TRUST_FLAG}=true if you trust the file")

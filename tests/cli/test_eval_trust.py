@@ -102,3 +102,50 @@ def test_only_the_targets_evaluation_calls_are_gated() -> None:
         refuse_stored_targets({"loss": {"_target_": "evilmod.loss"}}, [], False, "f")
     with pytest.raises(ConfigError, match=r"^model.kwargs.block._target_"):  # nested, any depth
         refuse_stored_targets({"model": {"kwargs": {"block": {"_target_": "os.system"}}}}, [], False, "f")
+
+
+def _hidden(d: Path) -> Path:
+    """A file whose model target is an interpolation pointing at a callable stored elsewhere in it."""
+    (d / "evilmod.py").write_text(EVIL)
+    path = d / "hidden.pt"
+    torch.save({
+        "format": checkpoint.FORMAT, "lineage": "x", "written_at": 0.0, "model": "evilmod.make",
+        "shapes": [[2]], "flat": torch.zeros(2), "opt_state": {}, "positions": torch.zeros(1, 1),
+        "counters": {"steps": 1}, "sync_state": {},
+        "config": {"run_dir": "run", "model": {"_target_": "${model.kwargs.impl}", "kwargs": {"impl": "evilmod.make"}}},
+    }, path)
+    return path
+
+
+@pytest.fixture
+def hidden(tmp_cwd: Path) -> Path:
+    sys.modules.pop("evilmod", None)
+    yield _hidden(tmp_cwd)
+    sys.modules.pop("evilmod", None)
+
+
+def test_a_target_hidden_behind_an_interpolation_is_named_by_what_it_calls(hidden: Path,
+                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _eval([f"checkpoint={hidden}"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "'evilmod.make'" in err and "model._target_=evilmod.make" in err and "${" not in err
+    assert _markers(hidden.parent) == []
+
+
+def test_repeating_the_interpolation_on_the_command_line_vouches_for_nothing(hidden: Path,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    # What the gate used to tell the user to type: it resolved to the hidden callable and ran it.
+    for given in ("model._target_=${model.kwargs.impl}", "model._target_='${model.kwargs.impl}'"):
+        code, err = _eval([f"checkpoint={hidden}", given], capsys)
+        assert code == 2 and "model._target_: checkpoint" in err and "'evilmod.make'" in err, err
+        assert _markers(hidden.parent) == []
+
+
+def test_an_override_that_points_a_named_target_elsewhere_is_judged_resolved(hidden: Path,
+                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # The user names a harmless-looking target, but the stored interpolation is re-pointed by an
+    # override of the value it reads: what would be called is what the user must name.
+    code, err = _eval([f"checkpoint={hidden}", "model._target_=torch.nn.Identity",
+                       "model._target_=${model.kwargs.impl}"], capsys)
+    assert code == 2 and "'evilmod.make'" in err
+    assert _markers(hidden.parent) == []
