@@ -21,7 +21,7 @@ from hogwild.errors import first_line, guarded, say_error
 @guarded
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
+    ap.add_argument("--host", default="0.0.0.0", help="the one address to listen on (default: 0.0.0.0, every IPv4 interface)")
     ap.add_argument("--port", type=int, default=29400)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
@@ -30,7 +30,7 @@ def main() -> None:
         signal.signal(sig, lambda *_: stop.set())
     try:
         serve(args.host, args.port, stop=stop)
-    except (RuntimeError, dist.DistError) as e:
+    except (OSError, RuntimeError, dist.DistError) as e:
         say_error(f"--port {args.port}: cannot listen on {args.host}:{args.port}: {first_line(e)}")
         raise SystemExit(2) from None
 

@@ -4,6 +4,7 @@ through (``sync.coordinator=HOST:PORT``); ``hogwild-coordinator`` (cli/coordinat
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from datetime import timedelta
 
@@ -12,12 +13,41 @@ import torch.distributed as dist
 logger = logging.getLogger("hogwild.coordinator")
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket bound to ``host`` alone. A master ``TCPStore`` given only a host name
+    listens on every interface whatever the name says, so a coordinator asked to stay on
+    127.0.0.1 would be reachable from the network; handing it a socket we bound keeps the
+    address the user chose (the README's advice on keeping the port private relies on it)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise OSError(f"cannot resolve host {host!r} ({e.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:  # "::" means IPv6 only, as "0.0.0.0" means IPv4 only
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def serve(host: str, port: int, ready: threading.Event | None = None, stop: threading.Event | None = None) -> None:
-    store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
-    logger.info("coordinator listening on %s:%d", host, store.port)
-    stop = stop or threading.Event()
-    if ready is not None:
-        ready.set()
-    while not stop.wait(1.0):  # a timeout, so SIGINT/SIGTERM handlers get to run promptly
-        pass
-    del store
+    sock = listen(host, port)
+    bound = sock.getsockname()[1]
+    try:
+        store = dist.TCPStore(host, bound, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30),
+                              master_listen_fd=sock.fileno())
+        logger.info("coordinator listening on %s:%d", host, bound)
+        stop = stop or threading.Event()
+        if ready is not None:
+            ready.set()
+        while not stop.wait(1.0):  # a timeout, so SIGINT/SIGTERM handlers get to run promptly
+            pass
+        del store
+    finally:
+        sock.close()  # the store serves from this descriptor: close it only once the store is gone

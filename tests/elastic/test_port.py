@@ -110,3 +110,64 @@ def test_signed_counters_count_and_survive_a_coordinator_restart_shape(coordinat
         assert beat is not None and beat.beat >= 1 and _intruder(coordinator).get("hb/0") != b"%d:0:0:0" % beat.beat
     finally:
         m.close()
+
+
+def _listeners(port: int) -> list[str]:
+    """The local addresses of every listening TCP socket on ``port``, read from /proc/net."""
+    found = []
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        try:
+            rows = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            local, state = row.split()[1], row.split()[3]
+            addr, _, hexport = local.partition(":")
+            if state == "0A" and int(hexport, 16) == port and len(addr) == width:
+                found.append(addr)
+    return found
+
+
+def test_the_coordinator_listens_only_on_the_host_it_was_given(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import clean_env
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "hogwild.cli.coordinator", "--host", "127.0.0.1", "--port",
+                             str(port)], cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not _listeners(port) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # a second listener, if the store opened one, is up by now too
+        # 127.0.0.1 in /proc/net/tcp's little-endian hex; no 0.0.0.0 and no IPv6 wildcard.
+        assert _listeners(port) == ["0100007F"], _listeners(port)
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+        store.set("k", "v")
+        assert store.get("k") == b"v"
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[0]
+    assert f"listening on 127.0.0.1:{port}" in out, out
+
+
+def test_a_port_in_use_is_one_line_naming_the_port(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import socket
+    import subprocess
+    import sys
+
+    from tests.conftest import clean_env
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "hogwild.cli.coordinator", "--host", "127.0.0.1", "--port",
+                               str(port)], cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and f"--port {port}" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
