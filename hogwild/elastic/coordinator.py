@@ -42,12 +42,16 @@ def serve(host: str, port: int, ready: threading.Event | None = None, stop: thre
     try:
         store = dist.TCPStore(host, bound, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30),
                               master_listen_fd=sock.fileno())
-        logger.info("coordinator listening on %s:%d", host, bound)
-        stop = stop or threading.Event()
-        if ready is not None:
-            ready.set()
-        while not stop.wait(1.0):  # a timeout, so SIGINT/SIGTERM handlers get to run promptly
-            pass
-        del store
-    finally:
-        sock.close()  # the store serves from this descriptor: close it only once the store is gone
+    except BaseException:
+        sock.close()
+        raise
+    # The store owns the descriptor from here and closes it when it goes: closing it again
+    # could close whatever the process opened under the same number meanwhile.
+    sock.detach()
+    logger.info("coordinator listening on %s:%d", host, bound)
+    stop = stop or threading.Event()
+    if ready is not None:
+        ready.set()
+    while not stop.wait(1.0):  # a timeout, so SIGINT/SIGTERM handlers get to run promptly
+        pass
+    del store
