@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import logging
 import os
 import socket
-import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable, Optional
 
@@ -25,43 +25,122 @@ logger = logging.getLogger(__name__)
 LOCK_NAME = ".hogwild.lock"
 
 
-def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """``write`` into a unique temp file next to ``path``, fsync, rename over ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
+def _refusal(path: Path, e: OSError) -> Exception:
+    """A link where the run needs its own folder or file is the user's to remove (exit 2); any
+    other ``OSError`` (a file where a folder should be, a full disk, no permission) stays one,
+    for the write paths to report as a write failure."""
+    if e.errno == errno.ELOOP or os.path.islink(path):
+        return UserError(f"run_dir: {path} is a symbolic link; a run writes only its own files (remove the link)")
+    return e
+
+
+def open_dir(root: str | Path, rel: str | Path = "", create: bool = True) -> int:
+    """A descriptor of the folder ``root/rel`` reached one component at a time without following
+    a symbolic link below ``root`` (which the user named, and may be a link), made as needed.
+    A run writes only into folders it reaches this way: a link planted as ``checkpoints`` or
+    ``progress`` would otherwise send its files wherever the link points."""
+    root, here = Path(root), Path(root)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        for part in Path(rel).parts:
+            here = here / part
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+            try:
+                inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as e:
+                raise _refusal(here, e) from None
+            os.close(fd)
+            fd = inner
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        os.close(fd)
         raise
+    return fd
 
 
-def atomic_link(target: Path, link: Path) -> None:
-    """Point ``link`` at ``target`` (a hard link, swapped in atomically)."""
-    tmp = link.with_name(f".{link.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+def _parent_fd(path: Path, root: Optional[str | Path]) -> int:
+    if root is None:
+        return open_dir(path.parent, create=False)
+    return open_dir(root, path.parent.relative_to(root), create=False)
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], None], root: Optional[str | Path] = None) -> None:
+    """``write`` into a unique temp file next to ``path``, fsync, rename over ``path``. Every
+    name is resolved from the parent's descriptor and no link is followed: not ``path`` itself
+    (a rename replaces a link, never its target), nor a folder between ``root`` and ``path``."""
+    dfd = _parent_fd(Path(path), root)
+    tmp = f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     try:
-        os.link(target, tmp)
-        os.replace(tmp, link)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+    finally:
+        os.close(dfd)
 
 
-def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
-    """``os.open`` that refuses a symlink in ``path``'s last component: a file a run opens for
-    writing inside its run_dir is the run's own, never one that a link planted there points at."""
+def atomic_link(target: Path, link: Path, root: Optional[str | Path] = None) -> None:
+    """Point ``link`` at ``target`` (a hard link, swapped in atomically); both in one folder."""
+    dfd = _parent_fd(Path(link), root)
+    tmp = f".{link.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     try:
-        return os.open(path, flags | os.O_NOFOLLOW, mode)
+        os.link(target.name, tmp, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+        try:
+            os.replace(tmp, link.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+    finally:
+        os.close(dfd)
+
+
+def open_nofollow(path: Path, flags: int, mode: int = 0o644, root: Optional[str | Path] = None) -> int:
+    """``os.open`` that follows no symbolic link: not ``path``'s last component, nor a folder
+    between ``root`` and it (created as needed). A file a run opens for writing inside its
+    run_dir is the run's own, never one that a link planted there points at."""
+    path = Path(path)
+    rel = Path() if root is None else path.parent.relative_to(root)
+    dfd = open_dir(path.parent if root is None else root, rel, create=bool(flags & os.O_CREAT))
+    try:
+        return os.open(path.name, flags | os.O_NOFOLLOW, mode, dir_fd=dfd)
     except OSError as e:
-        if os.path.islink(path):
-            raise UserError(f"run_dir: {path} is a symbolic link; a run writes only its own files "
-                            "(remove the link)") from None
+        err = _refusal(path, e)
+        if isinstance(err, UserError):
+            raise err from None
         raise UserError(f"run_dir: cannot open {path}: {e.strerror}") from None
+    finally:
+        os.close(dfd)
+
+
+# The names a run writes directly in its run_dir. Checked before Hydra starts: Hydra opens the
+# log file itself, and a link found only then could not be refused in one line.
+RUN_FILES = ("train.log", "metrics.json", LOCK_NAME, ".hydra", "checkpoints", "progress", "tb")
+
+
+def refuse_links(run_dir: str | Path) -> None:
+    """One line, before anything runs, for a symbolic link where the run writes its own files."""
+    for name in RUN_FILES:
+        path = Path(run_dir) / name
+        if path.is_symlink():
+            raise UserError(f"run_dir: {path} is a symbolic link; a run writes only its own files (remove the link)")
+
+
+class RunLogHandler(logging.FileHandler):
+    """Hydra's log file (``run_dir/train.log``), opened without following a link: the run appends
+    its log to its own file, never to whatever file a link planted there points at."""
+
+    def _open(self):  # type: ignore[no-untyped-def]
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
 
 
 def writable_dir(path: str) -> bool:

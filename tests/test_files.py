@@ -45,3 +45,66 @@ def test_a_board_file_is_still_shared_between_processes_views(tmp_path: Path) ->
     again = Board.__new__(Board)
     again.__setstate__(board.__getstate__())  # a worker's view maps the same file
     assert list(again.stats["applied"]) == [3, 4]
+
+
+@pytest.mark.parametrize("folder", ["progress", "checkpoints", ".hydra", "tb"])
+def test_no_file_is_written_through_a_folder_planted_as_a_link(tmp_path: Path, folder: str) -> None:
+    from hogwild.checkpoint import store
+    from hogwild.report.metrics import Metrics
+    from hogwild.report.rundir import record_config
+
+    elsewhere, run_dir = tmp_path / "elsewhere", tmp_path / "run"
+    elsewhere.mkdir()
+    run_dir.mkdir()
+    (run_dir / folder).symlink_to(elsewhere)
+    write = {
+        "progress": lambda: Board(2, run_dir / "progress" / "rank0.board"),
+        "checkpoints": lambda: store.save(run_dir, {"lineage": "abc", "counters": {"steps": 1}}, keep=2),
+        ".hydra": lambda: record_config(run_dir, {"a": 1}, ["a=1"]),
+        "tb": lambda: Metrics(run_dir, enabled=True),
+    }[folder]
+    with pytest.raises(UserError, match=rf"^run_dir: .*{folder} is a symbolic link"):
+        write()
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_an_atomic_write_replaces_a_planted_link_never_its_target(tmp_path: Path) -> None:
+    from hogwild.files import atomic_write
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tmp_path / "metrics.json").symlink_to(victim)
+    atomic_write(tmp_path / "metrics.json", lambda f: f.write(b"{}"))
+    assert victim.read_text() == "precious"
+    assert not (tmp_path / "metrics.json").is_symlink() and (tmp_path / "metrics.json").read_text() == "{}"
+
+
+def test_the_log_handler_refuses_a_link(tmp_path: Path) -> None:
+    from hogwild.files import RunLogHandler
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tmp_path / "train.log").symlink_to(victim)
+    with pytest.raises(OSError):
+        RunLogHandler(str(tmp_path / "train.log"))
+    assert victim.read_text() == "precious"
+
+
+@pytest.mark.parametrize("planted", ["train.log", "progress", "checkpoints"])
+def test_a_run_with_a_link_in_its_run_dir_stops_in_one_line_and_leaves_the_target_alone(
+        tmp_path: Path, planted: str) -> None:
+    from tests.conftest import run_cli
+
+    victim, run_dir = tmp_path / "victim", tmp_path / "run"
+    run_dir.mkdir()
+    if planted == "train.log":
+        victim.write_text("precious")
+    else:
+        victim.mkdir()
+    (run_dir / planted).symlink_to(victim)
+    proc = run_cli([f"run_dir={run_dir}", "train.epochs=1"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"hogwild: error: run_dir: {run_dir / planted} is a symbolic link; a run writes only its own files "
+        "(remove the link)"], proc.stderr
+    assert (victim.read_text() == "precious") if planted == "train.log" else list(victim.iterdir()) == []

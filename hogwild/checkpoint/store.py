@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import shutil
 import uuid
@@ -20,7 +21,7 @@ from typing import Any, Optional
 import torch
 
 from hogwild.errors import EXIT_WRITE, ConfigError, Fault, first_line
-from hogwild.files import atomic_link, atomic_write
+from hogwild.files import atomic_link, atomic_write, open_dir
 
 logger = logging.getLogger(__name__)
 
@@ -73,12 +74,12 @@ def save(run_dir: str | Path, payload: dict[str, Any], keep: int) -> Path:
     path = d / step_name(steps, lineage, seq)
     for attempt in range(1, WRITE_TRIES + 1):
         try:
-            d.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, lambda f: torch.save(payload, f))
+            os.close(open_dir(run_dir, d.name))  # made as needed; a link there is refused, not followed
+            atomic_write(path, lambda f: torch.save(payload, f), root=run_dir)
             try:
-                atomic_link(path, d / "last.pt")
+                atomic_link(path, d / "last.pt", root=run_dir)
             except OSError:  # filesystems without hard links get a copy
-                atomic_write(d / "last.pt", lambda f: torch.save(payload, f))
+                atomic_write(d / "last.pt", lambda f: torch.save(payload, f), root=run_dir)
             break
         except (OSError, RuntimeError) as e:  # torch's zip writer reports a full disk as RuntimeError
             if attempt == WRITE_TRIES:

@@ -18,6 +18,7 @@ from hogwild.config import schema as config_mod
 from hogwild.config.env import default_run_id
 from hogwild.config.schema import Config
 from hogwild.errors import ConfigError, UserError, first_line
+from hogwild.files import refuse_links
 
 
 def _conf_dir() -> str:
@@ -205,8 +206,9 @@ def preflight(argv: list[str]) -> Optional[Config]:
     overrides = list(args.overrides)
     jobs = _jobs(overrides, conf_dir, args.multirun)
     first: Optional[Config] = None
-    for job in jobs:
+    for num, job in enumerate(jobs):
         cfg = compose(job, name, conf_dir)
+        refuse_links(Path(cfg.run_dir, str(num)) if args.multirun else cfg.run_dir)
         first = first or cfg
     return first
 

@@ -113,14 +113,15 @@ class Board:
             self.stats_t = torch.zeros(workers, len(STATS.names), dtype=torch.float64).share_memory_()
             self.control_t = torch.zeros(len(CONTROL.names), dtype=torch.float64).share_memory_()
         else:
-            path.parent.mkdir(parents=True, exist_ok=True)
             self._map("w+")
 
     def _map(self, mode: str) -> None:
         assert self.path is not None
         n_stats = self.workers * len(STATS.names)
         size = (n_stats + len(CONTROL.names)) * 8
-        fd = open_nofollow(self.path, os.O_RDWR | (os.O_CREAT | os.O_TRUNC if mode == "w+" else 0))
+        # A board lives at run_dir/progress/<name>: neither progress/ nor the file may be a link.
+        fd = open_nofollow(self.path, os.O_RDWR | (os.O_CREAT | os.O_TRUNC if mode == "w+" else 0),
+                           root=self.path.parent.parent)
         with os.fdopen(fd, "r+b") as f:
             if mode == "w+":
                 f.truncate(size)
@@ -192,7 +193,7 @@ def previous_attempt(path: Path) -> Optional[tuple[float, float]]:
     """(base steps, updates applied) of the attempt that last used this board file, read
     before this attempt overwrites it; None when there is none or it is not a board."""
     try:
-        if path.is_symlink():  # not a board this run wrote (files.open_nofollow)
+        if path.is_symlink() or path.parent.is_symlink():  # not a board this run wrote (files.open_nofollow)
             return None
         size = path.stat().st_size
     except OSError:

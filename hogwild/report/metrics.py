@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any, Optional
 
 from tqdm import tqdm
 
-from hogwild.files import atomic_write
+from hogwild.files import atomic_write, open_dir
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +27,8 @@ class Metrics:
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
+            # TensorBoard opens its own files; it gets a tb/ that is a real folder of the run.
+            os.close(open_dir(run_dir, "tb"))
             self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tb"))
 
     def scalar(self, tag: str, value: float, step: int) -> None:

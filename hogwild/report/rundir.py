@@ -10,13 +10,14 @@ checkpoints already stay (each run has its own lineage), and so do its config an
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from omegaconf import OmegaConf
 
-from hogwild.files import atomic_write
+from hogwild.files import atomic_write, open_dir
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +52,9 @@ def set_aside_earlier_run(run_dir: Path) -> list[Path]:
 def record_config(run_dir: Path, config: dict[str, Any], overrides: Optional[Sequence[str]]) -> None:
     """``.hydra/config.yaml`` (the resolved config) and ``.hydra/overrides.yaml``, as Hydra names them."""
     d = run_dir / ".hydra"
-    d.mkdir(parents=True, exist_ok=True)
+    os.close(open_dir(run_dir, d.name))  # made as needed; a link there is refused, not followed
     text = OmegaConf.to_yaml(OmegaConf.create(config)).encode()
-    atomic_write(d / "config.yaml", lambda f: f.write(text))
+    atomic_write(d / "config.yaml", lambda f: f.write(text), root=run_dir)
     if overrides is not None:
         listed = OmegaConf.to_yaml(OmegaConf.create(list(overrides))).encode()
-        atomic_write(d / "overrides.yaml", lambda f: f.write(listed))
+        atomic_write(d / "overrides.yaml", lambda f: f.write(listed), root=run_dir)
