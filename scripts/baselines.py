@@ -60,7 +60,7 @@ class Workload:
     """The digits' train/test split (``data.split_seed``): which 360 images are the test set."""
 
     def hydra(self) -> list[str]:
-        model = [f"model._target_={self.target_path}"] if self.target_path else [f"model={self.model}",
+        model = [f"model._target_={self.target_path}", "+model.num_classes=10"] if self.target_path else [f"model={self.model}",
                                                                                   f"model.hidden={self.hidden}"]
         return [*model, f"data.image_size={self.image_size}", f"data.channels={self.channels}",
                 f"optim.lr={self.lr}", f"train.batch_size={self.bs}", f"train.epochs={self.max_epochs}",
@@ -77,7 +77,8 @@ class Workload:
         return ShardSampler(shard(len(ds.train), shards, index, self.seed), self.bs, self.seed + index)
 
     def build(self, ds: Dataset) -> torch.nn.Module:
-        return build_model(ModelConfig(name=self.model, hidden=self.hidden, _target_=self.target_path or None), ds,
+        return build_model(ModelConfig(name=self.model, hidden=self.hidden, _target_=self.target_path or None,
+                                       kwargs={"num_classes": 10} if self.target_path else {}), ds,
                            self.seed)
 
 

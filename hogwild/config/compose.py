@@ -8,6 +8,7 @@ docs/design.md): a bad value anywhere in a sweep fails in one line before the fi
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -60,9 +61,16 @@ def _omegaconf_message(e: BaseException) -> str:
         if isinstance(err, OmegaConfBaseException):
             key = getattr(err, "full_key", None) or getattr(err, "key", None) or "config"
             text = first_line(err)
-            if "not in struct" in text:
+            if "not in struct" in text or (text.startswith("Key '") and "' not in '" in text):
                 text = "unknown config key (misspelled?)"
+                if str(key).split(".")[0] in _target_groups():
+                    text += f"; an argument of {str(key).split('.')[0]}._target_ takes a '+': +{key}=..."
             return f"{key}: {text}"
+    appended = re.search(r"Could not append to config\. An item is already at '([\w.]+)'", first_line(e))
+    if appended:
+        key = appended.group(1)
+        return (f"{key}: already a config key: set it without '+' ({key}=...); a _target_ whose signature "
+                "takes it is passed it")
     return first_line(e)
 
 

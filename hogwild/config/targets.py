@@ -4,8 +4,9 @@ callable, turning every way it can fail into one line that names the key."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from omegaconf import OmegaConf
 
@@ -13,19 +14,94 @@ from hogwild.errors import ConfigError, first_line
 
 
 def import_target(path: str, key: str) -> Callable[..., Any]:
-    module, _, attr = path.rpartition(".")
+    """The object at ``path``: a module attribute (``torch.optim.AdamW``), or an attribute of one
+    (``transformers.AutoModelForCausalLM.from_config``, a classmethod), found by importing the
+    longest prefix that is a module."""
+    parts = path.split(".")
+    error: Optional[BaseException] = None
+    for cut in range(len(parts) - 1, 0, -1) if len(parts) > 1 else [1]:
+        module = ".".join(parts[:cut])
+        try:
+            obj: Any = importlib.import_module(module)
+        except SystemExit as e:
+            raise ConfigError(f"{key}: importing {path!r} called sys.exit({e.code!r}); nothing was trained") from None
+        except ModuleNotFoundError as e:
+            if e.name is not None and module.startswith(e.name) and cut > 1:
+                error = error or e
+                continue  # not a module: a shorter prefix may be, and the rest its attributes
+            error = e
+            break
+        except Exception as e:  # noqa: BLE001 - a module that fails to import
+            error = e
+            break
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+        except AttributeError as e:
+            error = e
+            break
+        return obj  # type: ignore[no-any-return]
+    assert error is not None
+    raise ConfigError(f"{key}: cannot import {path!r} ({type(error).__name__}: {first_line(error)})") from None
+
+
+def build_nested(value: Any, key: str) -> Any:
+    """``value`` with every mapping that holds a ``_target_`` built first, innermost first, as
+    Hydra's ``instantiate`` does: ``model._target_=GPT +model.config._target_=GPTConfig
+    +model.config.n_layer=2`` calls ``GPT(config=GPTConfig(n_layer=2))``."""
+    if isinstance(value, dict):
+        built = {k: build_nested(v, f"{key}.{k}") for k, v in value.items() if k != "_target_"}
+        target = value.get("_target_")
+        if not target:
+            return built
+        fn = import_target(str(target), f"{key}._target_")
+        return call_target(fn, str(target), key, built, built)
+    if isinstance(value, list):
+        return [build_nested(v, f"{key}.{i}") for i, v in enumerate(value)]
+    return value
+
+
+def signature_of(fn: Callable[..., Any]) -> tuple[set[str], bool]:
+    """The keyword names ``fn`` takes, and whether it takes ``**kwargs`` (also when its signature
+    cannot be read: a builtin, a C extension)."""
     try:
-        return getattr(importlib.import_module(module), attr) if module else importlib.import_module(attr)
-    except SystemExit as e:
-        raise ConfigError(f"{key}: importing {path!r} called sys.exit({e.code!r}); nothing was trained") from None
-    except Exception as e:  # noqa: BLE001 - a missing module, a typo, a module that fails to import
-        raise ConfigError(f"{key}: cannot import {path!r} ({type(e).__name__}: {first_line(e)})") from None
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return set(), True
+    names = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return names, any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def schema_kwargs(node: Any, fn: Callable[..., Any], path: str, group: str, handled: tuple[str, ...] = ()
+                  ) -> dict[str, Any]:
+    """The fields of a group's schema (``model.dropout``, ``optim.momentum``, ``sched.step_size``)
+    that the user set to other than their default, for a ``_target_`` that takes them: never
+    dropped in silence. A changed field the target does not take is an error naming it.
+    ``handled``: fields hogwild applies itself (``optim.lr``, ``sched.warmup_steps``)."""
+    import dataclasses
+
+    names, open_kw = signature_of(fn)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(node):
+        if f.name in ("name", "_target_", "kwargs", *handled) or f.name in node.kwargs:
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        value = getattr(node, f.name)
+        if value == default:
+            continue
+        if f.name not in names and not open_kw:
+            raise ConfigError(f"{group}.{f.name}: {path} takes no argument {f.name!r} (set to {value!r}; "
+                              f"remove it, or pass what {path} takes as {group}.<argument>=...)")
+        out[f.name] = value
+    return out
 
 
 def call_target(fn: Callable[..., Any], path: str, group: str, kwargs: dict[str, Any],
                 given: dict[str, Any]) -> Any:
-    """``fn(**kwargs)``; a keyword the user gave (``given``) that ``fn`` rejects is named as
-    ``<group>.<arg>``, any other failure as ``<group>._target_``."""
+    """``fn(**kwargs)``, every nested ``_target_`` among them built first (:func:`build_nested`);
+    a keyword the user gave (``given``) that ``fn`` rejects is named as ``<group>.<arg>``, any
+    other failure as ``<group>._target_``."""
+    kwargs = {k: build_nested(v, f"{group}.{k}") for k, v in kwargs.items()}
     try:
         return fn(**kwargs)
     except SystemExit as e:  # even sys.exit(0): a run that trained nothing is no success

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import torch
 
-from hogwild.config.targets import call_target, import_target
+from hogwild.config.targets import call_target, import_target, schema_kwargs
 from hogwild.config.train import SchedConfig
 from hogwild.errors import ConfigError
 
@@ -34,7 +34,8 @@ class LRSchedule:
         path = str(self.cfg._target_)
         fn = import_target(path, "sched._target_")
         self._opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=self.base)
-        sched = call_target(lambda **kw: fn(self._opt, **kw), path, "sched", dict(self.cfg.kwargs), self.cfg.kwargs)
+        kwargs = {**schema_kwargs(self.cfg, fn, path, "sched", handled=("warmup_steps",)), **self.cfg.kwargs}
+        sched = call_target(lambda **kw: fn(self._opt, **kw), path, "sched", kwargs, kwargs)
         if not hasattr(sched, "step"):
             raise ConfigError(f"sched._target_: {path} returned a {type(sched).__name__}, not an lr scheduler")
         self._torch = sched

@@ -7,7 +7,6 @@ Parameters and float buffers live in the flat shared buffer (replica/shared.py);
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import torch
@@ -16,7 +15,7 @@ from torch import Tensor, nn
 
 from hogwild.config.registry import MODELS
 from hogwild.config.schema import ModelConfig
-from hogwild.config.targets import call_target, import_target
+from hogwild.config.targets import call_target, import_target, schema_kwargs, signature_of
 from hogwild.data.datasets import Dataset
 from hogwild.errors import ConfigError
 from hogwild.replica.shared import check_dtypes
@@ -99,27 +98,25 @@ def model_id(cfg: ModelConfig) -> str:
 
 
 def _from_target(cfg: ModelConfig, ds: Dataset) -> nn.Module:
-    """Call ``cfg._target_`` with ``cfg.kwargs``. Unless given, ``num_classes`` comes from the
-    dataset when the signature names it or takes ``**kwargs`` (torchvision's builders pass
-    those on to the model class), and the input channels when it names ``in_channels`` or
-    ``in_chans``."""
+    """Call ``cfg._target_`` with ``cfg.kwargs`` (nested ``_target_`` nodes built first) and the
+    schema's fields the user changed (``model.dropout``). Unless given, ``num_classes`` comes from
+    the dataset, and the input channels, where the signature names them (``num_classes``,
+    ``in_channels``/``in_chans``): a ``**kwargs`` factory is handed nothing it was not asked for
+    (a config class would refuse it), so torchvision's builders take ``model.num_classes=10``."""
     target = str(cfg._target_)
-    fn, kwargs = import_target(target, "model._target_"), dict(cfg.kwargs)
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        params = {}
-    open_kw = not params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    fn = import_target(target, "model._target_")
+    kwargs = {**schema_kwargs(cfg, fn, target, "model"), **cfg.kwargs}
+    names, open_kw = signature_of(fn)
     fill = {"num_classes": ds.num_classes}
     if len(ds.input_shape) == 3:
         fill.update(in_channels=ds.input_shape[0], in_chans=ds.input_shape[0])
     for key, value in fill.items():
-        if key not in kwargs and (key in params or (key == "num_classes" and open_kw and params)):
+        if key not in kwargs and key in names:
             kwargs[key] = value
-    unknown = [k for k in cfg.kwargs if k not in params] if not open_kw else []
+    unknown = [k for k in cfg.kwargs if k not in names] if not open_kw else []
     if unknown:
         raise ConfigError(f"model.{unknown[0]}: {target} takes no argument {unknown[0]!r}")
-    model = call_target(fn, target, "model", kwargs, cfg.kwargs)
+    model = call_target(fn, target, "model", kwargs, {**cfg.kwargs, **kwargs})
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model._target_: {target} returned a {type(model).__name__}, not an nn.Module")
     return model

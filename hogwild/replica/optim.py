@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from hogwild.config.schema import OptimConfig
-from hogwild.config.targets import call_target, import_target
+from hogwild.config.targets import call_target, import_target, schema_kwargs
 from hogwild.errors import ConfigError
 from hogwild.replica.shared import Slot
 
@@ -151,8 +151,11 @@ def torch_optimizer(cfg: OptimConfig, params: list[Tensor]) -> TorchOptimizer:
         raise ConfigError(f"optim._target_: {path} is not a torch.optim.Optimizer class")
     wd = decays(cfg, [tuple(p.shape) for p in params])
     groups = [{"params": [p for p, d in zip(params, wd) if d == w], "weight_decay": w} for w in sorted(set(wd))]
-    kwargs = {"lr": cfg.lr, **cfg.kwargs}
-    given = {**cfg.kwargs, "lr": cfg.lr}
+    # weight_decay goes in the groups; the clip and the state's place are hogwild's own.
+    own = schema_kwargs(cfg, cls, path, "optim", handled=("lr", "weight_decay", "decay_norm_and_bias", "state",
+                                                           "clip_grad_norm"))
+    kwargs = {"lr": cfg.lr, **own, **cfg.kwargs}
+    given = {**own, **cfg.kwargs, "lr": cfg.lr}
     return TorchOptimizer(call_target(lambda **kw: cls(groups, **kw), path, "optim", kwargs, given))
 
 
