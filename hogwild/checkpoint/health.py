@@ -6,7 +6,7 @@ question, of the live buffer: :func:`model_trouble`.
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -58,10 +58,10 @@ def model_trouble(flat: Tensor, slots: Sequence[Slot], loss: float, bar: float) 
     return bad if bad is None or finite else f"{bad} ({nonfinite_where(flat, slots)})"
 
 
-def probe_loss(model: nn.Module, flat: Tensor, inputs: tuple[Tensor, ...], labels: Tensor,
-               loss: Callable[[Tensor, Tensor], Tensor]) -> float:
+def probe_loss(model: nn.Module, flat: Tensor, inputs: Any, labels: Optional[Tensor], step: Any) -> float:
     """The loss of the values in ``flat`` (a snapshot of the shared buffer, not the buffer itself)
-    on one fixed training batch, in ``eval()`` mode; NaN counts as infinite.
+    on one fixed training batch, in ``eval()`` mode, under the run's step contract (``step``, a
+    replica.step.Step); NaN counts as infinite.
 
     The workers' loss average lags the model by an update: it holds the loss measured *before*
     the last step, so a step that blew the model up (optim.lr=1e6) still shows the good loss
@@ -73,7 +73,21 @@ def probe_loss(model: nn.Module, flat: Tensor, inputs: tuple[Tensor, ...], label
     model.eval()
     try:
         with torch.no_grad():
-            value = float(loss(torch.func.functional_call(model, values, inputs), labels))
+            value = float(step.run(_Bound(model, values), inputs, labels)[0])
     finally:
         model.train(was_training)
     return math.inf if math.isnan(value) else value
+
+
+class _Bound:
+    """``model`` called with other values (``torch.func.functional_call``), its attributes its own:
+    what a step function that reads ``model.config`` or calls ``model(**batch)`` needs."""
+
+    def __init__(self, model: nn.Module, values: dict[str, Tensor]) -> None:
+        self._model, self._values = model, values
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return torch.func.functional_call(self._model, self._values, args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)

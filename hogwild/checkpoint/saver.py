@@ -21,6 +21,7 @@ from hogwild.errors import EXIT_FAILED, EXIT_WRITE
 from hogwild.replica.board import Board, Counts
 from hogwild.replica.build import Replica
 from hogwild.replica.shared import layout, state_dict_of
+from hogwild.replica.step import Inputs, to_device
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class Saver:
         self.loss_bar = float("inf")
         """Set once the starting loss is known (checkpoint/health.py: loss_bar)."""
         self._seen: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
-        self._probe: Optional[tuple[tuple[Tensor, ...], Tensor]] = None
+        self._probe: Optional[tuple[Inputs, Optional[Tensor]]] = None
 
     def gathered(self, positions: torch.Tensor, job: Counts, own: Counts) -> None:
         """Every replica's positions and the job totals, as a collective just saw them, with
@@ -91,13 +92,11 @@ class Saver:
         positions[rank] = torch.from_numpy(board.stats["pos"].copy())
         return positions, Counts.from_tensor(job + own.to_tensor() - own_then)
 
-    def _probe_batch(self, rep: Replica) -> tuple[tuple[Tensor, ...], Tensor]:
+    def _probe_batch(self, rep: Replica) -> tuple[Inputs, Optional[Tensor]]:
         """The first samples of the training split, on the model's device, kept for every write."""
         if self._probe is None:
             idx = torch.arange(min(PROBE_SAMPLES, len(rep.ds.train)))
-            inputs, labels = rep.ds.train.batch(idx)
-            device = rep.flat.device
-            self._probe = tuple(t.to(device) for t in inputs), labels.to(device)
+            self._probe = to_device(*rep.ds.train.batch(idx), rep.flat.device)
         return self._probe
 
     def kept(self) -> str:
@@ -111,7 +110,7 @@ class Saver:
         slots = layout(rep.model)
         bad = model_trouble(snap, slots, loss, self.loss_bar)
         if bad is None:  # finite: the snapshot's own loss needs no second pass over it
-            bad = diverged(True, probe_loss(rep.model, snap, *self._probe_batch(rep), rep.task.loss), self.loss_bar)
+            bad = diverged(True, probe_loss(rep.model, snap, *self._probe_batch(rep), rep.task.step_for(rep.model)), self.loss_bar)
         if bad is not None:
             return f"{bad}: not checkpointed; {self.kept()}", EXIT_FAILED
         data = payload(model_name=self.model_name, shapes=rep.shapes, flat=snap, opt_state=rep.opt_state,

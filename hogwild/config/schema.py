@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from hogwild.config.registry import DATASETS, MODELS
 from hogwild.config.sync import SyncConfig
-from hogwild.config.train import LossConfig, OptimConfig, SchedConfig, TrainConfig
+from hogwild.config.train import LossConfig, OptimConfig, SchedConfig, StepConfig, TrainConfig
 from hogwild.config.validate import choice, positive, require
 from hogwild.errors import ConfigError
 from hogwild.files import writable_dir
@@ -75,6 +75,10 @@ class DataConfig:
     """sparse_synthetic: non-zeros per sample."""
     num_classes: int = 2
     """sparse_synthetic: classes of the hidden linear model."""
+    labels_key: str = "auto"
+    """Dict items: the key holding the labels (auto: the first of labels, label, targets,
+    target, y that an item has). The key stays in the batch, so a model that takes it (a Hugging
+    Face model's ``labels``) computes its own loss."""
 
     def __post_init__(self) -> None:
         DATASETS.check(self.name)
@@ -151,6 +155,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+    step: StepConfig = field(default_factory=StepConfig)
     sched: SchedConfig = field(default_factory=SchedConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

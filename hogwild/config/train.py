@@ -74,6 +74,37 @@ class LossConfig:
 
 
 @dataclass
+class StepConfig:
+    """How a batch reaches the model and what is learned from what comes back (the step contract,
+    docs/step.md). The defaults fit a plain ``model(x) -> logits``, a nanoGPT-style
+    ``model(idx, targets) -> (logits, loss)`` and a Hugging Face ``model(**batch) -> ModelOutput``."""
+
+    _target_: Optional[str] = None
+    """Import path of a function ``(model, batch) -> loss`` or ``-> (loss, outputs)`` that replaces the
+    whole step, as HF Trainer's ``compute_loss`` or Lightning's ``training_step``; ``batch`` is what the
+    data yields, collated (a dict, or a tuple ``(inputs..., label)``). Its keyword arguments are the
+    other keys under step."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """The step _target_'s keyword arguments, gathered from the keys under step."""
+    logits: str = "logits"
+    """Where the logits are in the model's output: the field of a mapping or ModelOutput, or a
+    position in a tuple (a digit; a tuple's logits are at position 0 unless this is a digit)."""
+    loss: str = "loss"
+    """Where the model's own loss is in its output: a field, or a tuple position (a digit; by
+    default the first scalar tensor after the logits), or ``none`` to ignore it. The model's loss
+    is used when it returns one and ``loss._target_`` is unset."""
+    labels_arg: str = "auto"
+    """The forward's keyword that takes the labels of a tuple item: auto (``targets`` or
+    ``labels``, when the forward names one), a name, or ``none``. Dict items pass their labels
+    key like any other key the forward takes."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.logits.strip()), "step.logits", "must name a field or a position")
+        require(bool(self.loss.strip()), "step.loss", "must name a field, a position or none")
+        require(bool(self.labels_arg.strip()), "step.labels_arg", "must be auto, none or a keyword name")
+
+
+@dataclass
 class TargetConfig:
     metric: Optional[str] = None
     """Stop once the rank-0 evaluation reaches ``value`` on this test metric (any the task

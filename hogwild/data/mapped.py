@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Mapping, Optional, Union
 
 import torch
 from torch import Tensor
@@ -26,36 +26,70 @@ from hogwild.errors import ConfigError, first_line
 logger = logging.getLogger(__name__)
 
 
-class MapSplit:
-    """One split of a map-style dataset, with the interface of data.Split."""
+LABEL_KEYS = ("labels", "label", "targets", "target", "y")
+Inputs = Union[tuple[Tensor, ...], dict[str, Tensor]]
 
-    def __init__(self, dataset: TorchDataset, name: str) -> None:
-        self.dataset, self.name = dataset, name
+
+def labels_key_of(item: Mapping[str, Any], configured: str) -> Optional[str]:
+    """The key of a dict item that holds its labels: ``data.labels_key``, or the first of
+    :data:`LABEL_KEYS` the item has (``auto``); None when it has none."""
+    if configured != "auto":
+        return configured if configured in item else None
+    return next((k for k in LABEL_KEYS if k in item), None)
+
+
+class MapSplit:
+    """One split of a map-style dataset, with the interface of data.Split. Items are
+    ``(inputs..., label)`` or a mapping of named fields (the Hugging Face convention), whose
+    batches stay mappings, collated key by key, labels included."""
+
+    def __init__(self, dataset: TorchDataset, name: str, labels_key: str = "auto") -> None:
+        self.dataset, self.name, self.labels_key = dataset, name, labels_key
         self._targets: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
-    def batch(self, idx: Tensor) -> tuple[tuple[Tensor, ...], Tensor]:
+    def batch(self, idx: Tensor) -> tuple[Inputs, Optional[Tensor]]:
         return self.collate([self.dataset[int(i)] for i in idx])
 
-    @staticmethod
-    def collate(items: list[Any]) -> tuple[tuple[Tensor, ...], Tensor]:
-        *inputs, y = default_collate(items)
-        y = torch.as_tensor(y)
-        return tuple(inputs), y if y.is_floating_point() else y.long()
+    def collate(self, items: list[Any]) -> tuple[Inputs, Optional[Tensor]]:
+        return collate(items, self.labels_key)
+
+    def label_of(self, item: Any) -> Any:
+        if isinstance(item, Mapping):
+            key = labels_key_of(item, self.labels_key)
+            return None if key is None else item[key]
+        return item[-1]
 
     @property
     def targets(self) -> Tensor:
         """Every label, from the dataset's ``targets`` when it has them, else read item by item."""
         if self._targets is None:
             known = getattr(self.dataset, "targets", None)
-            labels = known if known is not None else [self.dataset[i][-1] for i in range(len(self))]
+            labels = known if known is not None else [self.label_of(self.dataset[i]) for i in range(len(self))]
             self._targets = _stack_labels(labels)
         return self._targets
 
     def share_memory_(self) -> "MapSplit":
         return self  # items are read on demand in each worker: nothing to share
+
+
+def collate(items: list[Any], labels_key: str = "auto") -> tuple[Inputs, Optional[Tensor]]:
+    """A batch: ``(inputs tuple, labels)`` of tuple items, ``(dict, labels)`` of dict items (the
+    labels also stay in the dict, under their key)."""
+    if isinstance(items[0], Mapping):
+        batch = {k: torch.as_tensor(v) if not isinstance(v, Tensor) else v for k, v in default_collate(items).items()}
+        key = labels_key_of(batch, labels_key)
+        if key is None:
+            return batch, None
+        y = batch[key]
+        if not y.is_floating_point():
+            batch[key] = y = y.long()
+        return batch, y
+    *inputs, y = default_collate(items)
+    y = torch.as_tensor(y)
+    return tuple(inputs), y if y.is_floating_point() else y.long()
 
 
 def _stack_labels(labels: Any) -> Tensor:
@@ -68,19 +102,35 @@ def _stack_labels(labels: Any) -> Tensor:
 
 
 def _check_item(split: MapSplit, key: str) -> tuple[int, ...]:
-    """The input shape of item 0, after checking that items are (inputs..., label), where a
-    label is an integer (a class), a float or float tensor (regression targets) or an integer
-    tensor (a sequence of tokens)."""
+    """The input shape of item 0, after checking that items are (inputs..., label) or a mapping
+    of tensors with a labels key, where a label is an integer (a class), a float or float tensor
+    (regression targets) or an integer tensor (a sequence of tokens)."""
     try:
         item = split.dataset[0]
     except Exception as e:  # noqa: BLE001 - the user's __getitem__ failed
         raise ConfigError(f"{key}: reading item 0 of the {split.name} set raised {type(e).__name__}: {first_line(e)}") from None
+    if isinstance(item, Mapping):
+        return _check_mapping(item, split, key)
     ok = isinstance(item, (tuple, list)) and len(item) >= 2 and all(isinstance(t, Tensor) for t in item[:-1])
     label = item[-1] if ok else None
     if not ok or isinstance(label, bool) or not isinstance(label, (int, float, Tensor)):
-        raise ConfigError(f"{key}: items must be (input, label) or (inputs..., label) with tensor inputs and an "
-                          f"integer, float or tensor label; item 0 of the {split.name} set is {_describe(item)}")
+        raise ConfigError(f"{key}: items must be (input, label), (inputs..., label) or a dict of tensors; item 0 "
+                          f"of the {split.name} set is {_describe(item)}")
     return tuple(item[0].shape)
+
+
+def _check_mapping(item: Mapping[str, Any], split: MapSplit, key: str) -> tuple[int, ...]:
+    bad = [k for k, v in item.items() if not isinstance(v, (Tensor, int, float)) or isinstance(v, bool)]
+    if bad or not item:
+        raise ConfigError(f"{key}: a dict item must map names to tensors or numbers; item 0 of the {split.name} set "
+                          f"has {bad[0]!r}: {type(item[bad[0]]).__name__}" if bad else f"{key}: item 0 is an empty dict")
+    label = labels_key_of(item, split.labels_key)
+    if label is None:
+        wanted = split.labels_key if split.labels_key != "auto" else " or ".join(LABEL_KEYS)
+        raise ConfigError(f"data.labels_key: item 0 of the {split.name} set has no {wanted} key (it has "
+                          f"{', '.join(map(str, item))}); set data.labels_key to the key holding the labels")
+    first = next(v for k, v in item.items() if k != label)
+    return tuple(torch.as_tensor(first).shape)
 
 
 def _describe(item: Any) -> str:
@@ -89,8 +139,8 @@ def _describe(item: Any) -> str:
     return f"a {type(item).__name__}"
 
 
-def _pair(train: Any, test: Any, key: str, num_classes: int | None = None) -> Dataset:
-    splits = [MapSplit(d, name) for d, name in ((train, "train"), (test, "test"))]
+def _pair(train: Any, test: Any, key: str, num_classes: int | None = None, labels_key: str = "auto") -> Dataset:
+    splits = [MapSplit(d, name, labels_key) for d, name in ((train, "train"), (test, "test"))]
     shape = _check_item(splits[0], key)
     _check_item(splits[1], key)
     train_y, test_y = splits[0].targets, splits[1].targets
@@ -109,7 +159,7 @@ def load_target(cfg: DataConfig) -> Dataset:
             and all(hasattr(d, "__getitem__") and hasattr(d, "__len__") for d in out)):
         raise ConfigError(f"data._target_: {path} must return (train, test) map-style datasets, "
                           f"got {_describe(out)}")
-    return _pair(out[0], out[1], "data._target_")
+    return _pair(out[0], out[1], "data._target_", labels_key=cfg.labels_key)
 
 
 @DATASETS.register("image_folder")
@@ -161,13 +211,13 @@ class Prefetcher:
         self._next = -1
         self._warm = False
 
-    def batch(self, step: int) -> tuple[tuple[Tensor, ...], Tensor]:
+    def batch(self, step: int) -> tuple[Inputs, Optional[Tensor]]:
         if not self._warm:
             self._warm = True
             return self.split.batch(self.sampler.batch(step))
         if self._it is None or step != self._next:
             loader = DataLoader(self.split.dataset, batch_sampler=_StepBatches(self.sampler, step),  # type: ignore[arg-type]
-                                num_workers=self.workers, collate_fn=MapSplit.collate)
+                                num_workers=self.workers, collate_fn=self.split.collate)
             self._it = iter(loader)
         self._next = step + 1
         return next(self._it)

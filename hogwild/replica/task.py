@@ -24,9 +24,10 @@ from torch import Tensor, nn
 
 from hogwild.config.schema import Config
 from hogwild.config.targets import call_target, import_target
-from hogwild.config.train import LossConfig, TargetConfig
+from hogwild.config.train import LossConfig, StepConfig, TargetConfig
 from hogwild.data.splits import Dataset, Split
 from hogwild.errors import ConfigError, first_line
+from hogwild.replica.step import IGNORE_INDEX, Inputs, Output, Step, to_device
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +103,16 @@ class Task:
     """Language modelling: the training tokens' frequencies (add-one), the baseline model."""
     baseline: dict[str, float] = field(default_factory=dict)
     """The baseline predictor's test metrics (filled by :func:`build_task`)."""
+    step_cfg: StepConfig = field(default_factory=StepConfig)
+    user_loss: bool = False
+    """``loss._target_`` is set: it is used on the logits even when the model returns a loss."""
+    _step: Optional[Step] = field(default=None, repr=False)
+
+    def step_for(self, model: nn.Module) -> Step:
+        """The step contract for ``model`` (built once: it reads the forward's signature)."""
+        if self._step is None:
+            self._step = Step(self.step_cfg, self.loss, model, self.user_loss)
+        return self._step
 
     @property
     def metrics(self) -> dict[str, bool]:
@@ -135,7 +146,8 @@ def build_task(cfg: Config, ds: Dataset) -> Task:
     """The task with its loss and its baseline's test metrics (the leader's; a worker needs
     only ``make_loss(cfg.loss, task_kind(cfg, ds))``)."""
     kind = task_kind(cfg, ds)
-    task = Task(kind, make_loss(cfg.loss, kind), ds.num_classes if kind == "classification" else 2)
+    task = Task(kind, make_loss(cfg.loss, kind), ds.num_classes if kind == "classification" else 2,
+                step_cfg=cfg.step, user_loss=bool(cfg.loss._target_))
     test_y = ds.test.targets
     floats = test_y.is_floating_point()
     if floats != (kind == "regression"):
@@ -149,9 +161,11 @@ def build_task(cfg: Config, ds: Dataset) -> Task:
         mse = float(((test_y.float() - task.train_mean) ** 2).mean())
         task.baseline = {"mse": mse, "rmse": math.sqrt(mse), "r2": 0.0}
     else:
-        counts = torch.bincount(ds.train.targets.reshape(-1), minlength=ds.num_classes).double() + 1.0
+        train_y, test_tokens = ds.train.targets.reshape(-1), test_y.reshape(-1)
+        train_y, test_tokens = train_y[train_y >= 0], test_tokens[test_tokens >= 0]  # not the ignore index
+        counts = torch.bincount(train_y, minlength=ds.num_classes).double() + 1.0
         task.unigram = counts / counts.sum()
-        ce = float(-task.unigram.log()[test_y.reshape(-1)].mean())
+        ce = float(-task.unigram.log()[test_tokens.clamp(max=len(counts) - 1)].mean())
         task.baseline = {"token_ce": ce, "perplexity": math.exp(ce)}
     target = cfg.train.target
     if target.metric is not None and target.metric not in task.metrics:
@@ -163,43 +177,57 @@ def build_task(cfg: Config, ds: Dataset) -> Task:
 @torch.no_grad()
 def evaluate(model: nn.Module, split: Split, device: torch.device, task: Task,
              batch_size: int = 2048, on_batch: Callable[[], None] = lambda: None) -> dict[str, float]:
-    """The task's metrics of ``model`` on ``split``, in ``eval()`` mode; reads live shared weights."""
+    """The task's metrics of ``model`` on ``split``, in ``eval()`` mode; reads live shared weights.
+    The loss is the one training minimises (the model's own, when it returns one)."""
+    step = task.step_for(model)
     was_training = model.training
     model.eval()
     n = len(split)
-    loss_sum, sq_sum, correct, tokens, ce_sum = 0.0, 0.0, 0, 0, 0.0
+    loss_sum, sq_sum, correct, tokens, ce_sum, seen = 0.0, 0.0, 0, 0, 0.0, 0
     try:
         for start in range(0, n, batch_size):
             on_batch()
             idx = torch.arange(start, min(start + batch_size, n))
-            inputs, y = split.batch(idx)
-            inputs = tuple(t.to(device) for t in inputs)
-            y = y.to(device)
-            out = model(*inputs)
-            loss_sum += float(task.loss(out, y)) * len(idx)
-            if task.kind == "classification":
-                correct += int((out.argmax(1) == y).sum())
-            elif task.kind == "regression":
-                sq_sum += float(((_as_target(out, y).float() - y) ** 2).sum())
-                tokens += y.numel()
-            else:
-                flat = out.reshape(-1, out.shape[-1])
-                ce_sum += float(F.cross_entropy(flat.float(), y.reshape(-1), reduction="sum"))
-                correct += int((flat.argmax(1) == y.reshape(-1)).sum())
-                tokens += y.numel()
+            inputs, y = to_device(*split.batch(idx), device)
+            loss, out = step.run(model, inputs, y)
+            loss_sum += float(loss) * len(idx)
+            if out.logits is None or y is None:
+                continue
+            seen += len(idx)
+            counts = _score(task, step, out, y)
+            correct += counts[0]
+            sq_sum += counts[1]
+            ce_sum += counts[2]
+            tokens += counts[3]
     finally:
         model.train(was_training)
     scores = {"loss": loss_sum / n}
+    nan = math.nan
     if task.kind == "classification":
-        scores["accuracy"] = correct / n
+        scores["accuracy"] = correct / seen if seen else nan
     elif task.kind == "regression":
-        mse = sq_sum / max(tokens, 1)
+        mse = sq_sum / tokens if tokens else nan
         base = task.baseline.get("mse", math.nan)
         scores.update(mse=mse, rmse=math.sqrt(mse), r2=1.0 - mse / base if base > 0 else math.nan)
     else:
-        ce = ce_sum / max(tokens, 1)
-        scores.update(token_ce=ce, perplexity=math.exp(min(ce, 700.0)), accuracy=correct / max(tokens, 1))
+        ce = ce_sum / tokens if tokens else nan
+        scores.update(token_ce=ce, perplexity=math.exp(min(ce, 700.0)), accuracy=correct / tokens if tokens else nan)
     return scores
+
+
+def _score(task: Task, step: Step, out: Output, y: Tensor) -> tuple[int, float, float, int]:
+    """One batch's (correct, squared error, summed token cross-entropy, counted labels)."""
+    logits = out.logits
+    assert logits is not None
+    if task.kind == "classification":
+        return int((logits.argmax(-1) == y).sum()), 0.0, 0.0, 0
+    if task.kind == "regression":
+        return 0, float(((_as_target(logits, y).float() - y) ** 2).sum()), 0.0, y.numel()
+    logits, y = step.aligned(logits, y, out.loss if step.use_model_loss else None)
+    flat, labels = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
+    keep = labels != IGNORE_INDEX
+    ce = float(F.cross_entropy(flat.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum"))
+    return int((flat.argmax(1)[keep] == labels[keep]).sum()), 0.0, ce, int(keep.sum())
 
 
 def preflight(model: nn.Module, ds: Dataset, task: Task, batch_size: int, device: torch.device) -> None:
@@ -208,37 +236,66 @@ def preflight(model: nn.Module, ds: Dataset, task: Task, batch_size: int, device
     worker's traceback. Runs in ``eval()`` mode so BatchNorm's shared statistics stay put."""
     if not any(p.requires_grad for p in model.parameters()):
         raise ConfigError("model: it has no trainable parameters (every parameter has requires_grad=False)")
+    step = task.step_for(model)
     n = min(max(batch_size, 2), len(ds.train))
-    inputs, y = ds.train.batch(torch.arange(n))
-    inputs, y = tuple(t.to(device) for t in inputs), y.to(device)
+    inputs, y = to_device(*ds.train.batch(torch.arange(n)), device)
     model.eval()
     try:
-        try:
-            out = model(*inputs)
-        except Exception as e:  # noqa: BLE001 - the user's forward failed: say where, in one line
-            raise ConfigError(f"model: a forward pass on {n} training samples raised "
-                              f"{type(e).__name__}: {first_line(e)}") from None
-        if not isinstance(out, Tensor):
-            raise ConfigError(f"model: forward must return one tensor, got a {type(out).__name__}")
         # torch warns before it fails (mse_loss on mismatched shapes): held back, so a loss
         # that does not fit is one line, and said once as a warning when it does fit.
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
-            try:
-                loss = task.loss(out, y)
-            except Exception as e:  # noqa: BLE001 - output and labels do not fit the loss
-                raise ConfigError(f"loss: the {task.kind} loss of output {tuple(out.shape)} and labels "
-                                  f"{tuple(y.shape)} raised {type(e).__name__}: {first_line(e)}") from None
+            loss, out = _preflight_step(step, model, inputs, y, n, task)
+        shape = lambda t: tuple(t.shape) if t is not None else None  # noqa: E731
         for w in said:
-            logger.warning("loss: on output %s and labels %s: %s", tuple(out.shape), tuple(y.shape),
+            logger.warning("loss: on output %s and labels %s: %s", shape(out.logits), shape(y),
                            first_line(w.message) if isinstance(w.message, Warning) else str(w.message))
         if not isinstance(loss, Tensor) or loss.numel() != 1:
             what = f"shape {tuple(loss.shape)}" if isinstance(loss, Tensor) else type(loss).__name__
-            raise ConfigError(f"loss._target_: the loss must return a scalar tensor, got {what}")
+            raise ConfigError(f"{_loss_key(task, step, out)}: the loss must be a scalar tensor, got {what}")
         if not loss.requires_grad:
-            raise ConfigError("loss._target_: the loss does not depend on the model's output (no gradient)")
+            raise ConfigError(f"{_loss_key(task, step, out)}: the loss does not depend on the model's parameters "
+                              "(no gradient)")
         loss.backward()
+        _warn_width(task, out)
     finally:
         for p in model.parameters():
             p.grad = None
         model.train()
+
+
+def _loss_key(task: Task, step: Step, out: Output) -> str:
+    if step.fn is not None:
+        return "step._target_"
+    return "loss._target_" if task.user_loss or out.loss is None else "step.loss"
+
+
+def _preflight_step(step: Step, model: nn.Module, inputs: Inputs, y: Optional[Tensor], n: int, task: Task
+                    ) -> tuple[Tensor, Output]:
+    try:
+        out = step.forward(model, inputs, y)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's forward (or step) failed: say where, in one line
+        where = f"step._target_: {step.cfg._target_}(model, batch)" if step.fn is not None else \
+            f"model: a forward pass on {n} training samples"
+        raise ConfigError(f"{where} raised {type(e).__name__}: {first_line(e)}") from None
+    try:
+        return step.loss_of(out, y), out
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - output and labels do not fit the loss
+        shape = tuple(out.logits.shape) if out.logits is not None else None
+        labels = tuple(y.shape) if y is not None else None
+        raise ConfigError(f"loss: the {task.kind} loss of output {shape} and labels {labels} raised "
+                          f"{type(e).__name__}: {first_line(e)}") from None
+
+
+def _warn_width(task: Task, out: Output) -> None:
+    """A classifier whose output width is not the data's class count (a factory that takes
+    ``**kwargs`` is not handed ``num_classes``): it trains, but say so once."""
+    if task.kind == "classification" and out.logits is not None and out.logits.dim() == 2 \
+            and out.logits.shape[1] != task.num_classes:
+        logger.warning("model: it outputs %d scores per sample and the data has %d classes; pass "
+                       "model.num_classes=%d if the model takes it", out.logits.shape[1], task.num_classes,
+                       task.num_classes)

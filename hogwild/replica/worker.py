@@ -32,7 +32,9 @@ from hogwild.replica.models import build_model
 from hogwild.replica.optim import FlatOptimizer, Optimizer, clip_grad_norm, grads_finite, make_optimizer
 from hogwild.replica.shared import bind, param_slots
 from hogwild.replica.start import adopt_environment, leader_watch
-from hogwild.replica.task import LossFn, make_loss, task_kind
+from hogwild.config.train import StepConfig
+from hogwild.replica.step import Step, batch_len, make_step, to_device
+from hogwild.replica.task import make_loss, task_kind
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +100,8 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor, opt_state: O
     opt = make_optimizer(cfg.optim, flat, param_slots(model), params, opt_state)
     sampler = ShardSampler(shard(len(ds.train), spec.num_global, spec.global_index, cfg.train.seed),
                            cfg.train.batch_size, cfg.train.seed + spec.global_index)
-    loss_fn = make_loss(cfg.loss, task_kind(cfg, ds))
-    step_fn = make_step_fn(model, params, ds, sampler, flat.device, loss_fn, cfg.data.loader_workers,
+    step = make_step(cfg.step, cfg.loss, make_loss(cfg.loss, task_kind(cfg, ds)), model)
+    step_fn = make_step_fn(model, params, ds, sampler, flat.device, step, cfg.data.loader_workers,
                            bf16=cfg.train.precision == "bf16")
     sched = LRSchedule(cfg.sched, cfg.optim.lr, spec.replica_quota or spec.quota)
     # One throw-away forward/backward: the allocator's and autograd's first-call costs land
@@ -113,23 +115,23 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor, opt_state: O
 
 
 def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, sampler: ShardSampler,
-                 device: torch.device, loss_fn: LossFn = F.cross_entropy, loader_workers: int = 0,
+                 device: torch.device, step: Optional[Step] = None, loader_workers: int = 0,
                  bf16: bool = False) -> StepFn:
-    """One step's loss and gradient; ``bf16``: the forward and the loss under bf16 autocast, with
-    float32 weights and gradients (the shared buffer never holds anything else)."""
+    """One step's loss and gradient under the step contract (replica/step.py; the default: a
+    plain ``model(*inputs)`` and cross-entropy); ``bf16``: the forward and the loss under bf16
+    autocast, with float32 weights and gradients (the shared buffer never holds anything else)."""
     prefetch = Prefetcher(ds.train, sampler, loader_workers) if loader_workers and isinstance(ds.train, MapSplit) else None
+    step = step or Step(StepConfig(), F.cross_entropy, model)
 
-    def step_fn(step: int) -> tuple[Tensor, int]:
-        inputs, y = prefetch.batch(step) if prefetch else ds.train.batch(sampler.batch(step))
-        if device.type != "cpu":
-            inputs = tuple(t.to(device, non_blocking=True) for t in inputs)
-            y = y.to(device, non_blocking=True)
+    def step_fn(index: int) -> tuple[Tensor, int]:
+        inputs, y = prefetch.batch(index) if prefetch else ds.train.batch(sampler.batch(index))
+        inputs, y = to_device(inputs, y, device, non_blocking=True)
         for p in params:
             p.grad = None
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = loss_fn(model(*inputs), y)
+            loss, _ = step.run(model, inputs, y)
         loss.float().backward()
-        return loss, len(y)
+        return loss, batch_len(inputs, y)
     return step_fn
 
 

@@ -121,18 +121,28 @@ def test_a_target_the_task_does_not_report_is_named(tmp_cwd: object) -> None:
         build_task(cfg, _regression())
 
 
-def test_preflight_names_a_model_whose_forward_returns_a_tuple(tmp_cwd: object) -> None:
+def test_a_tuple_output_trains_on_its_first_element_and_an_unknown_output_is_named(tmp_cwd: object) -> None:
     class Pair(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.lin = nn.Linear(3, 1)
 
         def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-            return self.lin(x), x
+            return self.lin(x), x  # no scalar after the logits: no loss of its own
+
+    class Text(Pair):
+        def forward(self, x: Tensor) -> str:  # type: ignore[override]
+            return "logits"
 
     ds = _regression()
-    with pytest.raises(ConfigError, match=r"^model: forward must return one tensor, got a tuple"):
-        preflight(Pair(), ds, build_task(compose_cfg([]), ds), 8, CPU)
+    task = build_task(compose_cfg([]), ds)
+    model = Pair()
+    preflight(model, ds, task, 8, CPU)
+    loss, out = task.step_for(model).run(model, *ds.train.batch(torch.arange(4)))
+    assert out.loss is None and out.logits is not None and out.logits.shape == (4, 1)
+    assert torch.allclose(loss, task.loss(out.logits, ds.train.batch(torch.arange(4))[1]))
+    with pytest.raises(ConfigError, match=r"^model: forward returned a str; return a tensor, a tuple"):
+        preflight(Text(), ds, build_task(compose_cfg([]), ds), 8, CPU)
 
 
 def test_preflight_says_a_working_loss_s_warning_once_as_one_log_line(tmp_cwd: object,
