@@ -100,10 +100,21 @@ class DataConfig:
 @dataclass
 class EvalConfig:
     every_s: float = 5.0
-    """Evaluate the (live) shared model on the test split this often, in the rank-0 leader."""
+    """Evaluate the (live) shared model on the test split this often, in the rank-0 leader, as far
+    as eval.max_fraction allows."""
+    max_fraction: float = 0.1
+    """The most of the leader's training time evaluations may take: after an evaluation of d
+    seconds, the next starts no sooner than d / max_fraction seconds after it began. Evaluation
+    runs on the leader's core beside the workers; unbounded, a slow one starves them."""
+    max_batches: Optional[int] = None
+    """Score at most this many test batches (of 2048 samples) during training, a fixed subset;
+    the final evaluation always scores the whole test split. None: the whole split every time."""
 
     def __post_init__(self) -> None:
         positive(self.every_s, "eval.every_s")
+        require(0.0 < self.max_fraction <= 1.0, "eval.max_fraction", f"must be in (0, 1], got {self.max_fraction}")
+        if self.max_batches is not None:
+            positive(self.max_batches, "eval.max_batches")
 
 
 @dataclass

@@ -293,7 +293,8 @@ class Leader:
         status = status_of(ctl.stopper.signal, ctl.fault, ctl.fault_code)
         assert self.t_train is not None
         timing = Timing(wall_s=time.monotonic() - self.t_start, train_s=train_s, startup_s=self.t_train - self.t_start,
-                        time_to_target_s=tel.time_to_target, worker_steps_to_target=tel.worker_steps_to_target)
+                        time_to_target_s=tel.time_to_target, worker_steps_to_target=tel.worker_steps_to_target,
+                        eval_s=tel.eval_s)
         metrics = RunSummary(status=status, error=ctl.fault, counters=crew.base.plus(job, crew.rounds.syncs),
                              job=job, task=crew.rep.task, scores=tel.scores, train_loss=board.loss(),
                              timing=timing, sync=sync_stats, workers=crew.workers, threads=crew.specs[0].threads,

@@ -176,13 +176,15 @@ def build_task(cfg: Config, ds: Dataset) -> Task:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, split: Split, device: torch.device, task: Task,
-             batch_size: int = 2048, on_batch: Callable[[], None] = lambda: None) -> dict[str, float]:
+             batch_size: int = 2048, on_batch: Callable[[], None] = lambda: None,
+             max_batches: Optional[int] = None) -> dict[str, float]:
     """The task's metrics of ``model`` on ``split``, in ``eval()`` mode; reads live shared weights.
-    The loss is the one training minimises (the model's own, when it returns one)."""
+    The loss is the one training minimises (the model's own, when it returns one). ``max_batches``:
+    the first that many batches only (the same subset every time)."""
     step = task.step_for(model)
     was_training = model.training
     model.eval()
-    n = len(split)
+    n = len(split) if max_batches is None else min(len(split), max_batches * batch_size)
     loss_sum, sq_sum, correct, tokens, ce_sum, seen = 0.0, 0.0, 0, 0, 0.0, 0
     try:
         for start in range(0, n, batch_size):

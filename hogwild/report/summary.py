@@ -77,6 +77,8 @@ class Timing:
     startup_s: Optional[float]
     time_to_target_s: Optional[float]
     worker_steps_to_target: Optional[float] = None
+    eval_s: float = 0.0
+    """Seconds of the rank-0 leader's evaluations during training (eval.max_fraction bounds them)."""
 
 
 @dataclass
@@ -120,6 +122,8 @@ class RunSummary:
             "time_to_target_s": self.timing.time_to_target_s,
             "worker_steps_to_target": self.timing.worker_steps_to_target,
             "startup_s": self.timing.startup_s,
+            "eval_s": self.timing.eval_s,
+            "eval_fraction": self.timing.eval_s / max(self.timing.train_s, 1e-9),
             "workers": self.workers,
             "threads_per_worker": self.threads,
             "replicas": self.replicas,

@@ -27,8 +27,6 @@ logger = logging.getLogger(__name__)
 # Points per curve: spread over the run's steps (workers wake the leader at each one), so a
 # run of one second draws a curve too; at least one loss point a second on long runs.
 LOSS_POINTS, EVAL_POINTS = 100, 30
-# Evaluation runs on the leader's core beside the workers: keep it under ~10% of the time.
-EVAL_COST_FACTOR = 10
 
 
 class Telemetry:
@@ -58,6 +56,8 @@ class Telemetry:
         self._tb_pos = self._eval_pos = self._initial = 0.0
         self._loss_every = self._eval_every = 1.0
         self._eval_pending = False  # its step came, but its cost budget has not
+        self.eval_s = 0.0
+        """Seconds the evaluations during training took (eval.max_fraction bounds their share)."""
         self.progress: Optional[Progress] = None
         self.lr: Optional[LRSchedule] = None
 
@@ -84,15 +84,19 @@ class Telemetry:
         """The time of the next sample that no worker will wake the leader for."""
         if not self.is_rank0:
             return self._next_tb
-        return min(self._next_tb, self._next_eval, self._eval_ok_at if self._eval_pending else math.inf)
+        due = max(self._next_eval, self._eval_ok_at)
+        return min(self._next_tb, due, self._eval_ok_at if self._eval_pending else math.inf)
 
     @property
     def test_loss(self) -> float:
         return self.scores["loss"]
 
-    def evaluate(self, step: int, model: Optional[nn.Module] = None) -> None:
-        """Test scores of ``model`` (the live one unless given), logged at ``step``."""
-        self.scores = evaluate(model or self.model, self.test, self.device, self.task, on_batch=self.on_batch)
+    def evaluate(self, step: int, model: Optional[nn.Module] = None, subset: bool = False) -> None:
+        """Test scores of ``model`` (the live one unless given), logged at ``step``; ``subset``: at
+        most ``eval.max_batches`` batches (the evaluations during training)."""
+        limit = self.cfg.eval.max_batches if subset else None
+        self.scores = evaluate(model or self.model, self.test, self.device, self.task, on_batch=self.on_batch,
+                               max_batches=limit)
         self._log_scores(step)
 
     def evaluate_final(self, step: int) -> None:
@@ -166,11 +170,15 @@ class Telemetry:
             for i, row in enumerate(board.stats):
                 self.metrics.scalar(f"perf/samples_per_s_worker{i}", float(row["samples"]) / elapsed, step)
         self._eval_pending = self.is_rank0 and pos >= self._eval_pos
-        if self.is_rank0 and ((self._eval_pending and now >= self._eval_ok_at) or now >= self._next_eval):
+        # Both the step grid and the clock wait for the cost budget: an evaluation of d seconds
+        # is followed by none for d / max_fraction seconds, whichever asked for it.
+        if self.is_rank0 and (self._eval_pending or now >= self._next_eval) and now >= self._eval_ok_at:
             t0 = time.monotonic()
-            self.evaluate(step, self._snapshot())
+            self.evaluate(step, self._snapshot(), subset=True)
+            took = time.monotonic() - t0
+            self.eval_s += took
             self._eval_pos, self._next_eval = self._grid_after(pos, self._eval_every), t0 + self.cfg.eval.every_s
-            self._eval_ok_at = t0 + EVAL_COST_FACTOR * (time.monotonic() - t0)
+            self._eval_ok_at = t0 + took / self.cfg.eval.max_fraction
             self._eval_pending = False
             self._check_target((pos - self._initial) / len(board.stats))
         # Workers wake the leader when the replica crosses this position; a point already
