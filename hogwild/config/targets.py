@@ -168,7 +168,12 @@ def refuse_stored_targets(resolved: Any, overrides: list[str], trusted: bool, so
     if trusted:
         return
     said = _vouched(overrides)
-    for key, path in stored_targets(resolved).items():
-        if key.split(".")[0] in calls and said.get(key) != path:
-            raise ConfigError(f"{key}: {source} asks to call {path!r}; name it yourself ({key}={path}) "
-                              f"or pass {TRUST_FLAG}=true if you trust the file")
+    # Every target at once: one line per target, one command at a time, was one rerun per target.
+    unnamed = {key: path for key, path in stored_targets(resolved).items()
+               if key.split(".")[0] in calls and said.get(key) != path}
+    if unnamed:
+        keys = ", ".join(unnamed)
+        asks = ", ".join(repr(p) for p in unnamed.values())
+        names = " ".join(f"{k}={p}" for k, p in unnamed.items())
+        raise ConfigError(f"{keys}: {source} asks to call {asks}; name {'them' if len(unnamed) > 1 else 'it'} "
+                          f"yourself ({names}) or pass {TRUST_FLAG}=true if you trust the file")

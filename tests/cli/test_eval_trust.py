@@ -149,3 +149,12 @@ def test_an_override_that_points_a_named_target_elsewhere_is_judged_resolved(hid
                        "model._target_=${model.kwargs.impl}"], capsys)
     assert code == 2 and "'evilmod.make'" in err
     assert _markers(hidden.parent) == []
+
+
+def test_every_target_the_file_asks_for_is_named_in_the_one_line(crafted: Path, capsys: pytest.CaptureFixture[str]
+                                                                 ) -> None:
+    # One rerun, not one per target: the line lists what to type for each of them.
+    code, err = _eval([f"checkpoint={crafted}"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "model._target_=evilmod.make" in err and "data._target_=subprocess.getoutput" in err, err
+    assert _markers(crafted.parent) == []
