@@ -156,8 +156,9 @@ def _npz_array(z: "np.lib.npyio.NpzFile", key: str, path: str) -> np.ndarray:
 
 def _npz_pair(z: "np.lib.npyio.NpzFile", xk: str, yk: str, path: str) -> tuple[Tensor, Tensor]:
     x, y = _npz_array(z, xk, path), _npz_array(z, yk, path)
-    if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
-        raise ConfigError(f"data.path: {path}: {xk} must be a non-empty N x D array, got shape {x.shape}")
+    if x.ndim < 2 or 0 in x.shape:
+        raise ConfigError(f"data.path: {path}: {xk} must be a non-empty N x ... array (N x D features, or "
+                          f"N x C x H x W images), got shape {x.shape}")
     if y.ndim != 1:
         raise ConfigError(f"data.path: {path}: {yk} must be a 1-D label array, got shape {y.shape}")
     if len(x) != len(y):
@@ -187,15 +188,16 @@ def _npz(cfg: DataConfig) -> Dataset:
         x, y = _npz_pair(z, "X", "y", path)
         if "X_test" in z.files or "y_test" in z.files:
             xt, yt = _npz_pair(z, "X_test", "y_test", path)
-            if xt.shape[1] != x.shape[1]:
-                raise ConfigError(f"data.path: {path}: X_test has {xt.shape[1]} columns, X has {x.shape[1]}")
+            if xt.shape[1:] != x.shape[1:]:
+                raise ConfigError(f"data.path: {path}: X_test has samples of shape {tuple(xt.shape[1:])}, "
+                                  f"X of shape {tuple(x.shape[1:])}")
             train, test = Split((x,), y), Split((xt,), yt)
         else:
             if len(y) < 2:
                 raise ConfigError(f"data.path: {path}: needs at least 2 samples to hold out a test split")
             train, test = _split(x, y, cfg.test_fraction, cfg.split_seed)
     num_classes = int(max(int(train.targets.max()), int(test.targets.max())) + 1)
-    return Dataset(train, test, max(num_classes, 2), (x.shape[1],))
+    return Dataset(train, test, max(num_classes, 2), tuple(x.shape[1:]))
 
 
 @register("sparse_synthetic")

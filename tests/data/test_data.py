@@ -51,6 +51,21 @@ def test_npz_with_and_without_test_split(tmp_path: Path) -> None:
     assert len(ds.train) == 50 and len(ds.test) == 5
 
 
+def test_npz_images_of_n_x_c_x_h_x_w_train_a_convnet(tmp_path: Path) -> None:
+    from hogwild.config.schema import ModelConfig
+    from hogwild.replica.models import build_model
+
+    x, y = np.random.rand(40, 1, 8, 8).astype(np.float32), np.arange(40) % 4
+    np.savez(tmp_path / "img.npz", X=x, y=y, X_test=x[:8], y_test=y[:8])
+    ds = load_dataset(DataConfig(name="npz", path=str(tmp_path / "img.npz")))
+    assert ds.input_shape == (1, 8, 8) and ds.num_classes == 4
+    model = build_model(ModelConfig(name="convnet"), ds, 0)
+    assert model(ds.train.batch(torch.arange(4))[0][0]).shape == (4, 4)
+    np.savez(tmp_path / "bad.npz", X=x, y=y, X_test=x[:8, :, :, :4], y_test=y[:8])
+    with pytest.raises(ConfigError, match=r"X_test has samples of shape \(1, 8, 4\), X of shape \(1, 8, 8\)"):
+        load_dataset(DataConfig(name="npz", path=str(tmp_path / "bad.npz")))
+
+
 def test_sparse_synthetic_is_sparse_and_learnable_shape() -> None:
     ds = load_dataset(DataConfig(name="sparse_synthetic", num_samples=1000, num_features=4096,
                                  active_features=8))
