@@ -207,3 +207,24 @@ def test_sparse_logistic_regression_learns(tmp_cwd: Path) -> None:
     out = tmp_cwd / "run"
     m = run(compose_cfg(["+experiment=sparse", "workers=2", f"run_dir={out}"]), str(out))
     assert m["test_accuracy"] > 0.9  # balanced classes: chance is 0.5
+
+
+def test_bf16_on_a_cpu_without_native_bf16_says_so_in_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture
+                                                                ) -> None:
+    import logging
+
+    from hogwild.replica.build import cpu_has_native_bf16, warn_slow_bf16
+    from tests.conftest import compose_cfg
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f\n")
+    new.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n")
+    assert cpu_has_native_bf16(str(old)) is False and cpu_has_native_bf16(str(new)) is True
+    assert cpu_has_native_bf16(str(tmp_path / "none")) is None
+    cfg = compose_cfg(["train.precision=bf16", f"run_dir={tmp_path}"])
+    with caplog.at_level(logging.WARNING, "hogwild.replica.build"):
+        warn_slow_bf16(cfg, torch.device("cpu"), str(new))
+        warn_slow_bf16(compose_cfg([f"run_dir={tmp_path}"]), torch.device("cpu"), str(old))  # fp32: nothing
+        assert caplog.records == []
+        warn_slow_bf16(cfg, torch.device("cpu"), str(old))
+    assert len(caplog.records) == 1 and "no native bf16" in caplog.records[0].getMessage()
