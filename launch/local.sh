@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Simulate M machines x K workers on this host: one torchrun, M leaders, M*K workers.
+# Started through hogwild.cli.launch: torchrun that leaves with the job's exit code, no traceback.
 #   launch/local.sh [M] [K] [hydra overrides...]
 #   launch/local.sh 2 2 sync.interval=50 sync.mode=average
 set -euo pipefail
 M="${1:-2}"; K="${2:-1}"
 shift $(( $# > 0 ? 1 : 0 )); shift $(( $# > 0 ? 1 : 0 ))
 RUN_ID="${RUN_ID:-local-$(date +%Y%m%d-%H%M%S)}"
-exec torchrun --nnodes=1 --nproc-per-node="$M" \
+exec python -m hogwild.cli.launch --nnodes=1 --nproc-per-node="$M" \
   --rdzv-backend=c10d --rdzv-endpoint="127.0.0.1:${PORT:-29400}" --rdzv-id="$RUN_ID" \
   -m hogwild.cli.train workers="$K" "$@"

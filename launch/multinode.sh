@@ -7,7 +7,7 @@ set -euo pipefail
 : "${ENDPOINT:?set ENDPOINT=host:port of the rendezvous (any one of the machines)}"
 : "${NNODES:?set NNODES=number of machines}"
 : "${RUN_ID:?set RUN_ID=a name shared by all machines of this job}"
-exec torchrun --nnodes="$NNODES" --nproc-per-node="${NPROC_PER_NODE:-1}" \
+exec python -m hogwild.cli.launch --nnodes="$NNODES" --nproc-per-node="${NPROC_PER_NODE:-1}" \
   --max-restarts="${MAX_RESTARTS:-3}" \
   --rdzv-backend=c10d --rdzv-endpoint="$ENDPOINT" --rdzv-id="$RUN_ID" \
   -m hogwild.cli.train "$@"

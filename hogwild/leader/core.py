@@ -168,7 +168,7 @@ class Leader:
 
     # ------------------------------------------------------------------ loop
     def _check_faults(self, crew: Crew) -> None:
-        msg = crew.pool.check(self.cfg.fault.max_worker_restarts)
+        msg = crew.pool.check(self.cfg.fault.max_worker_restarts, stopping=self.ctl.stopping)
         if msg:
             self.ctl.fail(msg)
         skipped = crew.board.skipped()

@@ -103,9 +103,10 @@ class WorkerPool:
     def go(self) -> None:
         self.board.control["go"] = 1.0
 
-    def check(self, max_restarts: int) -> Optional[str]:
-        """Respawn dead workers on their own shard; a message once the bound is passed."""
-        stats, stopping = self.board.stats, bool(self.board.control["stop"])
+    def check(self, max_restarts: int, stopping: bool = False) -> Optional[str]:
+        """Respawn dead workers on their own shard; a message once the bound is passed. None
+        once the leader is ``stopping`` (a signal or a fault): a stop respawns nobody."""
+        stats, stopping = self.board.stats, stopping or bool(self.board.control["stop"])
         for i, p in enumerate(self.procs):
             if p is None or p.exitcode is None or stats[i]["done"] > 0 or stopping:
                 continue

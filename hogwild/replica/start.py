@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import signal
 import sys
 import threading
 import warnings
@@ -145,6 +146,9 @@ def _serve(code: str, passfds: Any) -> None:
         # The parent's record of its server is mid-start here, its lock held: a worker that starts
         # processes of its own (a DataLoader under the forkserver method) must find a clean one.
         forkserver._forkserver.__init__()  # type: ignore[misc]
+        # A SIGTERM to the process group is the leader's to handle: a server killed by it could
+        # start no worker, and it leaves anyway once its leader closes the pipe it reads.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         exec(code, {"__name__": "__mp_fork_server__"})  # noqa: S102 - multiprocessing's own command
     except BaseException:  # noqa: BLE001 - SystemExit is how the server ends (its leader is gone)
         pass

@@ -85,9 +85,12 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor, opt_state: O
     # Lower priority than the leader: its short sync bursts then preempt workers at once
     # instead of queueing behind them for a scheduler tick on a fully loaded machine.
     os.nice(WORKER_NICENESS)
-    # The leader owns Ctrl-C/SIGTERM and stops workers through the control block.
+    # The leader owns Ctrl-C and SIGTERM and stops workers through the control block (killing
+    # them only past fault.shutdown_timeout_s). A SIGTERM to the whole process group (timeout,
+    # scancel) must not kill them mid-step: the leader would see deaths during its clean stop.
+    # A worker whose leader is gone leaves on its own (leader_watch).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format=f"[worker {spec.global_index}] %(message)s")
     torch.manual_seed(cfg.train.seed + spec.global_index)
 
