@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from hogwild.config.validate import choice, positive, require
+from hogwild.config.validate import choice, duration, positive, require
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "adagrad")
 SCHEDULES = ("constant", "cosine", "step")
@@ -157,6 +157,10 @@ class TrainConfig:
     """Passes of each worker over its own shard (ignored when max_steps is set)."""
     max_steps: Optional[int] = None
     """Total updates per replica, split evenly over its workers; overrides epochs."""
+    max_time: Any = None
+    """A wall-clock budget for this attempt's training, in seconds or ``[DD:]HH:MM:SS``: the job
+    stops cleanly when it is spent (a final round and checkpoint), or at the end of its steps if
+    that comes first. Learning-rate schedules then run to their end at whichever comes first."""
     batch_size: int = 32
     """Per-worker mini-batch size."""
     seed: int = 0
@@ -174,6 +178,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         positive(self.epochs, "train.epochs")
+        if self.max_time is not None:
+            self.max_time = duration(self.max_time, "train.max_time")
         if self.max_steps is not None:
             positive(self.max_steps, "train.max_steps")
         positive(self.batch_size, "train.batch_size")

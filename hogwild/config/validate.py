@@ -15,6 +15,29 @@ def choice(value: str, key: str, choices: tuple[str, ...]) -> None:
     require(value in choices, key, f"unknown value {value!r}; choose one of {', '.join(choices)}")
 
 
+def duration(value: object, key: str) -> float:
+    """Seconds from a number of seconds or ``[[DD:]HH:]MM:SS`` (Lightning's ``max_time`` form):
+    finite and positive."""
+    import math
+
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: must be seconds or HH:MM:SS, got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        parts = str(value).strip().split(":")
+        try:
+            numbers = [float(p) for p in parts]
+        except ValueError:
+            raise ConfigError(f"{key}: must be seconds or HH:MM:SS (or DD:HH:MM:SS), got {value!r}") from None
+        if not 1 <= len(numbers) <= 4 or any(n < 0 for n in numbers) or any(n >= 60 for n in numbers[1:][-2:]):
+            raise ConfigError(f"{key}: must be seconds or HH:MM:SS (or DD:HH:MM:SS), got {value!r}")
+        seconds = sum(n * unit for n, unit in zip(reversed(numbers), (1, 60, 3600, 86400)))
+    require(math.isfinite(seconds) and 0 < seconds < 10 * 365 * 86400, key,
+            f"must be a positive duration under ten years, got {value!r}")
+    return seconds
+
+
 def positive(value: float, key: str, allow_zero: bool = False) -> None:
     ok = value >= 0 if allow_zero else value > 0
     require(ok, key, f"must be {'>= 0' if allow_zero else '> 0'}, got {value}")

@@ -12,6 +12,7 @@ waits in a collective that the others will never enter.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -61,6 +62,8 @@ class Leader:
         self.env: DistEnv = self.group.env
         self.t_start = time.monotonic()
         self.t_train: Optional[float] = None
+        self.out_of_time = False
+        """``train.max_time`` was spent (this replica's clock)."""
 
     # ---------------------------------------------------------------- setup
     def _setup(self) -> Crew:
@@ -105,7 +108,7 @@ class Leader:
         wait_s = min(self.cfg.fault.shutdown_timeout_s, 10.0) if stop else self.cfg.sync.timeout_s
         out = crew.rounds.run(done=done, stop=stop, final=final, timeout_s=wait_s,
                               want_checkpoint=group.writer and time.monotonic() >= ctl.next_ckpt,
-                              reached=crew.tel.time_to_target is not None, reform=group.wants_reform())
+                              reached=self._reached(crew), reform=group.wants_reform())
         crew.tel.round(out.stats)
         crew.pool.release()  # workers waiting at the lag limit may go on
         if out.checkpoint and not final:
@@ -176,15 +179,30 @@ class Leader:
             self.ctl.fail(f"{skipped} non-finite updates skipped, more than fault.max_nonfinite="
                           f"{self.cfg.fault.max_nonfinite}", EXIT_FAILED)
 
+    def _deadline(self) -> float:
+        """When ``train.max_time`` is spent (infinity without one)."""
+        budget = self.cfg.train.max_time
+        return math.inf if budget is None or self.t_train is None else self.t_train + float(budget)
+
+    def _reached(self, crew: Crew) -> bool:
+        """This replica asks the job to end: its target was met or its time budget is spent. A
+        round passes it on, so every replica stops at the same round."""
+        if not self.out_of_time and time.monotonic() >= self._deadline():
+            self.out_of_time = True
+            logger.info("train.max_time=%gs spent: stopping with a final round and checkpoint",
+                        float(self.cfg.train.max_time))
+        return crew.tel.time_to_target is not None or self.out_of_time
+
     def _loop(self, crew: Crew) -> None:
         ctl, group, board, tel = self.ctl, self.group, crew.board, crew.tel
         while True:
-            # Sleep until the next thing due (eval, metrics, checkpoint), a worker's wake-up or death.
+            # Sleep until the next thing due (eval, metrics, checkpoint, the time budget's end), a
+            # worker's wake-up or death.
             now = time.monotonic()
-            due = min(tel.next_due(), ctl.next_ckpt if group.writer else now + 1.0, now + 1.0)
+            due = min(tel.next_due(), ctl.next_ckpt if group.writer else now + 1.0, now + 1.0, self._deadline())
             crew.pool.wait(min(max(due - now, 0.001), 0.5))
             self._check_faults(crew)
-            reached = tel.time_to_target is not None
+            reached = self._reached(crew)
             done = board.all_done()
             stop = ctl.stopping
             if not self.env.distributed:
@@ -233,8 +251,8 @@ class Leader:
                     if crew.restored is None:
                         set_aside_earlier_run(crew.run_dir)
                     record_config(crew.run_dir, self._config_dict(), self.overrides)
-                pool.go()
                 self.t_train = time.monotonic()
+                pool.go(self.t_train)
                 ctl.checkpoint_in(self.cfg.checkpoint.every_s)
                 crew.tel.start(crew.board, sum(s.quota for s in crew.specs))
                 self._loop(crew)
@@ -294,7 +312,8 @@ class Leader:
         assert self.t_train is not None
         timing = Timing(wall_s=time.monotonic() - self.t_start, train_s=train_s, startup_s=self.t_train - self.t_start,
                         time_to_target_s=tel.time_to_target, worker_steps_to_target=tel.worker_steps_to_target,
-                        eval_s=tel.eval_s)
+                        # Another replica's clock may have ended the job a moment before this one's.
+                        eval_s=tel.eval_s, max_time_reached=self.out_of_time or time.monotonic() >= self._deadline())
         metrics = RunSummary(status=status, error=ctl.fault, counters=crew.base.plus(job, crew.rounds.syncs),
                              job=job, task=crew.rep.task, scores=tel.scores, train_loss=board.loss(),
                              timing=timing, sync=sync_stats, workers=crew.workers, threads=crew.specs[0].threads,

@@ -49,6 +49,7 @@ CONTROL = np.dtype([(name, np.float64) for name in (
     "next_report_at",  # replica position of the next metrics point (the leader wakes for it)
     "lag_limit",     # replica position at which workers wait for the pending round (inf: never)
     "base_steps",    # job steps restored from the checkpoint this attempt started from
+    "go_at",         # time.monotonic() when training started (schedules under train.max_time)
 )])
 
 

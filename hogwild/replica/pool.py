@@ -100,7 +100,10 @@ class WorkerPool:
             self.wait(0.1)
         return True
 
-    def go(self) -> None:
+    def go(self, at: float) -> None:
+        """Training starts; ``at`` (``time.monotonic()``, one clock for every process of the
+        machine) is when, for schedules that follow a time budget."""
+        self.board.control["go_at"] = at
         self.board.control["go"] = 1.0
 
     def check(self, max_restarts: int, stopping: bool = False) -> Optional[str]:

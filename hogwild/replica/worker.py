@@ -114,7 +114,7 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor, opt_state: O
     step_fn(int(board.row(spec.local_index)["pos"]))
     model.train()
     run_loop(inject_faults(step_fn, params, spec.global_index), opt, params, spec, board, wake, kick,
-             sched, cfg.optim.clip_grad_norm, leader_watch(life))
+             sched, cfg.optim.clip_grad_norm, leader_watch(life), cfg.train.max_time)
 
 
 def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, sampler: ShardSampler,
@@ -156,10 +156,20 @@ def wait_for_round(stats: np.ndarray, ctrl: np.void, kick: Connection,
     return time.perf_counter() - t0
 
 
+def schedule_position(stats: np.ndarray, ctrl: np.void, total: int, time_budget_s: Optional[float]) -> int:
+    """Where the replica is in its learning-rate schedule: its steps, or under ``train.max_time``
+    the share of the budget spent, whichever is further, so the schedule ends when the run does."""
+    pos = int(stats["pos"].sum())
+    if time_budget_s is None:
+        return pos
+    spent = min(1.0, max(0.0, (time.monotonic() - float(ctrl["go_at"])) / time_budget_s))
+    return max(pos, int(spent * total))
+
+
 def run_loop(step_fn: StepFn, opt: Optimizer, params: list[Tensor], spec: WorkerSpec,
              board: Board, wake: Optional[Connection], kick: Optional[Connection] = None,
              sched: Optional[LRSchedule] = None, clip: Optional[float] = None,
-             leader_alive: Optional[Callable[[], bool]] = None) -> None:
+             leader_alive: Optional[Callable[[], bool]] = None, time_budget_s: Optional[float] = None) -> None:
     stats, ctrl = board.stats, board.control
     row = stats[spec.local_index]
     leader_alive = leader_alive or leader_watch(None)
@@ -188,7 +198,7 @@ def run_loop(step_fn: StepFn, opt: Optimizer, params: list[Tensor], spec: Worker
         grads = [p.grad for p in params]
         if np.isfinite(lval) and grads_finite(grads):
             if sched is not None:  # the replica's step: every worker of it uses one rate at one step
-                opt.set_lr(sched.lr_at(int(stats["pos"].sum())))
+                opt.set_lr(sched.lr_at(schedule_position(stats, ctrl, sched.total, time_budget_s)))
             if clip is not None:
                 clip_grad_norm(grads, clip)
             opt.step(grads)

@@ -78,6 +78,7 @@ class Timing:
     time_to_target_s: Optional[float]
     worker_steps_to_target: Optional[float] = None
     eval_s: float = 0.0
+    max_time_reached: bool = False
     """Seconds of the rank-0 leader's evaluations during training (eval.max_fraction bounds them)."""
 
 
@@ -124,6 +125,7 @@ class RunSummary:
             "startup_s": self.timing.startup_s,
             "eval_s": self.timing.eval_s,
             "eval_fraction": self.timing.eval_s / max(self.timing.train_s, 1e-9),
+            "max_time_reached": self.timing.max_time_reached,
             "workers": self.workers,
             "threads_per_worker": self.threads,
             "replicas": self.replicas,
