@@ -58,6 +58,7 @@ class Telemetry:
         self._eval_pending = False  # its step came, but its cost budget has not
         self.eval_s = 0.0
         """Seconds the evaluations during training took (eval.max_fraction bounds their share)."""
+        self._eval_cost = 0.0  # the last evaluation's seconds: what the next one is expected to take
         self.progress: Optional[Progress] = None
         self.lr: Optional[LRSchedule] = None
 
@@ -65,7 +66,9 @@ class Telemetry:
         """The accuracy before training, during startup: the first evaluation's one-off costs
         then never count against the evaluation budget while workers train."""
         if self.is_rank0:
+            t0 = time.monotonic()
             self.evaluate(step)
+            self._eval_cost = time.monotonic() - t0
 
     def start(self, board: Board, total_steps: int) -> None:
         """Training starts now: clocks, curves and the progress display count from here."""
@@ -76,6 +79,7 @@ class Telemetry:
         self._loss_every = max(1.0, (total_steps - initial) / LOSS_POINTS)
         self._eval_every = max(1.0, (total_steps - initial) / EVAL_POINTS)
         self._next_eval = self._t0 + self.cfg.eval.every_s
+        self._eval_ok_at = self._budget_allows()
         self.progress = Progress(total_steps, self.cfg.train.log_every_s, self.is_rank0, int(initial))
         self.lr = LRSchedule(self.cfg.sched, self.cfg.optim.lr, total_steps)  # what the workers follow
         board.control["next_report_at"] = initial
@@ -170,15 +174,14 @@ class Telemetry:
             for i, row in enumerate(board.stats):
                 self.metrics.scalar(f"perf/samples_per_s_worker{i}", float(row["samples"]) / elapsed, step)
         self._eval_pending = self.is_rank0 and pos >= self._eval_pos
-        # Both the step grid and the clock wait for the cost budget: an evaluation of d seconds
-        # is followed by none for d / max_fraction seconds, whichever asked for it.
+        # Both the step grid and the clock wait for the cost budget (see _budget_allows).
         if self.is_rank0 and (self._eval_pending or now >= self._next_eval) and now >= self._eval_ok_at:
             t0 = time.monotonic()
             self.evaluate(step, self._snapshot(), subset=True)
-            took = time.monotonic() - t0
-            self.eval_s += took
+            self._eval_cost = time.monotonic() - t0
+            self.eval_s += self._eval_cost
             self._eval_pos, self._next_eval = self._grid_after(pos, self._eval_every), t0 + self.cfg.eval.every_s
-            self._eval_ok_at = t0 + took / self.cfg.eval.max_fraction
+            self._eval_ok_at = self._budget_allows()
             self._eval_pending = False
             self._check_target((pos - self._initial) / len(board.stats))
         # Workers wake the leader when the replica crosses this position; a point already
@@ -189,6 +192,12 @@ class Telemetry:
             head = self.task.headline
             self.progress.update(int(pos), f"loss {loss:.4f} | {rate:,.0f} samples/s"
                                  f" | test {head} {self.scores[head]:.4f} | syncs {syncs}")
+
+    def _budget_allows(self) -> float:
+        """When the next evaluation fits the budget: the evaluations so far plus one more (expected
+        to take as long as the last) within ``eval.max_fraction`` of the training time. Waiting only
+        after an evaluation still let a slow first one take most of a short run."""
+        return self._t0 + (self.eval_s + self._eval_cost) / self.cfg.eval.max_fraction
 
     def _grid_after(self, pos: float, every: float) -> float:
         """The next point of a fixed grid of positions: a leader woken late does not push
