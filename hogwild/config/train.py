@@ -52,9 +52,6 @@ class OptimConfig:
         positive(self.lr, "optim.lr")
         if self.clip_grad_norm is not None:
             positive(self.clip_grad_norm, "optim.clip_grad_norm")
-        require(not (self._target_ and self.state == "shared"), "optim.state",
-                "shared state needs one of the built-in rules (optim.name=sgd|adam|adamw|adagrad); "
-                "an optim._target_ keeps its state per worker")
         require(0.0 <= self.momentum < 1.0, "optim.momentum", f"must be in [0, 1), got {self.momentum}")
         positive(self.weight_decay, "optim.weight_decay", allow_zero=True)
         require(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas), "optim.betas",
@@ -160,7 +157,8 @@ class TrainConfig:
     max_time: Any = None
     """A wall-clock budget for this attempt's training, in seconds or ``[DD:]HH:MM:SS``: the job
     stops cleanly when it is spent (a final round and checkpoint), or at the end of its steps if
-    that comes first. Learning-rate schedules then run to their end at whichever comes first."""
+    that comes first. The built-in schedules (sched.name) then end with the budget or the steps,
+    whichever comes first; a sched._target_ keeps its own length."""
     batch_size: int = 32
     """Per-worker mini-batch size."""
     seed: int = 0

@@ -48,22 +48,23 @@ class LRSchedule:
             self._at += 1
         return float(self._opt.param_groups[0]["lr"])
 
-    def lr_at(self, step: int) -> float:
-        """The learning rate of the update made at replica step ``step`` (0-based)."""
+    def lr_at(self, step: int, total: Optional[int] = None) -> float:
+        """The learning rate of the update made at replica step ``step`` (0-based); ``total``: the
+        run's length in steps when it is not the planned one (a time budget's estimate)."""
         c = self.cfg
         warm = c.warmup_steps
         if warm and step < warm:
             # Linear warm-up to the schedule's value where warm-up ends.
-            return self.lr_after_warmup(warm) * (step + 1) / warm
-        return self.lr_after_warmup(step)
+            return self.lr_after_warmup(warm, total) * (step + 1) / warm
+        return self.lr_after_warmup(step, total)
 
-    def lr_after_warmup(self, step: int) -> float:
+    def lr_after_warmup(self, step: int, total: Optional[int] = None) -> float:
         c = self.cfg
         if self._torch is not None:
-            return self._target_lr(step)
+            return self._target_lr(step)  # a torch scheduler has its own length (T_max, total_steps)
         warm = c.warmup_steps
         if c.name == "cosine":
-            progress = min(max(step - warm, 0) / max(self.total - warm, 1), 1.0)
+            progress = min(max(step - warm, 0) / max((total or self.total) - warm, 1), 1.0)
             return c.min_lr + (self.base - c.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
         if c.name == "step":
             return self.base * c.gamma ** (max(step - warm, 0) // c.step_size)

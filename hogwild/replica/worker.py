@@ -156,14 +156,17 @@ def wait_for_round(stats: np.ndarray, ctrl: np.void, kick: Connection,
     return time.perf_counter() - t0
 
 
-def schedule_position(stats: np.ndarray, ctrl: np.void, total: int, time_budget_s: Optional[float]) -> int:
-    """Where the replica is in its learning-rate schedule: its steps, or under ``train.max_time``
-    the share of the budget spent, whichever is further, so the schedule ends when the run does."""
-    pos = int(stats["pos"].sum())
-    if time_budget_s is None:
-        return pos
-    spent = min(1.0, max(0.0, (time.monotonic() - float(ctrl["go_at"])) / time_budget_s))
-    return max(pos, int(spent * total))
+def schedule_length(pos: int, ctrl: np.void, total: int, time_budget_s: Optional[float]) -> int:
+    """The replica's run length in steps for its learning-rate schedule: the planned steps, or
+    under ``train.max_time`` the steps the budget will allow at the pace so far, if fewer, so a
+    schedule ends when the run does. Steps stay steps: warm-up is unchanged, and a torch
+    scheduler (its own length) is never stepped ahead."""
+    if time_budget_s is None or pos < 1:
+        return total
+    spent = (time.monotonic() - float(ctrl["go_at"])) / time_budget_s
+    if spent <= 0:
+        return total
+    return max(1, min(total, int(pos / min(spent, 1.0))))
 
 
 def run_loop(step_fn: StepFn, opt: Optimizer, params: list[Tensor], spec: WorkerSpec,
@@ -198,7 +201,8 @@ def run_loop(step_fn: StepFn, opt: Optimizer, params: list[Tensor], spec: Worker
         grads = [p.grad for p in params]
         if np.isfinite(lval) and grads_finite(grads):
             if sched is not None:  # the replica's step: every worker of it uses one rate at one step
-                opt.set_lr(sched.lr_at(schedule_position(stats, ctrl, sched.total, time_budget_s)))
+                pos = int(stats["pos"].sum())
+                opt.set_lr(sched.lr_at(pos, schedule_length(pos, ctrl, sched.total, time_budget_s)))
             if clip is not None:
                 clip_grad_norm(grads, clip)
             opt.step(grads)

@@ -6,12 +6,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from hogwild.errors import ConfigError
 from hogwild.replica.board import Board
-from hogwild.replica.worker import schedule_position
+from hogwild.replica.worker import schedule_length
 from tests.conftest import compose_cfg, metrics, run_cli
 
 
@@ -26,18 +25,20 @@ def test_a_bad_max_time_is_one_line_naming_the_key(given: str, tmp_path: Path) -
         compose_cfg([f"train.max_time={given}", f"run_dir={tmp_path}"])
 
 
-def test_the_schedule_follows_the_budget_or_the_steps_whichever_is_further() -> None:
-    board = Board(2)
-    stats, ctrl = board.stats, board.control
-    stats["pos"][:] = [10, 10]
-    ctrl["go_at"] = time.monotonic() - 5.0  # half of a 10 s budget spent
-    assert schedule_position(stats, ctrl, 100, None) == 20
-    assert 49 <= schedule_position(stats, ctrl, 100, 10.0) <= 51
-    stats["pos"][:] = [40, 40]
-    assert schedule_position(stats, ctrl, 100, 10.0) == 80
+def test_the_schedule_ends_with_the_budget_or_the_steps_whichever_comes_first() -> None:
+    from hogwild.config.train import SchedConfig
+    from hogwild.replica.lr_schedule import LRSchedule
+
+    ctrl = Board(1).control
+    ctrl["go_at"] = time.monotonic() - 5.0  # half of a 10 s budget spent, 20 steps made
+    assert schedule_length(20, ctrl, 1000, None) == 1000
+    assert 39 <= schedule_length(20, ctrl, 1000, 10.0) <= 41  # 20 steps in half the time: 40 in all
+    assert schedule_length(20, ctrl, 30, 10.0) == 30  # the planned steps end sooner
     ctrl["go_at"] = time.monotonic() - 50.0
-    assert schedule_position(stats, ctrl, 100, 10.0) == 100  # never past the end
-    assert isinstance(schedule_position(stats, ctrl, 100, 10.0), int) and np.isfinite(ctrl["go_at"])
+    assert schedule_length(20, ctrl, 1000, 10.0) == 20  # spent: the schedule is at its end
+    sched = LRSchedule(SchedConfig(name="cosine", warmup_steps=10), 1.0, 1000)
+    assert sched.lr_at(4, 40) == pytest.approx(sched.lr_at(4))  # warm-up counts steps either way
+    assert sched.lr_at(40, 40) == pytest.approx(0.0) and sched.lr_at(40) > 0.9
 
 
 @pytest.mark.slow
