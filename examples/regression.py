@@ -25,11 +25,13 @@ def diabetes(test_every: int = 5) -> tuple[TensorDataset, TensorDataset]:
 
 
 class Regressor(nn.Module):
-    """A small MLP with one output; ``num_classes`` is the target's size (1 here)."""
+    """A small MLP with one output; ``num_classes`` is the target's size (1 here). ``batchnorm``
+    puts BatchNorm after the hidden layer (the optimizer-state benchmark, scripts/optim_state.py)."""
 
-    def __init__(self, num_classes: int = 1, width: int = 64) -> None:
+    def __init__(self, num_classes: int = 1, width: int = 64, batchnorm: bool = False) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(10, width), nn.ReLU(), nn.Linear(width, num_classes))
+        norm = [nn.BatchNorm1d(width)] if batchnorm else []
+        self.net = nn.Sequential(nn.Linear(10, width), *norm, nn.ReLU(), nn.Linear(width, num_classes))
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x).squeeze(-1)

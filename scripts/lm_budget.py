@@ -1,14 +1,20 @@
-"""The character language model's test perplexity after a fixed wall-clock budget: hogwild
-1 x 2 and 2 x 1, DDP on 2 processes, and one process using every core, side by side.
+"""A language model's test loss after a fixed wall-clock budget: hogwild 1 x 2 and 2 x 1, DDP on 2
+processes, and one process using every core, side by side.
 
-Every method trains ``examples/charlm.py``'s transformer with AdamW (lr 3e-3, weight decay 0.05,
-none on biases and norms), a 100-step linear warm-up then a constant rate (a cosine needs the
-run's length, which a time budget does not fix), clipping at 1.0 and batches of 32 per process.
-The clock starts at each method's first training step (start-up is off the clock for all) and
-stops after ``--budget`` seconds; then the final model is evaluated on the same test split.
+``--workload gpt`` (the default): the nanoGPT-style GPT of ``examples/gpt.py`` (4 layers, 0.8M
+parameters) on the standard library's characters, with a 1,874-block test split whose one
+evaluation takes seconds. hogwild runs ``+experiment=gpt`` on its **default** settings
+(evaluation cadence and budget, checkpoints, the default sync rule) and stops itself with
+``train.max_time``; its cosine schedule follows the budget. DDP and the single process train the
+same model with the same recipe (AdamW lr 3e-3, weight decay 0.05 on matrices only, 100 warm-up
+steps then a cosine over the budget, clipping at 1.0, batches of 32 per process) and evaluate
+once, at the end. ``--workload charlm``: examples/charlm.py's transformer with a constant rate,
+hogwild stopped by SIGTERM with evaluation off (the older table in BENCHMARKS.md).
+
+The clock starts at each method's first training step (start-up is off the clock for all).
 Repeats are interleaved so a change in the machine's load hits every method alike.
 
-    python scripts/lm_budget.py --budget 60 --repeats 3 --out bench_results
+    python scripts/lm_budget.py --workload gpt --budget 120 --repeats 3 --out bench_results
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ LR, WD, WARMUP, CLIP, BATCH = 3e-3, 0.05, 100, 1.0, 32
 RECIPE = ["+experiment=charlm", "train.max_steps=1000000", "sched.name=constant", f"sched.warmup_steps={WARMUP}",
           "eval.every_s=1000", "checkpoint.every_s=1000"]
 METHODS = ("hogwild_1x2", "hogwild_2x1", "ddp_2", "single")
+GPT_SIZE = ["model.kwargs.config.n_layer=4", "+data.test_chars=120000"]
+CONTEXT = 64
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -97,6 +105,78 @@ def _hogwild(replicas: int, budget: float, work: Path) -> dict[str, Any]:
     return {"perplexity": scores["test_perplexity"], "steps": steps}
 
 
+def _hogwild_gpt(replicas: int, budget: float, work: Path) -> dict[str, Any]:
+    """``+experiment=gpt`` on hogwild's defaults, stopped by its own ``train.max_time``."""
+    run = work / f"hw{replicas}"
+    args = ["+experiment=gpt", *GPT_SIZE, "train.max_steps=100000000", f"train.max_time={budget}",
+            f"workers={2 // replicas}", f"run_dir={run}"]
+    if replicas == 1:
+        cmd = [sys.executable, "-m", "hogwild.cli.train", *args]
+    else:
+        cmd = [sys.executable, "-m", "hogwild.cli.launch", "--nnodes=1", f"--nproc-per-node={replicas}",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}", "-m", "hogwild.cli.train", *args]
+    out = subprocess.run(cmd, cwd=REPO, env=_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                         timeout=budget + 900)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    m = json.loads((run / "metrics.json").read_text())
+    return {"loss": m["test_loss"], "perplexity": m["test_perplexity"], "steps": m["steps"],
+            "tokens_per_s": m["samples_per_s"] * CONTEXT, "eval_fraction": m["eval_fraction"],
+            "train_s": m["train_s"]}
+
+
+def _gpt_rank(rank: int, world: int, port: int, budget: float, threads: int, out: Any) -> None:
+    from examples.charlm import stdlib_text
+    from examples.gpt import GPT, GPTConfig
+
+    torch.set_num_threads(threads)
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=120))
+    train, test = stdlib_text(test_chars=120_000)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=4))
+    net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    ps = list(model.parameters())
+    groups = [{"params": [p for p in ps if p.dim() > 1], "weight_decay": WD},
+              {"params": [p for p in ps if p.dim() <= 1], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=LR)
+    gen = torch.Generator().manual_seed(rank)
+    x_all, y_all = torch.stack([train[i][0] for i in range(len(train))]), train.targets
+    step, t0, spent = 0, None, 0.0
+    while True:
+        if t0 is not None:
+            spent = time.monotonic() - t0
+            over = torch.tensor([float(spent >= budget)])
+            if world > 1:
+                dist.all_reduce(over, op=dist.ReduceOp.MAX)  # every rank stops at the same step
+            if over.item():
+                break
+        idx = torch.randint(len(train), (BATCH,), generator=gen)
+        warm = min(1.0, (step + 1) / WARMUP)
+        for g in opt.param_groups:  # warm-up, then a cosine over the budget, as hogwild's schedule under max_time
+            g["lr"] = LR * warm * 0.5 * (1 + math.cos(math.pi * min(spent / budget, 1.0)))
+        opt.zero_grad(set_to_none=True)
+        net(x_all[idx], y_all[idx])[1].backward()
+        torch.nn.utils.clip_grad_norm_(ps, CLIP)
+        opt.step()
+        step += 1
+        if t0 is None:
+            t0 = time.monotonic()  # after the first step, as hogwild's clock starts
+    if rank == 0:
+        model.eval()
+        x_test, y_test = torch.stack([test[i][0] for i in range(len(test))]), test.targets
+        with torch.no_grad():
+            total = sum(float(model(x_test[i:i + 256], y_test[i:i + 256])[1]) * len(x_test[i:i + 256])
+                        for i in range(0, len(x_test), 256))
+        loss = total / len(x_test)
+        out["result"] = {"loss": loss, "perplexity": math.exp(loss), "steps": step * world,
+                         "tokens_per_s": step * world * BATCH * CONTEXT / max(spent, 1e-9), "eval_fraction": 0.0,
+                         "train_s": spent}
+    if world > 1:
+        dist.destroy_process_group()
+
+
 def _baseline_rank(rank: int, world: int, port: int, budget: float, threads: int, out: Any) -> None:
     from examples.charlm import CharTransformer, stdlib_text
     from hogwild.data.splits import Split
@@ -143,12 +223,13 @@ def _baseline_rank(rank: int, world: int, port: int, budget: float, threads: int
         dist.destroy_process_group()
 
 
-def _baseline(world: int, budget: float) -> dict[str, Any]:
+def _baseline(world: int, budget: float, target: Any = None) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     out = ctx.Manager().dict()
     threads = max(1, (os.cpu_count() or 2) // world)
     port = _free_port()
-    procs = [ctx.Process(target=_baseline_rank, args=(r, world, port, budget, threads, out)) for r in range(world)]
+    procs = [ctx.Process(target=target or _baseline_rank, args=(r, world, port, budget, threads, out))
+             for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -160,11 +241,13 @@ def _baseline(world: int, budget: float) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--budget", type=float, default=60.0, help="seconds of training per run")
+    ap.add_argument("--workload", choices=("gpt", "charlm"), default="gpt")
+    ap.add_argument("--budget", type=float, default=120.0, help="seconds of training per run")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=REPO / "bench_results")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    gpt = args.workload == "gpt"
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
@@ -172,21 +255,33 @@ def main() -> None:
                 work = Path(tmp) / f"{method}_{rep}"
                 work.mkdir()
                 if method.startswith("hogwild"):
-                    r = _hogwild(int(method[-3]), args.budget, work)
+                    r = (_hogwild_gpt if gpt else _hogwild)(int(method[-3]), args.budget, work)
                 else:
-                    r = _baseline(2 if method == "ddp_2" else 1, args.budget)
-                logger.info("repeat %d %s: perplexity %.3f after %d steps", rep, method, r["perplexity"], r["steps"])
+                    r = _baseline(2 if method == "ddp_2" else 1, args.budget, _gpt_rank if gpt else None)
+                logger.info("repeat %d %s: %s", rep, method, json.dumps(r))
                 runs[method].append(r)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "lm_budget.json").write_text(json.dumps({"budget_s": args.budget, "runs": runs}, indent=1))
-    lines = [f"| method | median test perplexity after {args.budget:.0f} s | runs | median steps (all processes) |",
-             "|---|---|---|---|"]
-    for method in METHODS:
-        ppl = [r["perplexity"] for r in runs[method]]
-        steps = statistics.median(r["steps"] for r in runs[method])
-        lines.append(f"| {method} | {statistics.median(ppl):.3f} | {', '.join(f'{p:.3f}' for p in ppl)} | {steps:.0f} |")
+    name = "lm_budget_gpt" if gpt else "lm_budget"
+    (args.out / f"{name}.json").write_text(json.dumps({"command": sys.argv, "budget_s": args.budget, "runs": runs},
+                                                      indent=1))
+    if gpt:
+        lines = [f"| method | median test loss after {args.budget:.0f} s | runs | median tokens/s | "
+                 "median steps (all processes) | median eval share |", "|---|---|---|---|---|---|"]
+        for method in METHODS:
+            rs = runs[method]
+            med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
+            losses = ", ".join(f"{r['loss']:.4f}" for r in rs)
+            lines.append(f"| {method} | {med('loss'):.4f} | {losses} | "
+                         f"{med('tokens_per_s'):,.0f} | {med('steps'):.0f} | {med('eval_fraction'):.3f} |")
+    else:
+        lines = [f"| method | median test perplexity after {args.budget:.0f} s | runs | median steps (all processes) |",
+                 "|---|---|---|---|"]
+        for method in METHODS:
+            ppl = [r["perplexity"] for r in runs[method]]
+            steps = statistics.median(r["steps"] for r in runs[method])
+            lines.append(f"| {method} | {statistics.median(ppl):.3f} | {', '.join(f'{p:.3f}' for p in ppl)} | {steps:.0f} |")
     table = "\n".join(lines) + "\n"
-    (args.out / "lm_budget.md").write_text(table)
+    (args.out / f"{name}.md").write_text(table)
     sys.stdout.write(table)
     if any(not math.isfinite(r["perplexity"]) for rs in runs.values() for r in rs):
         raise SystemExit(1)

@@ -16,7 +16,7 @@ from hogwild.data.datasets import Dataset, load_dataset
 from hogwild.errors import ConfigError
 from hogwild.replica.lr_schedule import check_schedule
 from hogwild.replica.models import build_model
-from hogwild.replica.optim import FlatOptimizer, torch_optimizer
+from hogwild.replica.optim import new_shared_state, torch_optimizer
 from hogwild.replica.shared import alloc, layout, param_slots, share_model
 from hogwild.replica.task import Task, build_task, preflight
 
@@ -97,5 +97,6 @@ def build_replica(cfg: Config, device: torch.device) -> Replica:
     flat = share_model(model, device.type)
     opt_state = None
     if cfg.optim.state == "shared":
-        opt_state = FlatOptimizer.new_state(cfg.optim, flat.numel(), lambda n: alloc(n, device.type))
+        params = list(model.parameters())
+        opt_state = new_shared_state(cfg.optim, params, param_slots(model), flat.numel(), alloc, device.type)
     return Replica(ds, model, flat, opt_state, task)

@@ -71,6 +71,7 @@ class FlatOptimizer:
 
     @staticmethod
     def new_state(cfg: OptimConfig, n: int, alloc: Callable[[int], Tensor]) -> dict[str, Tensor]:
+        """A worker's private state for the flat rules (shared state: :func:`new_shared_state`)."""
         return {k: alloc(n) for k in state_names(cfg)}
 
     @torch.no_grad()
@@ -161,10 +162,89 @@ def torch_optimizer(cfg: OptimConfig, params: list[Tensor]) -> TorchOptimizer:
 
 Optimizer = Union[FlatOptimizer, TorchOptimizer]
 
+# A torch optimizer's state in shared memory: a key shaped as its parameter lives in a flat buffer
+# laid out as the parameters are ("torch:exp_avg"), a scalar one (Adam's "step") in a buffer of one
+# value per parameter, always on the CPU, where torch keeps step counts ("torch:step:scalar").
+TORCH_KEY, SCALAR = "torch:", ":scalar"
+
+
+def torch_state_probe(cfg: OptimConfig, params: list[Tensor]) -> list[dict[str, object]]:
+    """Each parameter's state as ``optim._target_`` keeps it, at its initial values: read off
+    the optimizer built over copies of ``params`` and stepped once with zero gradients (torch
+    creates most state lazily, at the first step; values it set at construction, Adagrad's
+    initial accumulator, are kept)."""
+    copies = [p.detach().clone().requires_grad_(p.requires_grad) for p in params]
+    opt = torch_optimizer(cfg, copies).opt
+    before = [dict(opt.state[c]) for c in copies]
+    before = [{k: v.clone() if isinstance(v, Tensor) else v for k, v in b.items()} for b in before]
+    for c in copies:
+        if c.requires_grad:
+            c.grad = torch.zeros_like(c)
+    try:
+        opt.step()
+    except Exception as e:  # noqa: BLE001 - LBFGS wants a closure, SparseAdam sparse gradients
+        raise ConfigError(f"optim.state: shared state needs an optimizer that steps on its own; {cfg._target_} "
+                          f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    probe: list[dict[str, object]] = []
+    for c, b in zip(copies, before):
+        probe.append({k: b[k] if k in b else (torch.zeros_like(v) if isinstance(v, Tensor) else v)
+                      for k, v in opt.state[c].items()})
+    return probe
+
+
+def _shareable(value: object, param: Tensor) -> Optional[str]:
+    """Which shared buffer holds this state value: a parameter-shaped or a scalar one (None: private)."""
+    if not isinstance(value, Tensor) or value.dtype != torch.float32:
+        return None
+    if value.shape == param.shape:
+        return ""
+    return SCALAR if value.numel() == 1 else None
+
+
+def new_shared_state(cfg: OptimConfig, params: list[Tensor], slots: list[Slot], n: int,
+                     alloc: Callable[[int, str], Tensor], device: str) -> dict[str, Tensor]:
+    """``optim.state=shared``: the buffers every worker's optimizer updates in place, for the flat
+    rules or for a torch optimizer, at its initial values."""
+    if not cfg._target_:
+        return {k: alloc(n, device) for k in state_names(cfg)}
+    state: dict[str, Tensor] = {}
+    for i, (p, values) in enumerate(zip(params, torch_state_probe(cfg, params))):
+        for key, value in values.items():
+            kind = _shareable(value, p)
+            if kind is None:
+                continue
+            name = f"{TORCH_KEY}{key}{kind}"
+            if name not in state:
+                state[name] = alloc(n, device) if kind == "" else alloc(len(params), "cpu")
+            view = slots[i].view(state[name]) if kind == "" else state[name][i]
+            view.copy_(value.reshape(view.shape))  # type: ignore[union-attr]
+    return state
+
+
+def bind_shared_state(opt: torch.optim.Optimizer, params: list[Tensor], slots: list[Slot],
+                      state: dict[str, Tensor], probe: list[dict[str, object]]) -> None:
+    """Give ``opt`` state tensors that are views of the shared buffers (the rest private, at their
+    initial values): torch's update rules write state in place (``lerp_``, ``mul_``,
+    ``addcmul_``, ``step += 1``), so every worker's update lands in the same moments, Hogwild-style."""
+    for i, (p, values) in enumerate(zip(params, probe)):
+        own: dict[str, object] = {}
+        for key, value in values.items():
+            kind = _shareable(value, p)
+            name = f"{TORCH_KEY}{key}{kind}" if kind is not None else ""
+            if name in state:
+                own[key] = slots[i].view(state[name]) if kind == "" else state[name][i].view(value.shape)  # type: ignore[union-attr]
+            else:
+                own[key] = value.clone() if isinstance(value, Tensor) else value
+        opt.state[p] = own
+
 
 def make_optimizer(cfg: OptimConfig, flat: Tensor, slots: list[Slot], params: list[Tensor],
                    state: dict[str, Tensor]) -> Optimizer:
-    """The worker's optimizer: a torch one (``optim._target_``) or a flat rule."""
+    """The worker's optimizer: a torch one (``optim._target_``), with its state in ``state`` when
+    that holds shared buffers, or a flat rule."""
     if cfg._target_:
-        return torch_optimizer(cfg, params)
+        opt = torch_optimizer(cfg, params)
+        if any(k.startswith(TORCH_KEY) for k in state):
+            bind_shared_state(opt.opt, params, slots, state, torch_state_probe(cfg, params))
+        return opt
     return FlatOptimizer(cfg, flat, slots, state)
