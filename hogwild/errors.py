@@ -93,6 +93,19 @@ def crash(e: BaseException, folder: Optional[Path] = None) -> NoReturn:
     raise SystemExit(EXIT_INTERNAL)
 
 
+def escaped(e: BaseException, where: str) -> Optional[ConfigError]:
+    """A ``SystemExit`` or ``KeyboardInterrupt`` raised by the user's code (a forward pass, a loss,
+    a dataset item) as one line naming ``where``; None for any other exception. hogwild's own
+    signals never arrive this way: the leader's SIGINT/SIGTERM handlers raise :class:`StopNow`
+    and workers ignore both, so such an exception is the user's code leaving, and a process that
+    trained nothing must not exit 0 or die of a signal it never got."""
+    if isinstance(e, SystemExit):
+        return ConfigError(f"{where} called sys.exit({e.code!r}); nothing was trained")
+    if isinstance(e, KeyboardInterrupt):
+        return ConfigError(f"{where} raised KeyboardInterrupt without a signal; nothing was trained")
+    return None
+
+
 def guarded(fn: F) -> F:
     """A console script's entry point: user errors and faults are one line with their exit
     code; anything else goes through :func:`crash`. SystemExit and KeyboardInterrupt pass."""

@@ -46,3 +46,50 @@ def float_labels() -> tuple[list, list]:
 def per_sample_loss(output: Tensor, target: Tensor) -> Tensor:
     """A loss that forgot its reduction: one value per sample."""
     return nn.functional.cross_entropy(output, target, reduction="none")
+
+
+class ExitsInForward(nn.Module):
+    """A forward pass that ends the process as a script would: sys.exit(0)."""
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(64, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        sys.exit(0)
+
+
+def interrupting_loss(output: Tensor, target: Tensor) -> Tensor:
+    raise KeyboardInterrupt  # no signal: the user's code raised it
+
+
+class _ExitingItems:
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):  # type: ignore[no-untyped-def]
+        sys.exit(3)
+
+
+def exiting_items() -> tuple[_ExitingItems, _ExitingItems]:
+    return _ExitingItems(), _ExitingItems()
+
+
+class _LateExit:
+    """Items past the first hundred call sys.exit: the leader's preflight reads only the first."""
+
+    targets = [i % 2 for i in range(400)]
+
+    def __len__(self) -> int:
+        return 400
+
+    def __getitem__(self, i: int):  # type: ignore[no-untyped-def]
+        import torch
+
+        if i >= 100:
+            sys.exit(0)
+        return torch.zeros(64), i % 2
+
+
+def late_exit_items() -> tuple[_LateExit, _LateExit]:
+    return _LateExit(), _LateExit()

@@ -107,6 +107,9 @@ def call_target(fn: Callable[..., Any], path: str, group: str, kwargs: dict[str,
     except SystemExit as e:  # even sys.exit(0): a run that trained nothing is no success
         raise ConfigError(f"{group}._target_: {path}(...) called sys.exit({e.code!r}) instead of returning; "
                           "nothing was trained") from None
+    except KeyboardInterrupt:
+        raise ConfigError(f"{group}._target_: {path}(...) raised KeyboardInterrupt without a signal; "
+                          "nothing was trained") from None
     except Exception as e:  # noqa: BLE001 - the user's factory failed: say how, in one line
         bad = re.search(r"unexpected keyword argument '(\w+)'", str(e))
         if isinstance(e, TypeError) and bad and bad.group(1) in given:

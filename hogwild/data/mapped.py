@@ -21,7 +21,7 @@ from hogwild.config.registry import DATASETS
 from hogwild.config.schema import DataConfig
 from hogwild.config.targets import call_target, import_target
 from hogwild.data.splits import Dataset
-from hogwild.errors import ConfigError, first_line
+from hogwild.errors import ConfigError, escaped, first_line
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +107,8 @@ def _check_item(split: MapSplit, key: str) -> tuple[int, ...]:
     (regression targets) or an integer tensor (a sequence of tokens)."""
     try:
         item = split.dataset[0]
+    except (SystemExit, KeyboardInterrupt) as e:
+        raise escaped(e, f"{key}: reading item 0 of the {split.name} set") from None  # type: ignore[misc]
     except Exception as e:  # noqa: BLE001 - the user's __getitem__ failed
         raise ConfigError(f"{key}: reading item 0 of the {split.name} set raised {type(e).__name__}: {first_line(e)}") from None
     if isinstance(item, Mapping):

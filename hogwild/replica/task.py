@@ -26,7 +26,7 @@ from hogwild.config.schema import Config
 from hogwild.config.targets import call_target, import_target
 from hogwild.config.train import LossConfig, StepConfig, TargetConfig
 from hogwild.data.splits import Dataset, Split
-from hogwild.errors import ConfigError, first_line
+from hogwild.errors import ConfigError, escaped, first_line
 from hogwild.replica.step import IGNORE_INDEX, Inputs, Output, Step, to_device
 
 logger = logging.getLogger(__name__)
@@ -240,7 +240,10 @@ def preflight(model: nn.Module, ds: Dataset, task: Task, batch_size: int, device
         raise ConfigError("model: it has no trainable parameters (every parameter has requires_grad=False)")
     step = task.step_for(model)
     n = min(max(batch_size, 2), len(ds.train))
-    inputs, y = to_device(*ds.train.batch(torch.arange(n)), device)
+    try:
+        inputs, y = to_device(*ds.train.batch(torch.arange(n)), device)
+    except (SystemExit, KeyboardInterrupt) as e:
+        raise escaped(e, f"data: reading the first {n} training items") from None  # type: ignore[misc]
     model.eval()
     try:
         # torch warns before it fails (mse_loss on mismatched shapes): held back, so a loss
@@ -274,18 +277,22 @@ def _loss_key(task: Task, step: Step, out: Output) -> str:
 
 def _preflight_step(step: Step, model: nn.Module, inputs: Inputs, y: Optional[Tensor], n: int, task: Task
                     ) -> tuple[Tensor, Output]:
+    where = f"step._target_: {step.cfg._target_}(model, batch)" if step.fn is not None else \
+        f"model: a forward pass on {n} training samples"
     try:
         out = step.forward(model, inputs, y)
     except ConfigError:
         raise
+    except (SystemExit, KeyboardInterrupt) as e:
+        raise escaped(e, where) from None  # type: ignore[misc]
     except Exception as e:  # noqa: BLE001 - the user's forward (or step) failed: say where, in one line
-        where = f"step._target_: {step.cfg._target_}(model, batch)" if step.fn is not None else \
-            f"model: a forward pass on {n} training samples"
         raise ConfigError(f"{where} raised {type(e).__name__}: {first_line(e)}") from None
     try:
         return step.loss_of(out, y), out
     except ConfigError:
         raise
+    except (SystemExit, KeyboardInterrupt) as e:
+        raise escaped(e, f"loss: the {task.kind} loss") from None  # type: ignore[misc]
     except Exception as e:  # noqa: BLE001 - output and labels do not fit the loss
         shape = tuple(out.logits.shape) if out.logits is not None else None
         labels = tuple(y.shape) if y is not None else None

@@ -24,7 +24,7 @@ from torch import Tensor
 from hogwild.config.schema import Config
 from hogwild.data.datasets import Dataset, ShardSampler, shard
 from hogwild.data.mapped import MapSplit, Prefetcher
-from hogwild.errors import first_line, save_traceback
+from hogwild.errors import escaped, first_line, save_traceback
 from hogwild.replica.board import Board
 from hogwild.replica.faults import StepFn, inject_faults, startup_faults
 from hogwild.replica.lr_schedule import LRSchedule
@@ -68,6 +68,12 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
         adopt_environment(environ)
     try:
         _work(cfg, spec, ds, flat, opt_state, board, wake, kick, life)
+    except (SystemExit, KeyboardInterrupt) as e:
+        # The user's code (a dataset item, a forward, a loss) left: workers ignore SIGINT and
+        # SIGTERM and never call sys.exit, so this ends a worker that did not finish, never as 0.
+        sys.stderr.write(f"hogwild: worker {spec.global_index}: {escaped(e, 'the step')}\n")
+        sys.stderr.flush()
+        os._exit(1)
     except Exception as e:  # noqa: BLE001 - the worker's one exit for what nobody expected
         run_dir = board.path.parent.parent if board.path is not None else None
         path = save_traceback(e, run_dir)

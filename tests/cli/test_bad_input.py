@@ -148,6 +148,9 @@ IN_PROCESS: list[tuple[str, Setup, str]] = [
     ("model argument the factory does not take", _args("model._target_=torchvision.models.resnet18",
                                                        "+model.depth=3"), "model.depth"),
     ("float64 model", _args("model._target_=tests.user_models.Doubles"), "model"),
+    ("a forward pass that calls sys.exit(0)", _args("model._target_=tests.user_models.ExitsInForward"), "model"),
+    ("a loss that raises KeyboardInterrupt", _args("loss._target_=tests.user_models.interrupting_loss"), "loss"),
+    ("dataset items that call sys.exit", _args("data._target_=tests.user_models.exiting_items"), "data"),
     ("+model key without a _target_", _args("+model.width=3"), "model.width"),
     ("digits with 2 channels", _args("data.channels=2"), "data.channels"),
     ("data _target_ that does not import", _args("data._target_=nowhere.load"), "data._target_"),
@@ -263,3 +266,14 @@ def test_bad_input_fails_in_one_line(tmp_path: Path, name: str, setup: Setup, ke
         assert f"127.0.0.1:{env['MASTER_PORT']}" in lines[0], lines[0]
     assert not list(tmp_path.glob("run/checkpoints/*.pt")), "a failed start must not write checkpoints"
     assert not list(tmp_path.glob("run/*/checkpoints/*.pt")), "no job of a bad sweep may run"
+
+
+@pytest.mark.slow
+def test_a_worker_whose_dataset_calls_sys_exit_never_ends_the_run_with_exit_0(tmp_path: Path) -> None:
+    from tests.conftest import REPO
+
+    proc = run_cli(["data._target_=tests.user_models.late_exit_items", "workers=1", "train.epochs=2",
+                    "fault.max_worker_restarts=0", f"run_dir={tmp_path / 'run'}"], cwd=REPO, timeout=120)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "called sys.exit(0); nothing was trained" in proc.stderr
+    assert "Traceback" not in proc.stderr
