@@ -34,8 +34,8 @@ def diverged(model_finite: bool, loss: float, bar: float) -> Optional[str]:
     if not model_finite:
         return "the model holds non-finite values"
     if math.isnan(loss):
-        return None  # no update measured yet: nothing to judge
-    if not math.isfinite(loss) or loss > bar:
+        return None  # no update measured yet (a NaN from the model itself shows as non-finite values)
+    if math.isinf(loss) or loss > bar:
         return f"the loss diverged ({loss:.4g}, above {bar:.4g})"
     return None
 
@@ -61,7 +61,7 @@ def model_trouble(flat: Tensor, slots: Sequence[Slot], loss: float, bar: float) 
 def probe_loss(model: nn.Module, flat: Tensor, inputs: Any, labels: Optional[Tensor], step: Any) -> float:
     """The loss of the values in ``flat`` (a snapshot of the shared buffer, not the buffer itself)
     on one fixed training batch, in ``eval()`` mode, under the run's step contract (``step``, a
-    replica.step.Step); NaN counts as infinite.
+    replica.step.Step); NaN when the values give NaN.
 
     The workers' loss average lags the model by an update: it holds the loss measured *before*
     the last step, so a step that blew the model up (optim.lr=1e6) still shows the good loss
@@ -76,7 +76,7 @@ def probe_loss(model: nn.Module, flat: Tensor, inputs: Any, labels: Optional[Ten
             value = float(step.run(_Bound(model, values), inputs, labels)[0])
     finally:
         model.train(was_training)
-    return math.inf if math.isnan(value) else value
+    return value
 
 
 class _Bound:

@@ -10,6 +10,7 @@ builds, which runs a stored ``_target_`` only when the caller trusts it (config/
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Optional, Sequence
 
 import torch
@@ -98,6 +99,22 @@ def load_into(model: nn.Module, path: str) -> nn.Module:
     return model
 
 
+def _refuse_overwriting_checkpoints(checkpoint: Path, out: Path) -> None:
+    """A bare ``state_dict`` written over the checkpoint it came from, or over any file of its run's
+    ``checkpoints/`` folder, would replace the run's only resumable state: refused before
+    anything is read or written."""
+    def same(a: Path, b: Path) -> bool:
+        try:
+            return a.exists() and b.exists() and os.path.samefile(a, b)
+        except OSError:
+            return False
+
+    ckpt_dir = checkpoint.resolve().parent
+    if same(out, checkpoint) or out.resolve().parent == ckpt_dir or same(out.parent, ckpt_dir):
+        raise ConfigError(f"out: {str(out)!r} is in the checkpoint's own folder {str(ckpt_dir)!r}; exporting there "
+                          "could replace a checkpoint the run resumes from: write it elsewhere")
+
+
 def export(path: str, out: str, overrides: Sequence[str] = (), trusted: bool = False) -> int:
     """Write the checkpoint's ``state_dict`` alone to ``out`` (atomically); its tensor count."""
     from pathlib import Path
@@ -107,6 +124,7 @@ def export(path: str, out: str, overrides: Sequence[str] = (), trusted: bool = F
     target = Path(out)
     if not target.parent.is_dir():
         raise ConfigError(f"out: no such folder {str(target.parent)!r}")
+    _refuse_overwriting_checkpoints(Path(path), target)
     ckpt = store.load(path)
     state = {k: v.detach().clone().contiguous() for k, v in portable_state_dict(ckpt, path, None, overrides,
                                                                                  trusted).items()}

@@ -8,6 +8,7 @@ values or a diverged loss is not written, and the last good file stays.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -110,7 +111,10 @@ class Saver:
         slots = layout(rep.model)
         bad = model_trouble(snap, slots, loss, self.loss_bar)
         if bad is None:  # finite: the snapshot's own loss needs no second pass over it
-            bad = diverged(True, probe_loss(rep.model, snap, *self._probe_batch(rep), rep.task.step_for(rep.model)), self.loss_bar)
+            probe = probe_loss(rep.model, snap, *self._probe_batch(rep), rep.task.step_for(rep.model))
+            # A NaN here is measured (unlike the workers' average before any update): say it is one.
+            bad = "the loss is NaN on a fixed training batch" if math.isnan(probe) else \
+                diverged(True, probe, self.loss_bar)
         if bad is not None:
             return f"{bad}: not checkpointed; {self.kept()}", EXIT_FAILED
         data = payload(model_name=self.model_name, shapes=rep.shapes, flat=snap, opt_state=rep.opt_state,

@@ -11,6 +11,7 @@ import argparse
 import logging
 import signal
 import threading
+from typing import NoReturn, Optional
 
 import torch.distributed as dist
 
@@ -18,12 +19,30 @@ from hogwild.elastic.coordinator import serve
 from hogwild.errors import first_line, guarded, say_error
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse's errors as the project's one line (``hogwild: error: --port: ...``), exit 2."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        say_error(message.replace("argument ", "", 1) if message.startswith("argument ") else message)
+        raise SystemExit(2)
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535, got {port}")
+    return port
+
+
 @guarded
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: Optional[list[str]] = None) -> None:
+    ap = _OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--host", default="0.0.0.0", help="the one address to listen on (default: 0.0.0.0, every IPv4 interface)")
-    ap.add_argument("--port", type=int, default=29400)
-    args = ap.parse_args()
+    ap.add_argument("--port", type=_port, default=29400, help="0..65535 (0: any free port, logged)")
+    args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

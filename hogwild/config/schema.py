@@ -13,11 +13,12 @@ from typing import Any, Optional
 from hogwild.config.registry import DATASETS, MODELS
 from hogwild.config.sync import SyncConfig
 from hogwild.config.train import LossConfig, OptimConfig, SchedConfig, StepConfig, TrainConfig
-from hogwild.config.validate import choice, positive, require
+from hogwild.config.validate import at_most, choice, positive, require
 from hogwild.errors import ConfigError
 from hogwild.files import writable_dir
 
 TASKS = ("auto", "classification", "regression", "language_model")
+MAX_LOADER_WORKERS = 64
 DEVICES = ("cpu", "cuda")
 
 
@@ -87,6 +88,9 @@ class DataConfig:
         positive(self.image_size, "data.image_size", allow_zero=True)
         require(self.channels in (1, 3), "data.channels", f"must be 1 or 3, got {self.channels}")
         positive(self.loader_workers, "data.loader_workers", allow_zero=True)
+        # Each is a process with its own semaphores and shared-memory queues, per worker: a
+        # thousand of them filled /dev/shm with semaphores before anything said no.
+        at_most(self.loader_workers, MAX_LOADER_WORKERS, "data.loader_workers", " DataLoader processes per worker")
         positive(self.num_samples, "data.num_samples")
         positive(self.num_features, "data.num_features")
         positive(self.active_features, "data.active_features")

@@ -8,7 +8,7 @@ from typing import Optional
 
 from hogwild.config.env import split_endpoint
 from hogwild.config.registry import SYNC_RULES
-from hogwild.config.validate import choice, positive, require
+from hogwild.config.validate import choice, positive, require, timeout
 
 BACKENDS = ("auto", "gloo", "nccl")
 SYNC_DTYPES = ("fp32", "bf16", "fp16", "int8")
@@ -71,7 +71,7 @@ class SyncConfig:
         if self.max_lag is not None:
             positive(self.max_lag, "sync.max_lag", allow_zero=True)
         choice(self.backend, "sync.backend", BACKENDS)
-        positive(self.timeout_s, "sync.timeout_s")
+        timeout(self.timeout_s, "sync.timeout_s")
         positive(1.0 if self.outer_lr is None else self.outer_lr, "sync.outer_lr")
         mu = 0.0 if self.outer_momentum is None else self.outer_momentum
         require(0.0 <= mu < 1.0, "sync.outer_momentum", f"must be in [0, 1), got {mu}")
@@ -91,6 +91,6 @@ class SyncConfig:
             require(self.replicas >= 2, "sync.replicas", f"elastic mode needs at least 2 slots, got {self.replicas}")
             require(self.slot is not None and 0 <= self.slot < self.replicas, "sync.slot",
                     f"must be set to 0..{self.replicas - 1} with sync.coordinator, got {self.slot}")
-            positive(self.peer_timeout_s, "sync.peer_timeout_s")
+            timeout(self.peer_timeout_s, "sync.peer_timeout_s")
             m = self.min_replicas
             require(m is None or 1 <= m <= self.replicas, "sync.min_replicas", f"must be in 1..{self.replicas}, got {m}")

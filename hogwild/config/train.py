@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from hogwild.config.validate import choice, duration, positive, require
+from hogwild.config.validate import at_most, choice, duration, positive, require
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "adagrad")
 SCHEDULES = ("constant", "cosine", "step")
@@ -101,6 +101,12 @@ class StepConfig:
         require(bool(self.labels_arg.strip()), "step.labels_arg", "must be auto, none or a keyword name")
 
 
+# Where each metric can lie: a target outside it is never met, and the run would never stop on it.
+TARGET_RANGES = {"accuracy": (0.0, 1.0), "r2": (float("-inf"), 1.0), "perplexity": (1.0, float("inf")),
+                 "loss": (float("-inf"), float("inf")), "mse": (0.0, float("inf")), "rmse": (0.0, float("inf")),
+                 "token_ce": (0.0, float("inf"))}
+
+
 @dataclass
 class TargetConfig:
     metric: Optional[str] = None
@@ -115,6 +121,13 @@ class TargetConfig:
         choice(self.mode, "train.target.mode", TARGET_MODES)
         require((self.metric is None) == (self.value is None), "train.target",
                 "set both train.target.metric and train.target.value, or neither")
+        if self.value is not None:
+            import math
+
+            require(math.isfinite(self.value), "train.target.value", f"must be a finite number, got {self.value}")
+            low, high = TARGET_RANGES.get(str(self.metric), (-math.inf, math.inf))
+            require(low <= self.value <= high, "train.target.value",
+                    f"{self.metric} can never reach {self.value}: it lies in [{low:g}, {high:g}]")
 
     @property
     def is_set(self) -> bool:
@@ -176,11 +189,14 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         positive(self.epochs, "train.epochs")
+        at_most(self.epochs, 2**31, "train.epochs")
         if self.max_time is not None:
             self.max_time = duration(self.max_time, "train.max_time")
         if self.max_steps is not None:
             positive(self.max_steps, "train.max_steps")
+            at_most(self.max_steps, 2**62, "train.max_steps", " (step counters are 64-bit)")
         positive(self.batch_size, "train.batch_size")
+        at_most(self.batch_size, 2**31 - 1, "train.batch_size")
         positive(self.seed, "train.seed", allow_zero=True)
         # torch.manual_seed takes a signed 64-bit seed; each worker adds its index to it.
         require(self.seed < 2**63 - 2**20, "train.seed", f"must be below 2**63 - 2**20, got {self.seed}")

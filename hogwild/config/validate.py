@@ -38,6 +38,23 @@ def duration(value: object, key: str) -> float:
     return seconds
 
 
+# Bounds of what the lower layers take: torch's int64 counters and seeds, and the timeouts that
+# become a Python timedelta and a C++ duration in Gloo and TCPStore (1e15 s overflowed them).
+INT64_MAX = 2**63 - 1
+MAX_TIMEOUT_S = 1e7  # about 116 days
+
+
+def at_most(value: float, bound: float, key: str, what: str = "") -> None:
+    require(value <= bound, key, f"must be at most {bound:g}{what}, got {value}")
+
+
+def timeout(value: float, key: str) -> None:
+    """A timeout that reaches a collective, a store or a socket: positive, finite, and at most
+    :data:`MAX_TIMEOUT_S`."""
+    positive(value, key)
+    at_most(value, MAX_TIMEOUT_S, key, " seconds")
+
+
 def positive(value: float, key: str, allow_zero: bool = False) -> None:
     ok = value >= 0 if allow_zero else value > 0
     require(ok, key, f"must be {'>= 0' if allow_zero else '> 0'}, got {value}")

@@ -149,6 +149,11 @@ def shm_free() -> Optional[int]:
         return None
 
 
+def size(nbytes: float) -> str:
+    """Bytes for a person: GB from one GB up, MiB below (a 64 MB /dev/shm is not "0.0 GB")."""
+    return f"{nbytes / _GB:.1f} GB" if nbytes >= _GB else f"{nbytes / 2**20:.1f} MiB"
+
+
 def check(cfg: Config, workers: int, replicas_here: int = 1) -> None:
     """Refuse, with the numbers, a run whose data will not fit in shared memory or whose
     workers will not fit in RAM. ``replicas_here``: replicas on this machine."""
@@ -157,12 +162,12 @@ def check(cfg: Config, workers: int, replicas_here: int = 1) -> None:
     data = data_bytes(cfg.data)
     shm = shm_free()
     if data is not None and shm is not None and data * replicas_here > shm:
-        raise ConfigError(f"data: {cfg.data.name} needs {data * replicas_here / _GB:.1f} GB of shared memory, "
-                          f"{SHM_PATH} has {shm / _GB:.1f} GB free; shrink data.image_size or the data, "
+        raise ConfigError(f"data: {cfg.data.name} needs {size(data * replicas_here)} of shared memory, "
+                          f"{SHM_PATH} has {size(shm)} free; shrink data.image_size or the data, "
                           "enlarge /dev/shm, or pass force=true")
     need = replicas_here * (workers * WORKER_RSS + 2 * (data or 0))  # data is built once, then shared
     avail = mem_available()
     if avail is not None and need > avail:
-        raise ConfigError(f"workers: {workers} workers x {replicas_here} replica(s) need about {need / _GB:.1f} GB "
-                          f"of memory, {avail / _GB:.1f} GB is available; lower workers or "
+        raise ConfigError(f"workers: {workers} workers x {replicas_here} replica(s) need about {size(need)} "
+                          f"of memory, {size(avail)} is available; lower workers or "
                           "data.image_size, or pass force=true")

@@ -150,3 +150,21 @@ def test_export_refuses_bad_input_in_one_line(tmp_path: Path, args: list[str], k
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"hogwild: error: {key}"), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow  # a subprocess of the CLI each
+@pytest.mark.parametrize("where", ["the checkpoint itself", "last.pt beside it", "a new file beside it"])
+def test_export_never_writes_over_the_run_s_checkpoints(tmp_path: Path, where: str) -> None:
+    import hashlib
+
+    result = hogwild.train([*QUICK, "train.max_steps=10", f"run_dir={tmp_path / 'run'}"])
+    assert result.checkpoint is not None
+    folder = result.checkpoint.parent
+    step_file = sorted(folder.glob("step_*.pt"))[-1]
+    out = {"the checkpoint itself": step_file, "last.pt beside it": folder / "last.pt",
+           "a new file beside it": folder / "model.pt"}[where]
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
+    proc = _export([f"checkpoint={step_file}", f"out={out}"], tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("hogwild: error: out:"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()} == before

@@ -207,3 +207,38 @@ def test_a_step_that_blew_the_model_up_is_not_written_while_the_loss_average_sti
     assert failed is not None and failed[1] == EXIT_FAILED and failed[0].startswith("the loss diverged"), failed
     assert [n for n in _names(tmp_path) if n.startswith("step_")] == [Path(str(good)).name]
     assert saver.last_good == good
+
+
+def test_a_nan_loss_is_called_nan_not_infinite(tmp_path: Path) -> None:
+    from torch import nn
+
+    from hogwild.checkpoint.saver import Saver
+    from hogwild.data.splits import Dataset, Split
+    from hogwild.replica.board import Counts
+    from hogwild.replica.build import Replica
+    from hogwild.replica.shared import share_model
+    from hogwild.replica.task import DEFAULT_LOSS, Task
+
+    class NaNLoss(nn.Module):  # finite weights whose loss is NaN: model_trouble sees nothing wrong
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x) * float("nan")
+
+    x, y = torch.randn(20, 4), torch.randint(0, 3, (20,))
+    ds = Dataset(Split((x,), y), Split((x,), y), 3, (4,))
+    model = NaNLoss()
+    rep = Replica(ds, model, share_model(model, "cpu"), None, Task("classification", DEFAULT_LOSS["classification"], 3))
+    saver = Saver(tmp_path, keep=1, lineage="aaaa", model_name="nan")
+    saver.loss_bar = loss_bar(1.1, 3)
+    failed = saver.write(rep, loss=1.0, positions=torch.zeros(1, 1, dtype=torch.float64), counters=Counts(),
+                         sync_state={}, config={})
+    assert failed is not None and failed[0].startswith("the loss is NaN"), failed
+
+
+def test_sizes_below_a_gigabyte_are_said_in_mib() -> None:
+    from hogwild.replica.resources import size
+
+    assert size(64 * 2**20) == "64.0 MiB" and size(3 * 2**30) == "3.0 GB"

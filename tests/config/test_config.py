@@ -107,3 +107,18 @@ def test_a_bare_tilde_says_how_to_write_a_home_path() -> None:
     parser's words; the line now says what to write instead."""
     with pytest.raises(ConfigError, match=r"^override: .*data.root=~/data .*write data.root=\$HOME/\.\.\., or quote"):
         compose_cfg(["data.root=~/data"])
+
+
+@pytest.mark.parametrize("overrides,key,says", [
+    (["sync.timeout_s=1e15"], "sync.timeout_s", "at most"),             # an OverflowError inside Gloo
+    (["train.max_steps=99999999999999999999"], "train.max_steps", "64-bit"),  # accepted, then never ended
+    (["train.target.metric=accuracy", "train.target.value=2"], "train.target.value", "can never reach"),
+    (["train.target.metric=accuracy", "train.target.value=nan"], "train.target.value", "finite"),
+    (["train.target.metric=perplexity", "train.target.value=0.5"], "train.target.value", "can never reach"),
+    (["data.loader_workers=2000"], "data.loader_workers", "at most 64"),  # ~1,800 semaphores left behind
+], ids=["timeout past a C++ duration", "steps past int64", "accuracy of 2", "NaN target", "perplexity below 1",
+        "thousands of loader processes"])
+def test_values_past_what_the_lower_layers_take_name_the_key(tmp_cwd, overrides: list[str], key: str,
+                                                             says: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{key}: .*{says}"):
+        compose_cfg(overrides)

@@ -171,3 +171,20 @@ def test_a_port_in_use_is_one_line_naming_the_port(tmp_path) -> None:  # type: i
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and f"--port {port}" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--port", "70000"], "--port: must be in 0..65535, got 70000"),
+    (["--port", "x"], "--port: must be a whole number, got 'x'"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_coordinator_argument_errors_are_one_line(args: list[str], says: str) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import clean_env
+
+    proc = subprocess.run([sys.executable, "-m", "hogwild.cli.coordinator", *args], capture_output=True, text=True,
+                          timeout=60, env=clean_env())
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"hogwild: error: {says}", proc.stderr
