@@ -32,6 +32,7 @@ from hogwild.replica import resources
 from hogwild.replica.board import Board, Counts, previous_attempt
 from hogwild.replica.build import build_replica, replica_device
 from hogwild.replica.faults import dump_final, exit_after_final
+from hogwild.replica.lr_schedule import check_schedule
 from hogwild.replica.models import model_id
 from hogwild.replica.pool import WorkerPool, worker_specs
 from hogwild.replica.resources import resolve_workers
@@ -90,6 +91,7 @@ class Leader:
             # them: a checkpoint written alone before then must not put their shards back to zero.
             saver.gathered(restored.positions, Counts(), Counts())
         specs = worker_specs(cfg, env, k, len(rep.ds.train))
+        check_schedule(cfg.sched, cfg.optim.lr, specs[0].replica_quota or specs[0].quota)  # the real length
         tel = Telemetry(cfg, run_dir, env.rank == 0, rep.model, rep.ds.test, device, rep.task, group.alive,
                         rep.flat)
         rounds = Rounds(rep.flat, rule, comm, board, schedule, base.syncs)

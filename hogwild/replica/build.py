@@ -16,7 +16,7 @@ from hogwild.data.datasets import Dataset, load_dataset
 from hogwild.errors import ConfigError
 from hogwild.replica.lr_schedule import check_schedule
 from hogwild.replica.models import build_model
-from hogwild.replica.optim import new_shared_state, torch_optimizer
+from hogwild.replica.optim import new_shared_state, torch_state_probe
 from hogwild.replica.shared import alloc, layout, param_slots, share_model
 from hogwild.replica.task import Task, build_task, preflight
 
@@ -90,10 +90,10 @@ def build_replica(cfg: Config, device: torch.device) -> Replica:
     task = build_task(cfg, ds)
     # Before the model moves into shared memory and any worker spawns: a model, data or loss that
     # does not fit fails here in one line.
-    preflight(model, ds, task, cfg.train.batch_size, torch.device("cpu"))
+    sparse = preflight(model, ds, task, cfg.train.batch_size, torch.device("cpu"))
     check_schedule(cfg.sched, cfg.optim.lr)
-    if cfg.optim._target_:
-        torch_optimizer(cfg.optim, list(model.parameters()))  # built once here: a bad one fails in one line
+    if cfg.optim._target_:  # built and stepped once on copies: a bad one fails here in one line
+        torch_state_probe(cfg.optim, list(model.parameters()), key="optim._target_", sparse=sparse)
     flat = share_model(model, device.type)
     opt_state = None
     if cfg.optim.state == "shared":

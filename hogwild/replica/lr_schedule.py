@@ -16,7 +16,7 @@ import torch
 
 from hogwild.config.targets import call_target, import_target, schema_kwargs
 from hogwild.config.train import SchedConfig
-from hogwild.errors import ConfigError
+from hogwild.errors import ConfigError, first_line
 
 
 class LRSchedule:
@@ -71,12 +71,29 @@ class LRSchedule:
         return self.base
 
 
-def check_schedule(cfg: SchedConfig, base_lr: float) -> None:
-    """Build the schedule once and read a few steps, so a scheduler ``_target_`` that does not
-    import or does not fit fails in the leader in one line, before any worker spawns."""
-    sched = LRSchedule(cfg, base_lr, 100)
-    for step in (0, 1, 2):
-        lr = sched.lr_at(step)
+# Stepping a torch scheduler through the whole run to check it costs about a microsecond a step;
+# past this many steps only the first ones are read.
+CHECK_ALL_STEPS = 200_000
+
+
+def check_schedule(cfg: SchedConfig, base_lr: float, total_steps: Optional[int] = None) -> None:
+    """Build the schedule and read it where the run will, so a scheduler ``_target_`` that does
+    not import, needs a metric (``ReduceLROnPlateau``), cannot run the planned steps
+    (``OneCycleLR`` with a shorter ``total_steps``) or divides by zero (``T_max=0``) fails in the
+    leader in one line, before any worker spawns, instead of in every worker. Without
+    ``total_steps`` (not known yet) only the first steps are read."""
+    sched = LRSchedule(cfg, base_lr, total_steps or 100)
+    last = [total_steps - 1] if total_steps is not None and total_steps <= CHECK_ALL_STEPS else []
+    for step in sorted({0, 1, 2, *last}):
+        try:
+            lr = sched.lr_at(step)
+        except ConfigError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the user's scheduler failed: say where, in one line
+            planned = f" of the planned {total_steps}" if total_steps else ""
+            raise ConfigError(f"sched._target_: {cfg._target_} cannot give the learning rate of step {step}{planned} "
+                              f"({type(e).__name__}: {first_line(e)}); hogwild steps a scheduler once per replica "
+                              "step, with no metric") from None
         # Not a finiteness check: optim.lr=inf is the user's to try, and the run's divergence
         # checks handle it (exit 4); a schedule that turns a fine rate into NaN or a negative is not.
         if math.isnan(lr) or lr < 0:

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from hogwild.config.schema import OptimConfig
 from hogwild.config.targets import call_target, import_target, schema_kwargs
-from hogwild.errors import ConfigError
+from hogwild.errors import ConfigError, first_line
 from hogwild.replica.shared import Slot
 
 
@@ -168,23 +168,27 @@ Optimizer = Union[FlatOptimizer, TorchOptimizer]
 TORCH_KEY, SCALAR = "torch:", ":scalar"
 
 
-def torch_state_probe(cfg: OptimConfig, params: list[Tensor]) -> list[dict[str, object]]:
+def torch_state_probe(cfg: OptimConfig, params: list[Tensor], key: str = "optim.state",
+                      sparse: Optional[list[bool]] = None) -> list[dict[str, object]]:
     """Each parameter's state as ``optim._target_`` keeps it, at its initial values: read off
     the optimizer built over copies of ``params`` and stepped once with zero gradients (torch
     creates most state lazily, at the first step; values it set at construction, Adagrad's
-    initial accumulator, are kept)."""
+    initial accumulator, are kept). An optimizer that cannot step so (``LBFGS`` wants a closure,
+    ``SparseAdam`` sparse gradients) would kill every worker at its first step: it is refused
+    here in one line naming ``key``."""
     copies = [p.detach().clone().requires_grad_(p.requires_grad) for p in params]
     opt = torch_optimizer(cfg, copies).opt
     before = [dict(opt.state[c]) for c in copies]
     before = [{k: v.clone() if isinstance(v, Tensor) else v for k, v in b.items()} for b in before]
-    for c in copies:
-        if c.requires_grad:
-            c.grad = torch.zeros_like(c)
+    for c, is_sparse in zip(copies, sparse or [False] * len(copies)):
+        if c.requires_grad:  # zeros in the layout the model's backward gives (preflight's ``sparse``)
+            c.grad = torch.zeros_like(c).to_sparse() if is_sparse else torch.zeros_like(c)
     try:
         opt.step()
     except Exception as e:  # noqa: BLE001 - LBFGS wants a closure, SparseAdam sparse gradients
-        raise ConfigError(f"optim.state: shared state needs an optimizer that steps on its own; {cfg._target_} "
-                          f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        what = "shared state needs" if key == "optim.state" else "a Hogwild worker needs"
+        raise ConfigError(f"{key}: {what} an optimizer that steps on its own with the model's gradients; "
+                          f"{cfg._target_}.step() raised {type(e).__name__}: {first_line(e)}") from None
     probe: list[dict[str, object]] = []
     for c, b in zip(copies, before):
         probe.append({k: b[k] if k in b else (torch.zeros_like(v) if isinstance(v, Tensor) else v)

@@ -232,10 +232,11 @@ def _score(task: Task, step: Step, out: Output, y: Tensor) -> tuple[int, float, 
     return int((flat.argmax(1)[keep] == labels[keep]).sum()), 0.0, ce, int(keep.sum())
 
 
-def preflight(model: nn.Module, ds: Dataset, task: Task, batch_size: int, device: torch.device) -> None:
+def preflight(model: nn.Module, ds: Dataset, task: Task, batch_size: int, device: torch.device) -> list[bool]:
     """One forward and backward pass on a training batch, in the leader, before any worker
     spawns: a model, data or loss that does not fit fails here in one line, not in every
-    worker's traceback. Runs in ``eval()`` mode so BatchNorm's shared statistics stay put."""
+    worker's traceback. Runs in ``eval()`` mode so BatchNorm's shared statistics stay put.
+    Returns which parameters got a sparse gradient (the optimizer check steps with the same)."""
     if not any(p.requires_grad for p in model.parameters()):
         raise ConfigError("model: it has no trainable parameters (every parameter has requires_grad=False)")
     step = task.step_for(model)
@@ -263,6 +264,7 @@ def preflight(model: nn.Module, ds: Dataset, task: Task, batch_size: int, device
                               "(no gradient)")
         loss.backward()
         _warn_width(task, out)
+        return [p.grad is not None and p.grad.is_sparse for p in model.parameters()]
     finally:
         for p in model.parameters():
             p.grad = None
