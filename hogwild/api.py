@@ -66,11 +66,34 @@ def compose(overrides: Overrides = ()) -> Config:
     return compose_job(_dotlist(overrides))
 
 
+def _refuse_unguarded_script() -> None:
+    """Workers start from a process that imports the calling script again (as multiprocessing
+    does for spawn and the fork server): a script that calls ``train`` at its top level, without
+    ``if __name__ == "__main__":``, would train again in every worker, which then fails with
+    multiprocessing's tracebacks. Said here in one line instead, before anything starts."""
+    import ast
+    import sys
+
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is None or getattr(main, "__spec__", None) is not None:
+        return  # an interactive session, a notebook, or ``python -m`` (its module is imported by name)
+    try:
+        tree = ast.parse(Path(path).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return
+    guarded = any(isinstance(node, ast.If) and "__main__" in ast.dump(node.test) for node in tree.body)
+    if not guarded:
+        raise ConfigError(f"{path}: calls hogwild.train at its top level; put the call under "
+                          "'if __name__ == \"__main__\":' (the workers import the script again)")
+
+
 def train(overrides: Overrides = (), *, config: Optional[Config] = None) -> RunResult:
     """Train one replica (or this rank's, under torchrun or with ``sync.coordinator``) and
     return how it ended. ``config`` replaces composing from ``overrides``."""
     from hogwild.leader.core import leader_for
 
+    _refuse_unguarded_script()
     dotlist = None if config is not None else _dotlist(overrides)
     cfg = config if config is not None else compose(dotlist or [])
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)

@@ -76,7 +76,8 @@ def exiting_items() -> tuple[_ExitingItems, _ExitingItems]:
 
 
 class _LateExit:
-    """Items past the first hundred call sys.exit: the leader's preflight reads only the first."""
+    """Items past the first hundred call sys.exit, except the middle and last ones, which the
+    leader's checks read: only a worker meets one."""
 
     targets = [i % 2 for i in range(400)]
 
@@ -86,10 +87,43 @@ class _LateExit:
     def __getitem__(self, i: int):  # type: ignore[no-untyped-def]
         import torch
 
-        if i >= 100:
+        if i >= 100 and i not in (200, 399):
             sys.exit(0)
         return torch.zeros(64), i % 2
 
 
 def late_exit_items() -> tuple[_LateExit, _LateExit]:
     return _LateExit(), _LateExit()
+
+
+class _Items:
+    """A map-style dataset of (64 features, label) with one way to go wrong (``how``)."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+        if how == "unpicklable":
+            self.read = lambda i: i  # a lambda: pickle refuses it
+
+    def __len__(self) -> int:
+        return -1 if self.how == "negative length" else 40
+
+    def __getitem__(self, i: int):  # type: ignore[no-untyped-def]
+        import torch
+
+        if self.how == "item 20 raises" and i == 20:
+            raise OSError("a missing image file")
+        side = 65 if self.how == "shapes vary" and i == 39 else 64
+        return torch.zeros(side), i % 2
+
+
+def bad_items(how: str) -> tuple[_Items, _Items]:
+    return _Items(how), _Items("fine")
+
+
+class MetaNet(nn.Module):
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(64, num_classes, device="meta")
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(x.flatten(1))

@@ -141,10 +141,52 @@ def _describe(item: Any) -> str:
     return f"a {type(item).__name__}"
 
 
+def _shapes(item: Any) -> Any:
+    if isinstance(item, Mapping):
+        return {k: tuple(torch.as_tensor(v).shape) for k, v in item.items()}
+    return [tuple(torch.as_tensor(v).shape) for v in item]
+
+
+def _check_items(split: MapSplit, key: str) -> None:
+    """Before any worker reads its shard: a length the workers can shard, items in the middle and
+    at the end that read and collate with item 0 (equal shapes), and a dataset that pickles (it
+    travels to every worker so). Each failed later in every worker, until the respawns ran out."""
+    try:
+        n = len(split.dataset)  # type: ignore[arg-type]
+    except Exception as e:  # noqa: BLE001 - a negative __len__ is Python's ValueError
+        raise ConfigError(f"{key}: len() of the {split.name} set raised {type(e).__name__}: {first_line(e)}") from None
+    if n < 1:
+        raise ConfigError(f"{key}: the {split.name} set is empty")
+    first = None
+    for i in sorted({0, n // 2, n - 1}):
+        try:
+            item = split.dataset[i]
+        except (SystemExit, KeyboardInterrupt) as e:
+            raise escaped(e, f"{key}: reading item {i} of the {split.name} set") from None  # type: ignore[misc]
+        except Exception as e:  # noqa: BLE001 - the user's __getitem__ failed
+            raise ConfigError(f"{key}: reading item {i} of the {split.name} set raised {type(e).__name__}: "
+                              f"{first_line(e)}") from None
+        shapes = _shapes(item)
+        if first is None:
+            first = shapes
+        elif shapes != first:
+            raise ConfigError(f"{key}: items of the {split.name} set differ in shape (item 0: {first}, item {i}: "
+                              f"{shapes}); a batch stacks them, so pad or crop them to one shape")
+    import pickle
+
+    try:
+        pickle.dumps(split.dataset)
+    except Exception as e:  # noqa: BLE001 - a lambda, a file handle, a lock: anything pickle refuses
+        raise ConfigError(f"{key}: the {split.name} set cannot be pickled to the workers ({type(e).__name__}: "
+                          f"{first_line(e)}); keep its state in picklable attributes") from None
+
+
 def _pair(train: Any, test: Any, key: str, num_classes: int | None = None, labels_key: str = "auto") -> Dataset:
     splits = [MapSplit(d, name, labels_key) for d, name in ((train, "train"), (test, "test"))]
     shape = _check_item(splits[0], key)
     _check_item(splits[1], key)
+    for split in splits:
+        _check_items(split, key)
     train_y, test_y = splits[0].targets, splits[1].targets
     if train_y.is_floating_point():  # regression: the model's outputs are the target's size
         classes = int(train_y[0].numel())

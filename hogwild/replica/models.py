@@ -130,4 +130,8 @@ def build_model(cfg: ModelConfig, ds: Dataset, seed: int) -> nn.Module:
     bad = check_dtypes(model)
     if bad:
         raise ConfigError(f"model: {bad}")
+    meta = next((n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta), None)
+    if meta is not None:
+        raise ConfigError(f"model: {meta} is on the meta device (no values); build the model with real tensors, "
+                          "or load its weights before handing it over")
     return model

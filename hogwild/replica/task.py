@@ -150,6 +150,9 @@ def build_task(cfg: Config, ds: Dataset) -> Task:
                 step_cfg=cfg.step, user_loss=bool(cfg.loss._target_))
     test_y = ds.test.targets
     floats = test_y.is_floating_point()
+    if kind == "language_model" and test_y.dim() < 2:
+        raise ConfigError("task: language_model needs a sequence of token labels per sample (N x T), and the data "
+                          f"gives one label per sample (shape {tuple(test_y.shape)}); use task=classification or auto")
     if floats != (kind == "regression"):
         given = "float" if floats else "integer"
         raise ConfigError(f"task: {kind} needs {'float' if kind == 'regression' else 'integer'} labels, and the "

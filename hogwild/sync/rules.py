@@ -14,6 +14,7 @@ from torch import Tensor
 
 from hogwild.config.registry import SYNC_RULES
 from hogwild.config.schema import SyncConfig
+from hogwild.errors import ConfigError
 from hogwild.sync import outer
 from hogwild.sync.base import RoundVector, SyncContext, SyncRule, context, register
 from hogwild.sync.comm import Comm
@@ -29,6 +30,11 @@ def make_rule(cfg: SyncConfig, comm: Comm, params: Optional[int] = None) -> Sync
     """The rule ``sync.mode`` names; ``params``: the flat buffer's parameter prefix (the rest
     are float buffers)."""
     rule: type[SyncRule] = SYNC_RULES.get(cfg.mode)
+    if params is not None and cfg.fragments > params:
+        # Each fragment keeps a rule of its own: a count past the model's values only costs memory
+        # (a replica grew past 3 GiB before anything said no).
+        raise ConfigError(f"sync.fragments: {cfg.fragments} fragments of a model of {params} parameters; "
+                          f"use at most {params}")
     if cfg.fragments > 1:
         return Fragmented(cfg, comm, params, lambda c: rule(cfg, c, None))
     return rule(cfg, comm, params)

@@ -168,3 +168,15 @@ def test_export_never_writes_over_the_run_s_checkpoints(tmp_path: Path, where: s
     assert proc.returncode == 2 and proc.stderr.startswith("hogwild: error: out:"), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()} == before
+
+
+@pytest.mark.slow  # a fresh interpreter
+def test_a_script_without_a_main_guard_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    script = tmp_path / "unguarded.py"
+    script.write_text("import hogwild\nhogwild.train(['train.epochs=1', 'run_dir=run'])\n")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=clean_env())
+    assert proc.returncode != 0
+    assert "hogwild.errors.ConfigError" in proc.stderr and "if __name__ ==" in proc.stderr
+    assert "unguarded.py: calls hogwild.train at its top level" in proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing started, no worker re-ran the script
