@@ -22,7 +22,8 @@ from typing import Any, Mapping, Optional, Sequence, Union
 from torch import nn
 
 from hogwild.config.schema import Config
-from hogwild.errors import ConfigError, Fault, UserError
+from hogwild.errors import ConfigError, Fault, UserError, WriteFailed
+from hogwild.files import make_run_dir
 from hogwild.report.summary import RunResult
 
 logger = logging.getLogger(__name__)
@@ -96,8 +97,11 @@ def train(overrides: Overrides = (), *, config: Optional[Config] = None) -> RunR
     _refuse_unguarded_script()
     dotlist = None if config is not None else _dotlist(overrides)
     cfg = config if config is not None else compose(dotlist or [])
-    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-    result = leader_for(cfg, cfg.run_dir, overrides=dotlist).run()
+    make_run_dir(cfg.run_dir)
+    try:
+        result = leader_for(cfg, cfg.run_dir, overrides=dotlist).run()
+    except OSError as e:  # as the CLI: a write failure is WriteFailed (exit code 5), never a raw OSError
+        raise WriteFailed.of(e) from None
     if result.exit_code != 0:
         raise RunFailed(result)
     return result

@@ -43,6 +43,18 @@ class Fault(RuntimeError):
     exit_code = EXIT_FAULT
 
 
+class WriteFailed(Fault):
+    """A file of the run could not be written (a full disk, no permission, a file where a folder
+    must be): one line, exit code 5, wherever it happened."""
+
+    exit_code = EXIT_WRITE
+
+    @classmethod
+    def of(cls, e: OSError) -> "WriteFailed":
+        where = f" {e.filename}" if e.filename else ""
+        return cls(f"run_dir: cannot write{where}: {e.strerror or first_line(e)}")
+
+
 def first_line(e: BaseException) -> str:
     """The first line of an exception's message (or its type name): one-line errors."""
     text = str(e).strip()

@@ -31,7 +31,7 @@ def _refusal(path: Path, e: OSError) -> Exception:
     for the write paths to report as a write failure."""
     if e.errno == errno.ELOOP or os.path.islink(path):
         return UserError(f"run_dir: {path} is a symbolic link; a run writes only its own files (remove the link)")
-    return e
+    return OSError(e.errno, e.strerror, str(path))  # the whole path: the error was raised for a name
 
 
 def open_dir(root: str | Path, rel: str | Path = "", create: bool = True) -> int:
@@ -141,6 +141,15 @@ class RunLogHandler(logging.FileHandler):
     def _open(self):  # type: ignore[no-untyped-def]
         fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
+
+
+def make_run_dir(path: str | os.PathLike[str]) -> None:
+    """Create ``run_dir`` (and its parents) now, so a path that cannot exist (a symbolic-link loop,
+    a folder under /proc) is one line naming it, exit 2, before Hydra or a leader tries."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"run_dir: cannot create {str(path)!r} ({e.strerror or type(e).__name__})") from None
 
 
 def writable_dir(path: str) -> bool:

@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from hogwild.cli.common import import_from_cwd
 from hogwild.config.compose import CONF_DIR, preflight, register_resolvers, to_config
 from hogwild.config.env import DistEnv
-from hogwild.errors import Fault, UserError, crash, guarded, report, say_error
+from hogwild.errors import Fault, UserError, WriteFailed, crash, guarded, report, say_error
 from hogwild.native import left_running
 from hogwild.replica.start import fork_server_from_here
 from hogwild.replica.task import HEADLINE
@@ -40,6 +40,8 @@ def _hydra_main(dcfg: DictConfig) -> Optional[float]:
         result = leader_for(cfg, run_dir, overrides=list(HydraConfig.get().overrides.task)).run()
     except (UserError, Fault) as e:
         report(e)
+    except OSError as e:  # a file of the run: a full disk, a file where a folder must be
+        report(WriteFailed.of(e))
     except Exception as e:  # noqa: BLE001 - else Hydra prints the raw traceback and exits 1
         crash(e, Path(run_dir) if Path(run_dir).is_dir() else None)
     log_result(result)

@@ -19,7 +19,7 @@ from hogwild.config import schema as config_mod
 from hogwild.config.env import default_run_id
 from hogwild.config.schema import Config
 from hogwild.errors import ConfigError, UserError, first_line
-from hogwild.files import refuse_links
+from hogwild.files import make_run_dir, refuse_links
 
 
 def _conf_dir() -> str:
@@ -216,7 +216,9 @@ def preflight(argv: list[str]) -> Optional[Config]:
     first: Optional[Config] = None
     for num, job in enumerate(jobs):
         cfg = compose(job, name, conf_dir)
-        refuse_links(Path(cfg.run_dir, str(num)) if args.multirun else cfg.run_dir)
+        run_dir = Path(cfg.run_dir, str(num)) if args.multirun else Path(cfg.run_dir)
+        make_run_dir(run_dir)
+        refuse_links(run_dir)
         first = first or cfg
     return first
 

@@ -180,3 +180,10 @@ def test_a_script_without_a_main_guard_is_one_line_before_anything_starts(tmp_pa
     assert "hogwild.errors.ConfigError" in proc.stderr and "if __name__ ==" in proc.stderr
     assert "unguarded.py: calls hogwild.train at its top level" in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()  # nothing started, no worker re-ran the script
+
+
+def test_a_run_dir_that_cannot_exist_is_a_user_error_not_an_os_error(tmp_path: Path) -> None:
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(hogwild.UserError, match=r"^run_dir: cannot create .*Too many levels of symbolic links"):
+        hogwild.train([*QUICK, f"run_dir={loop / 'x'}"])

@@ -261,6 +261,7 @@ def _bad_env(d: Path) -> tuple[list[str], dict[str, str]]:
 
 CLI: list[tuple[str, Setup, str]] = [
     ("workers zero", _args("workers=0"), "workers"),
+    ("a run_dir that cannot exist (under /proc)", _args("run_dir=/proc/hogwild-run"), "run_dir"),
     ("misspelled key", _args("trian.epochs=3"), "trian"),
     ("bad value in a sweep", _args("-m", "optim.lr=0.1,-1"), "optim.lr"),
     ("npz NaN in X", _npz(X=np.where(X > 0.5, np.nan, X), y=Y), "data.path"),
