@@ -136,9 +136,27 @@ def _fits(obj: dict[str, Any]) -> bool:
         shapes = obj.get("shapes")
         return (isinstance(shapes, list) and obj["flat"].dim() == 1
                 and sum(math.prod(int(n) for n in s) for s in shapes) == obj["flat"].numel()
-                and isinstance(obj.get("counters", {}), dict) and isinstance(obj.get("config", {}), dict))
-    except (TypeError, ValueError):
+                and isinstance(obj.get("counters", {}), dict) and isinstance(obj.get("config", {}), dict)
+                and _typed(obj))
+    except (TypeError, ValueError, AttributeError):
         return False
+
+
+def _typed(obj: dict[str, Any]) -> bool:
+    """The fields that resume and export read as numbers, strings and tensors are of those types:
+    a file with ``seq: "x"`` or a string in its ``state_dict`` crashed them instead of being
+    skipped (resume) or refused (export) in one line."""
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+
+    counters = obj.get("counters", {})
+    state = obj.get("state_dict", {})
+    return (number(obj.get("seq", 0)) and number(obj.get("written_at", 0.0))
+            and isinstance(obj.get("lineage", ""), str) and isinstance(obj.get("model", ""), str)
+            and all(isinstance(k, str) and number(v) for k, v in counters.items())
+            and isinstance(state, dict) and all(isinstance(v, torch.Tensor) for v in state.values())
+            and isinstance(obj.get("opt_state", {}), dict)
+            and all(isinstance(v, torch.Tensor) for v in obj.get("opt_state", {}).values()))
 
 
 def load_latest(run_dir: str | Path) -> Optional[tuple[dict[str, Any], Path]]:

@@ -112,11 +112,23 @@ def test_a_failed_write_is_retried_once_then_a_fault_and_keeps_the_good_files(tm
     {"flat": torch.zeros(1, 2)},         # not flat
     {"shapes": [["x"]]},                 # nonsense shapes
     {"counters": [1, 2]},                # counters not a record
+    {"seq": "x"},                        # the fields resume orders by, of the wrong type
+    {"written_at": [0]},
+    {"counters": {"steps": "many"}},
+    {"state_dict": {"fc.weight": "not a tensor"}},   # export wrote it as a state_dict
 ])
 def test_a_damaged_checkpoint_is_one_line_error(tmp_path: Path, bad: dict) -> None:
     torch.save({**_payload(1), **bad}, tmp_path / "x.pt")
     with pytest.raises(checkpoint.CheckpointError, match="damaged"):
         checkpoint.load(tmp_path / "x.pt")
+
+
+def test_a_checkpoint_with_mistyped_fields_is_skipped_on_resume(tmp_path: Path) -> None:
+    checkpoint.save(tmp_path, _payload(10), keep=3)
+    bad = {**_payload(20), "seq": 99, "written_at": "late"}  # newest by its sequence, but mistyped
+    torch.save(bad, checkpoint.ckpt_dir(tmp_path) / "step_000000020-aaaa-q000000099.pt")
+    found = checkpoint.load_latest(tmp_path)
+    assert found is not None and found[0]["counters"]["steps"] == 10
 
 
 def test_refuses_code_in_a_checkpoint(tmp_path: Path) -> None:
