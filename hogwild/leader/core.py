@@ -322,6 +322,10 @@ class Leader:
                              replicas=self.env.world_size, sync_mode=self.cfg.sync.mode,
                              schedule=crew.schedule, resumed=crew.restored, run_dir=crew.run_dir).metrics()
         metrics.update(verdict=verdict.summary, target_held=tel.target_held(), **group.report())
+        if crew.restored is not None and metrics["status"] != "ok":
+            # A resumed run that failed keeps the report of the run it resumed, which told of a
+            # model that still exists in the checkpoints: nothing already written is lost.
+            set_aside_earlier_run(crew.run_dir, ("metrics.json",))
         write_report(crew.run_dir / "metrics.json", metrics)
         tel.metrics.hparams(flatten("", self._config_dict()), {f"test_{k}": v for k, v in tel.scores.items()})
         tel.metrics.close()

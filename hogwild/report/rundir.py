@@ -24,12 +24,12 @@ logger = logging.getLogger(__name__)
 RECORD = ("metrics.json", ".hydra")
 
 
-def set_aside_earlier_run(run_dir: Path) -> list[Path]:
-    """Rename an earlier run's ``metrics.json`` and ``.hydra/`` to ``metrics-<time>.json`` and
-    ``.hydra-<time>/`` (the time it wrote them); the new names."""
+def set_aside_earlier_run(run_dir: Path, names: Sequence[str] = RECORD) -> list[Path]:
+    """Rename an earlier run's ``metrics.json`` and ``.hydra/`` (or those of ``names``) to
+    ``metrics-<time>.json`` and ``.hydra-<time>/`` (the time it wrote them); the new names."""
     # Only what a run writes: a folder named metrics.json is nobody's record, and stays in the
     # way (the write then fails as it would have, exit 5).
-    found = [p for p in (run_dir / "metrics.json", run_dir / ".hydra")
+    found = [p for p in (run_dir / name for name in names)
              if (p.is_file() if p.suffix == ".json" else p.is_dir()) and not p.is_symlink()]
     if not found:
         return []
@@ -44,7 +44,7 @@ def set_aside_earlier_run(run_dir: Path) -> list[Path]:
             n += 1
         path.rename(target)
         moved.append(target)
-    logger.info("run_dir holds an earlier run: kept its %s as %s", ", ".join(RECORD),
+    logger.info("run_dir holds an earlier run: kept its %s as %s", ", ".join(names),
                 ", ".join(p.name for p in moved))
     return moved
 
