@@ -17,7 +17,7 @@ from hogwild.config.registry import MODELS
 from hogwild.config.schema import ModelConfig
 from hogwild.config.targets import call_target, import_target, schema_kwargs, signature_of
 from hogwild.data.datasets import Dataset
-from hogwild.errors import ConfigError
+from hogwild.errors import ConfigError, first_line
 from hogwild.replica.shared import check_dtypes
 
 
@@ -126,7 +126,10 @@ def build_model(cfg: ModelConfig, ds: Dataset, seed: int) -> nn.Module:
     """Same seed, same initial weights: every replica and the equivalence test agree."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = _from_target(cfg, ds) if cfg._target_ else MODELS.get(cfg.name)(cfg, ds)
+        try:
+            model = _from_target(cfg, ds) if cfg._target_ else MODELS.get(cfg.name)(cfg, ds)
+        except (RuntimeError, MemoryError) as e:  # a built-in too large to allocate (model.hidden=1e11)
+            raise ConfigError(f"model: building {cfg.name} raised {type(e).__name__}: {first_line(e)}") from None
     bad = check_dtypes(model)
     if bad:
         raise ConfigError(f"model: {bad}")

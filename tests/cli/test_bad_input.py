@@ -165,6 +165,7 @@ IN_PROCESS: list[tuple[str, Setup, str]] = [
     ("a dataset that cannot be pickled", _args("data._target_=tests.user_models.bad_items",
                                                "+data.how=unpicklable"), "data._target_"),
     ("a model on the meta device", _args("model._target_=tests.user_models.MetaNet"), "model"),
+    ("a built-in model too large to allocate", _args("model.hidden=100000000000"), "model"),
     ("a language model task on one label per sample", _args("task=language_model"), "task"),
     ("more fragments than the model has values", _args("sync.fragments=100000"), "sync.fragments"),
     ("an optimizer that needs sparse gradients", _args("optim._target_=torch.optim.SparseAdam"), "optim._target_"),
