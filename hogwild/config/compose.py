@@ -141,18 +141,30 @@ def _group_options(conf_dir: str, group: str) -> list[str]:
     return sorted(p.stem for p in Path(conf_dir, group).glob("*.yaml"))
 
 
+def _unparsable(parser: Any, overrides: list[str]) -> str:
+    """The key of the first override Hydra's grammar refuses ("override" when none alone is)."""
+    for o in overrides:
+        try:
+            parser.parse_overrides([o])
+        except Exception:  # noqa: BLE001 - the one that fails names its key
+            key = o.partition("=")[0].strip().lstrip("+~")
+            return key if key and o.count("=") else "override"
+    return "override"
+
+
 def _jobs(overrides: list[str], conf_dir: str, multirun: bool) -> list[list[str]]:
     """The override list of every job the command line starts (one unless it sweeps)."""
     import itertools
 
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    parser = OverridesParser.create()
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
+        parsed = parser.parse_overrides(overrides)
     except Exception as e:  # noqa: BLE001 - Hydra's grammar errors
         hint = next((f" (Hydra's grammar takes no bare ~: write {o.split('=')[0]}=$HOME/..., or quote the value)"
                      for o in overrides if "=~" in o or "=~/" in o), "")
-        raise ConfigError(f"override: {first_line(e)}{hint}") from None
+        raise ConfigError(f"{_unparsable(parser, overrides)}: {first_line(e)}{hint}") from None
     parsed = [o for o in parsed if not o.get_key_element().lstrip("+~").startswith(("hydra.", "hydra/"))]
     for o in parsed:
         group = o.get_key_element().lstrip("+~").split("@")[0]

@@ -105,7 +105,7 @@ def test_a_choice_is_checked_against_the_registry_its_implementations_fill() -> 
 def test_a_bare_tilde_says_how_to_write_a_home_path() -> None:
     """The README's own example, data.root=~/data, failed in Hydra's parser with only the
     parser's words; the line now says what to write instead."""
-    with pytest.raises(ConfigError, match=r"^override: .*data.root=~/data .*write data.root=\$HOME/\.\.\., or quote"):
+    with pytest.raises(ConfigError, match=r"^data.root: .*data.root=~/data .*write data.root=\$HOME/\.\.\., or quote"):
         compose_cfg(["data.root=~/data"])
 
 
