@@ -30,7 +30,7 @@ def make_rule(cfg: SyncConfig, comm: Comm, params: Optional[int] = None) -> Sync
     """The rule ``sync.mode`` names; ``params``: the flat buffer's parameter prefix (the rest
     are float buffers)."""
     rule: type[SyncRule] = SYNC_RULES.get(cfg.mode)
-    if params is not None and cfg.fragments > params:
+    if cfg.fragments > 1 and params is not None and cfg.fragments > params:
         # Each fragment keeps a rule of its own: a count past the model's values only costs memory
         # (a replica grew past 3 GiB before anything said no).
         raise ConfigError(f"sync.fragments: {cfg.fragments} fragments of a model of {params} parameters; "

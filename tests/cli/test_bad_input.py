@@ -191,8 +191,6 @@ IN_PROCESS: list[tuple[str, Setup, str]] = [
     ("optim _target_ that is not an optimizer", _args("optim._target_=torch.nn.Linear"), "optim._target_"),
     ("optim argument the optimizer does not take", _args("optim._target_=torch.optim.SGD", "+optim.alpha=0.9"),
      "optim.alpha"),
-    ("optim _target_ with shared state", _args("optim._target_=torch.optim.AdamW", "optim.state=shared"),
-     "optim.state"),
     ("sched _target_ that does not import", _args("sched._target_=nowhere.Sched"), "sched._target_"),
     ("sched _target_ missing its arguments", _args("sched._target_=torch.optim.lr_scheduler.StepLR"),
      "sched._target_"),
