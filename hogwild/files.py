@@ -16,7 +16,7 @@ import logging
 import os
 import socket
 from pathlib import Path
-from typing import BinaryIO, Callable, Optional
+from typing import BinaryIO, Callable, Iterator, Optional
 
 from hogwild.errors import UserError
 
@@ -65,24 +65,36 @@ def _parent_fd(path: Path, root: Optional[str | Path]) -> int:
     return open_dir(root, path.parent.relative_to(root), create=False)
 
 
+def _temp_name(path: Path) -> str:
+    """A unique name beside ``path``: two jobs on one run_dir never share a temp file."""
+    return f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+
+
+@contextlib.contextmanager
+def _removed_on_failure(dfd: int, tmp: str) -> Iterator[None]:
+    """A temp file that did not become its target is removed, whatever stopped it."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dfd)
+        raise
+
+
 def atomic_write(path: Path, write: Callable[[BinaryIO], None], root: Optional[str | Path] = None) -> None:
     """``write`` into a unique temp file next to ``path``, fsync, rename over ``path``. Every
     name is resolved from the parent's descriptor and no link is followed: not ``path`` itself
     (a rename replaces a link, never its target), nor a folder between ``root`` and ``path``."""
     dfd = _parent_fd(Path(path), root)
-    tmp = f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    tmp = _temp_name(path)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
-        try:
+        with _removed_on_failure(dfd, tmp):
             with os.fdopen(fd, "wb") as f:
                 write(f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dfd)
-            raise
     finally:
         os.close(dfd)
 
@@ -90,15 +102,11 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None], root: Optional[s
 def atomic_link(target: Path, link: Path, root: Optional[str | Path] = None) -> None:
     """Point ``link`` at ``target`` (a hard link, swapped in atomically); both in one folder."""
     dfd = _parent_fd(Path(link), root)
-    tmp = f".{link.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    tmp = _temp_name(link)
     try:
         os.link(target.name, tmp, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
-        try:
+        with _removed_on_failure(dfd, tmp):
             os.replace(tmp, link.name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dfd)
-            raise
     finally:
         os.close(dfd)
 

@@ -125,6 +125,19 @@ def _hogwild_gpt(replicas: int, budget: float, work: Path) -> dict[str, Any]:
             "train_s": m["train_s"]}
 
 
+def _recipe(model: torch.nn.Module, world: int, rank: int, train: Any) -> tuple[Any, ...]:
+    """The baselines' shared recipe: DDP over ``world`` ranks, AdamW with decay on matrices only,
+    this rank's sample stream, and the training split as two tensors."""
+    net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    ps = list(model.parameters())
+    groups = [{"params": [p for p in ps if p.dim() > 1], "weight_decay": WD},
+              {"params": [p for p in ps if p.dim() <= 1], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=LR)
+    gen = torch.Generator().manual_seed(rank)
+    x_all, y_all = torch.stack([train[i][0] for i in range(len(train))]), train.targets
+    return net, ps, opt, gen, x_all, y_all
+
+
 def _gpt_rank(rank: int, world: int, port: int, budget: float, threads: int, out: Any) -> None:
     from examples.charlm import stdlib_text
     from examples.gpt import GPT, GPTConfig
@@ -136,13 +149,7 @@ def _gpt_rank(rank: int, world: int, port: int, budget: float, threads: int, out
     train, test = stdlib_text(test_chars=120_000)
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=4))
-    net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    ps = list(model.parameters())
-    groups = [{"params": [p for p in ps if p.dim() > 1], "weight_decay": WD},
-              {"params": [p for p in ps if p.dim() <= 1], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=LR)
-    gen = torch.Generator().manual_seed(rank)
-    x_all, y_all = torch.stack([train[i][0] for i in range(len(train))]), train.targets
+    net, ps, opt, gen, x_all, y_all = _recipe(model, world, rank, train)
     step, t0, spent = 0, None, 0.0
     while True:
         if t0 is not None:
@@ -189,13 +196,7 @@ def _baseline_rank(rank: int, world: int, port: int, budget: float, threads: int
     train, test = stdlib_text()
     torch.manual_seed(0)
     model = CharTransformer()
-    net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    ps = list(model.parameters())
-    groups = [{"params": [p for p in ps if p.dim() > 1], "weight_decay": WD},
-              {"params": [p for p in ps if p.dim() <= 1], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=LR)
-    gen = torch.Generator().manual_seed(rank)
-    x_all, y_all = torch.stack([train[i][0] for i in range(len(train))]), train.targets
+    net, ps, opt, gen, x_all, y_all = _recipe(model, world, rank, train)
     step, t0 = 0, None
     while True:
         if t0 is not None:

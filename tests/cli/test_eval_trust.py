@@ -29,17 +29,21 @@ def make(**kwargs):
 '''
 
 
-def _crafted(d: Path) -> Path:
+def _file(d: Path, name: str, config: dict) -> Path:
+    """A checkpoint holding ``config``, beside the module its targets would import."""
     (d / "evilmod.py").write_text(EVIL)
-    path = d / "crafted.pt"
+    path = d / name
     torch.save({
         "format": checkpoint.FORMAT, "lineage": "x", "written_at": 0.0, "model": "evilmod.make",
         "shapes": [[2]], "flat": torch.zeros(2), "opt_state": {}, "positions": torch.zeros(1, 1),
-        "counters": {"steps": 1}, "sync_state": {},
-        "config": {"run_dir": "run", "model": {"_target_": "evilmod.make"},
-                   "data": {"_target_": "subprocess.getoutput", "kwargs": {"cmd": "touch shell.marker"}}},
+        "counters": {"steps": 1}, "sync_state": {}, "config": {"run_dir": "run", **config},
     }, path)
     return path
+
+
+def _crafted(d: Path) -> Path:
+    return _file(d, "crafted.pt", {"model": {"_target_": "evilmod.make"},
+                                   "data": {"_target_": "subprocess.getoutput", "kwargs": {"cmd": "touch shell.marker"}}})
 
 
 def _eval(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -106,15 +110,7 @@ def test_only_the_targets_evaluation_calls_are_gated() -> None:
 
 def _hidden(d: Path) -> Path:
     """A file whose model target is an interpolation pointing at a callable stored elsewhere in it."""
-    (d / "evilmod.py").write_text(EVIL)
-    path = d / "hidden.pt"
-    torch.save({
-        "format": checkpoint.FORMAT, "lineage": "x", "written_at": 0.0, "model": "evilmod.make",
-        "shapes": [[2]], "flat": torch.zeros(2), "opt_state": {}, "positions": torch.zeros(1, 1),
-        "counters": {"steps": 1}, "sync_state": {},
-        "config": {"run_dir": "run", "model": {"_target_": "${model.kwargs.impl}", "kwargs": {"impl": "evilmod.make"}}},
-    }, path)
-    return path
+    return _file(d, "hidden.pt", {"model": {"_target_": "${model.kwargs.impl}", "kwargs": {"impl": "evilmod.make"}}})
 
 
 @pytest.fixture

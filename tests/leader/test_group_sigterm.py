@@ -17,19 +17,31 @@ from tests.conftest import REPO, clean_env, metrics, wait_training
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
-def test_a_process_group_sigterm_stops_cleanly_without_respawns(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", "workers=4", "train.max_steps=1000000",
-                             "checkpoint.every_s=1000", f"run_dir={run}"], cwd=tmp_path, env=clean_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+def _sigterm_once_training(cmd: list[str], run: Path, cwd: Path, env: dict[str, str], group: bool
+                           ) -> tuple[subprocess.Popen, str]:
+    """Start ``cmd`` in a session of its own, SIGTERM it (its whole process group, or the process)
+    once replica 0 has trained a step; the process and everything it printed."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        wait_training(run, proc)
-        os.killpg(proc.pid, signal.SIGTERM)  # the leader and its four workers at once
+        wait_training(run, proc, timeout=180)
+        if group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    logs = out + err
+    return proc, out + err
+
+
+def test_a_process_group_sigterm_stops_cleanly_without_respawns(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    # The leader and its four workers at once.
+    proc, logs = _sigterm_once_training([sys.executable, "-m", "hogwild.cli.train", "workers=4",
+                                         "train.max_steps=1000000", "checkpoint.every_s=1000", f"run_dir={run}"],
+                                        run, tmp_path, clean_env(), group=True)
     assert proc.returncode == 143, logs[-3000:]
     assert "respawn" not in logs and "died" not in logs, logs[-3000:]
     assert "Traceback" not in logs
@@ -41,17 +53,9 @@ def test_a_process_group_sigterm_stops_cleanly_without_respawns(tmp_path: Path) 
 def test_launch_local_sh_on_sigterm_leaves_with_the_job_s_code_and_no_traceback(tmp_path: Path) -> None:
     run = tmp_path / "run"
     env = clean_env(OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(["bash", str(REPO / "launch" / "local.sh"), "2", "1", "train.max_steps=1000000",
-                             "checkpoint.every_s=1000", f"run_dir={run}"], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        wait_training(run, proc, timeout=180)
-        proc.send_signal(signal.SIGTERM)  # to the script, as a user's kill or a scheduler would
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    logs = out + err
+    # To the script alone, as a user's kill or a scheduler would.
+    proc, logs = _sigterm_once_training(["bash", str(REPO / "launch" / "local.sh"), "2", "1", "train.max_steps=1000000",
+                                         "checkpoint.every_s=1000", f"run_dir={run}"], run, REPO, env, group=False)
     assert proc.returncode == 143, logs[-3000:]
     assert "Traceback" not in logs and "SignalException" not in logs, logs[-3000:]
     assert metrics(run)["status"] == "SIGTERM"
