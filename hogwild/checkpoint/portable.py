@@ -109,9 +109,11 @@ def _refuse_overwriting_checkpoints(checkpoint: Path, out: Path) -> None:
         except OSError:
             return False
 
-    ckpt_dir = checkpoint.resolve().parent
-    if same(out, checkpoint) or out.resolve().parent == ckpt_dir or same(out.parent, ckpt_dir):
-        raise ConfigError(f"out: {str(out)!r} is in the checkpoint's own folder {str(ckpt_dir)!r}; exporting there "
+    if same(out, checkpoint) or out.resolve() == checkpoint.resolve():
+        raise ConfigError(f"out: {str(out)!r} is the checkpoint itself; write the state_dict elsewhere")
+    run_ckpts = checkpoint.resolve().parent
+    if run_ckpts.name == store.ckpt_dir("").name and (out.resolve().parent == run_ckpts or same(out.parent, run_ckpts)):
+        raise ConfigError(f"out: {str(out)!r} is in the run's checkpoint folder {str(run_ckpts)!r}; exporting there "
                           "could replace a checkpoint the run resumes from: write it elsewhere")
 
 

@@ -211,8 +211,9 @@ def test_hostile_case(tmp_path: Path, good_run: Path, case: Case) -> None:
             lost = set(good) - set(after)
             assert not lost or any(torch.equal(f, newest) for f in after.values()), f"a good checkpoint was lost: {lost}"
             # Nor its report: the resumed run's failure is written beside the good run's metrics.
-            kept = [json.loads(p.read_text()) for p in (tmp_path / "run").glob("metrics-*.json")]
-            assert [m["status"] for m in kept] == ["ok"], "the good run's metrics.json was replaced"
+            if case.module == "hogwild.cli.train":
+                kept = [json.loads(p.read_text()) for p in (tmp_path / "run").glob("metrics-*.json")]
+                assert [m["status"] for m in kept] == ["ok"], "the good run's metrics.json was replaced"
     if case.name == "a worker dies during warm-up":
         assert json.loads((tmp_path / "run" / "metrics.json").read_text())["worker_restarts"] == 1
     if case.code in (4, 5) and case.module == "hogwild.cli.train":
