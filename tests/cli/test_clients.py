@@ -89,6 +89,8 @@ def test_a_two_input_model_on_dict_items(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     m = _learned(run, "accuracy")
     assert m["test_accuracy"] > 0.8, m
+    scores = _evaluate(run, "model._target_=examples.tabular.TwoInput", "data._target_=examples.tabular.clicks")
+    assert scores["test_accuracy"] == pytest.approx(m["test_accuracy"])
 
 
 @pytest.mark.parametrize("experiment,metric", [("hf_gpt2", "perplexity"), ("hf_bert", "accuracy")])
@@ -100,6 +102,12 @@ def test_hugging_face_models_built_from_configs_train_on_their_own_loss(tmp_path
     out = run_cli([f"+experiment={experiment}", steps, "workers=2", "eval.every_s=30", f"run_dir={run}"], cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
     m = _learned(run, metric)
+    model, config, data = {"hf_gpt2": ("transformers.GPT2LMHeadModel", "transformers.GPT2Config", "examples.hf.char_lm"),
+                           "hf_bert": ("transformers.BertForSequenceClassification", "transformers.BertConfig",
+                                       "examples.hf.has_seven")}[experiment]
+    scores = _evaluate(run, f"model._target_={model}", f"model.kwargs.config._target_={config}",
+                       f"data._target_={data}")
+    assert scores[f"test_{metric}"] == pytest.approx(m[f"test_{metric}"], rel=1e-5)
     if metric == "perplexity":
         # The model shifts its labels itself; the metrics read its logits shifted to match.
         assert m["test_perplexity"] < 0.85 * m["baseline_perplexity"], m
