@@ -13,22 +13,21 @@ the preflight and the checkpoint probe all go through :class:`Step`, so they agr
 
 from __future__ import annotations
 
-import inspect
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hogwild.config.targets import import_target
+from hogwild.config.targets import import_target, signature_of
 from hogwild.config.train import LossConfig, StepConfig
+from hogwild.data.mapped import Inputs
 from hogwild.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-Inputs = Union[tuple[Tensor, ...], dict[str, Tensor]]
 LossFn = Callable[[Tensor, Tensor], Tensor]
 IGNORE_INDEX = -100  # token labels the loss skips (padding, prompts): torch's and Hugging Face's default
 
@@ -62,16 +61,6 @@ def _position(text: str) -> Optional[int]:
     return int(text) if text.strip().lstrip("-").isdigit() else None
 
 
-def _forward_params(model: nn.Module) -> tuple[set[str], bool]:
-    """The keyword names ``model.forward`` takes, and whether it takes ``**kwargs``."""
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return set(), True
-    names = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    return names, any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
 class Step:
     """One batch's loss and outputs under the step contract (see the module)."""
 
@@ -84,7 +73,7 @@ class Step:
             if not callable(fn):
                 raise ConfigError(f"step._target_: {cfg._target_} is a {type(fn).__name__}, not a callable")
             self.fn = fn
-        self.names, self.open_kw = _forward_params(model)
+        self.names, self.open_kw = signature_of(model.forward)
         arg = cfg.labels_arg.strip()
         if arg == "auto":
             self.labels_arg = next((n for n in ("targets", "labels") if n in self.names), None)

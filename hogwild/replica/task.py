@@ -27,11 +27,10 @@ from hogwild.config.targets import call_target, import_target
 from hogwild.config.train import LossConfig, StepConfig, TargetConfig
 from hogwild.data.splits import Dataset, Split
 from hogwild.errors import ConfigError, escaped, first_line
-from hogwild.replica.step import IGNORE_INDEX, Inputs, Output, Step, to_device
+from hogwild.replica.step import IGNORE_INDEX, Inputs, LossFn, Output, Step, to_device
 
 logger = logging.getLogger(__name__)
 
-LossFn = Callable[[Tensor, Tensor], Tensor]
 
 # Each task's metrics, and whether higher is better; "loss" (the configured loss) is always there.
 METRICS: dict[str, dict[str, bool]] = {
