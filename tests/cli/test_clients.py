@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 GPT = ["model._target_=examples.gpt.GPT", "+model.config._target_=examples.gpt.GPTConfig",
        "+model.config.n_layer=1", "+model.config.n_embd=64", "data._target_=examples.charlm.stdlib_text",
-       "+data.chars=200000", "optim=adamw", "optim.lr=0.005", "train.max_steps=200", "train.batch_size=16",
+       "+data.chars=200000", "optim=adamw", "optim.lr=0.003", "train.max_steps=300", "train.batch_size=16",
        "workers=2", "eval.every_s=30"]
 
 
