@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -17,6 +18,20 @@ from tqdm import tqdm
 from hogwild.files import atomic_write, open_dir
 
 logger = logging.getLogger(__name__)
+
+
+_thread_hook = threading.excepthook
+
+
+def _quiet_tensorboard_thread(args: threading.ExceptHookArgs) -> None:
+    """TensorBoard writes its event file from a thread of its own, which re-raises a failed
+    write (a full disk) and would print its own traceback. The writer keeps the error and raises
+    it again in the leader at its next call, where it ends the run in one line with exit code 5;
+    so the thread's copy is only logged."""
+    if isinstance(args.exc_value, OSError) and type(args.thread).__module__.startswith("tensorboard"):
+        logger.debug("tensorboard writer thread: %s", args.exc_value)
+        return
+    _thread_hook(args)
 
 
 class Metrics:
@@ -29,6 +44,7 @@ class Metrics:
 
             # TensorBoard opens its own files; it gets a tb/ that is a real folder of the run.
             os.close(open_dir(run_dir, "tb"))
+            threading.excepthook = _quiet_tensorboard_thread
             self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tb"))
 
     def scalar(self, tag: str, value: float, step: int) -> None:
