@@ -74,7 +74,7 @@ class Leader:
         k = resolve_workers(cfg.workers, env.local_world_size)
         resources.check(cfg, k, env.local_world_size)  # before anything is allocated
         device = replica_device(cfg.device, env.local_rank)
-        rep = build_replica(cfg, device)
+        rep = build_replica(cfg, device, k, env.local_world_size)
         comm, run_dir = group.connect(cfg, self.run_dir, k, rep)
         self.run_dir = run_dir
         rule = make_rule(cfg.sync, comm, rep.param_numel)

@@ -16,7 +16,8 @@ from hogwild.data.datasets import Dataset, load_dataset
 from hogwild.errors import ConfigError
 from hogwild.replica.lr_schedule import check_schedule
 from hogwild.replica.models import build_model
-from hogwild.replica.optim import new_shared_state, torch_state_probe
+from hogwild.replica import resources
+from hogwild.replica.optim import new_shared_state, state_names, torch_state_probe
 from hogwild.replica.shared import alloc, layout, param_slots, share_model
 from hogwild.replica.task import Task, build_task, preflight
 
@@ -82,8 +83,16 @@ def warn_slow_bf16(cfg: Config, device: torch.device, cpuinfo: str = "/proc/cpui
                        cpuinfo)
 
 
-def build_replica(cfg: Config, device: torch.device) -> Replica:
-    """``device`` comes from :func:`replica_device`, which has made it current."""
+def model_sized_state(probe: list[dict[str, object]], params: list[Tensor]) -> int:
+    """How many model-sized buffers a torch optimizer keeps (Adam: two), read off its state."""
+    n = sum(p.numel() for p in params) or 1
+    held = sum(v.numel() for state in probe for v in state.values() if isinstance(v, Tensor) and v.dim() > 0)
+    return -(-held // n)
+
+
+def build_replica(cfg: Config, device: torch.device, workers: int = 1, replicas_here: int = 1) -> Replica:
+    """``device`` comes from :func:`replica_device`, which has made it current; ``workers`` and
+    ``replicas_here`` size the memory check."""
     warn_slow_bf16(cfg, device)
     ds = load_dataset(cfg.data).share_memory_()
     model = build_model(cfg.model, ds, cfg.train.seed)
@@ -92,8 +101,12 @@ def build_replica(cfg: Config, device: torch.device) -> Replica:
     # does not fit fails here in one line.
     sparse = preflight(model, ds, task, cfg.train.batch_size, torch.device("cpu"))
     check_schedule(cfg.sched, cfg.optim.lr)
+    copies = len(state_names(cfg.optim))
     if cfg.optim._target_:  # built and stepped once on copies: a bad one fails here in one line
-        torch_state_probe(cfg.optim, list(model.parameters()), key="optim._target_", sparse=sparse)
+        probe = torch_state_probe(cfg.optim, list(model.parameters()), key="optim._target_", sparse=sparse)
+        copies = model_sized_state(probe, list(model.parameters()))
+    numel = sum(t.numel() for t in [*model.parameters(), *model.buffers()] if t.is_floating_point())
+    resources.check(cfg, workers, replicas_here, model_bytes=4 * numel, state_copies=copies)
     flat = share_model(model, device.type)
     opt_state = None
     if cfg.optim.state == "shared":

@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 # Resident memory of one spawned worker before its data: the interpreter, torch and its
 # autograd buffers (measured ~250-350 MB on CPU with torch 2.x).
 WORKER_RSS = 300 * 2**20
+# Rules that keep a model-sized state between rounds (the outer momentum).
+OUTER_STATE_RULES = ("slowmo", "diloco")
 _GB = 2**30
 
 
@@ -154,20 +156,39 @@ def size(nbytes: float) -> str:
     return f"{nbytes / _GB:.1f} GB" if nbytes >= _GB else f"{nbytes / 2**20:.1f} MiB"
 
 
-def check(cfg: Config, workers: int, replicas_here: int = 1) -> None:
-    """Refuse, with the numbers, a run whose data will not fit in shared memory or whose
-    workers will not fit in RAM. ``replicas_here``: replicas on this machine."""
+def check(cfg: Config, workers: int, replicas_here: int = 1, model_bytes: int = 0, state_copies: int = 0) -> None:
+    """Refuse, with the numbers, a run whose data and model will not fit in shared memory or whose
+    processes will not fit in RAM. ``replicas_here``: replicas on this machine. Called twice: before
+    the data is loaded (``model_bytes=0``), and once the model is built but before it is shared or
+    any worker spawns, with its size and the model-sized buffers its optimizer keeps
+    (``state_copies``: Adam's two moments)."""
     if cfg.force:
         return
-    data = data_bytes(cfg.data)
+    data = data_bytes(cfg.data) or 0
+    shared_state = state_copies if cfg.optim.state == "shared" else 0
+    shm_parts = {"data": data * replicas_here, "model": model_bytes * (1 + shared_state) * replicas_here}
     shm = shm_free()
-    if data is not None and shm is not None and data * replicas_here > shm:
-        raise ConfigError(f"data: {cfg.data.name} needs {size(data * replicas_here)} of shared memory, "
-                          f"{SHM_PATH} has {size(shm)} free; shrink data.image_size or the data, "
-                          "enlarge /dev/shm, or pass force=true")
-    need = replicas_here * (workers * WORKER_RSS + 2 * (data or 0))  # data is built once, then shared
+    if shm is not None and sum(shm_parts.values()) > shm:
+        key = max(shm_parts, key=lambda k: shm_parts[k])
+        what = f"{cfg.data.name}" if key == "data" else "the model" + (" and its shared optimizer state" if shared_state else "")
+        raise ConfigError(f"{key}: {what} needs {size(sum(shm_parts.values()))} of shared memory, "
+                          f"{SHM_PATH} has {size(shm)} free; shrink the {key}, enlarge /dev/shm, or pass force=true")
+    parts = memory_parts(cfg, workers, model_bytes, state_copies - shared_state, data)
+    need = replicas_here * sum(parts.values())
     avail = mem_available()
     if avail is not None and need > avail:
-        raise ConfigError(f"workers: {workers} workers x {replicas_here} replica(s) need about {size(need)} "
-                          f"of memory, {size(avail)} is available; lower workers or "
-                          "data.image_size, or pass force=true")
+        key = max(parts, key=lambda k: parts[k])
+        detail = ", ".join(f"{k} {size(replicas_here * v)}" for k, v in parts.items() if v)
+        raise ConfigError(f"{key}: {workers} workers x {replicas_here} replica(s) need about {size(need)} of "
+                          f"memory ({detail}), {size(avail)} is available; lower {key}, or pass force=true")
+
+
+def memory_parts(cfg: Config, workers: int, model_bytes: int, private_state: int, data: int) -> dict[str, int]:
+    """One replica's RAM by the key that sizes it: its worker processes (each with the model's
+    gradients and its private optimizer state), their DataLoader processes, the leader's round
+    buffers (a fragment's snapshot and reduce buffer, the outer rule's state) and the data (built
+    once, then shared)."""
+    per_worker = WORKER_RSS + model_bytes * (1 + private_state)
+    rounds = model_bytes * (2 / cfg.sync.fragments + (1 if cfg.sync.mode in OUTER_STATE_RULES else 0))
+    return {"workers": workers * per_worker, "data.loader_workers": workers * cfg.data.loader_workers * WORKER_RSS,
+            "model": int(rounds), "data": 2 * data}

@@ -1,0 +1,66 @@
+"""The memory estimate counts the model, its optimizer state, the round buffers and loader
+processes, and refuses a run that will not fit before the model is shared or a worker spawns
+(fast tier)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from hogwild.errors import ConfigError
+from hogwild.replica import build, resources
+from hogwild.replica.optim import torch_state_probe
+from tests.conftest import compose_cfg
+
+GB = 2**30
+
+
+def _memory(monkeypatch: pytest.MonkeyPatch, avail: int) -> None:
+    monkeypatch.setattr(resources, "mem_available", lambda: avail)
+    monkeypatch.setattr(resources, "shm_free", lambda: 1000 * GB)
+
+
+def test_a_model_whose_workers_copies_do_not_fit_is_refused_naming_workers(
+        tmp_cwd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _memory(monkeypatch, 8 * GB)
+    cfg = compose_cfg(["optim=adamw", "workers=8"])
+    # Eight workers, each with the gradients and two Adam moments of a 1 GB model: about 26 GB.
+    with pytest.raises(ConfigError, match=r"^workers: 8 workers x 1 replica\(s\) need about 2\d\.\d GB"):
+        resources.check(cfg, 8, 1, model_bytes=GB, state_copies=2)
+    resources.check(cfg, 8, 1, model_bytes=0, state_copies=2)  # the data alone fits: the first check passes
+    resources.check(compose_cfg(["optim=sgd", "workers=1"]), 1, 1, model_bytes=GB)  # one worker, plain SGD fits
+
+
+def test_loader_processes_count_and_are_named(tmp_cwd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _memory(monkeypatch, 8 * GB)
+    cfg = compose_cfg(["workers=2", "data.loader_workers=32"])
+    with pytest.raises(ConfigError, match=r"^data\.loader_workers: .*need about 19\.\d GB"):
+        resources.check(cfg, 2, 1)
+
+
+def test_shared_optimizer_state_counts_in_shared_memory(tmp_cwd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(resources, "mem_available", lambda: 1000 * GB)
+    monkeypatch.setattr(resources, "shm_free", lambda: 2 * GB)
+    resources.check(compose_cfg(["optim=adamw"]), 1, 1, model_bytes=GB, state_copies=2)  # moments per worker: RAM
+    with pytest.raises(ConfigError, match=r"^model: the model and its shared optimizer state needs 3\.0 GB of shared"):
+        resources.check(compose_cfg(["optim=adamw", "optim.state=shared"]), 1, 1, model_bytes=GB, state_copies=2)
+
+
+def test_a_torch_optimizers_model_sized_state_is_read_off_its_probe(tmp_cwd: Path) -> None:
+    params = [torch.nn.Parameter(torch.zeros(10, 3)), torch.nn.Parameter(torch.zeros(3))]
+    adamw = compose_cfg(["optim._target_=torch.optim.AdamW"]).optim
+    sgd = compose_cfg(["optim._target_=torch.optim.SGD"]).optim
+    assert build.model_sized_state(torch_state_probe(adamw, params), params) == 2
+    assert build.model_sized_state(torch_state_probe(sgd, params), params) == 0
+
+
+def test_the_replica_is_refused_before_its_model_is_shared(tmp_cwd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _memory(monkeypatch, int(1.5 * GB))
+    shared: list[int] = []
+    monkeypatch.setattr(build, "share_model", lambda *a: shared.append(1))
+    cfg = compose_cfg(["optim=adamw", "workers=4", "model.hidden=500000"])
+    with pytest.raises(ConfigError, match=r"^workers: 4 workers"):
+        build.build_replica(cfg, torch.device("cpu"), 4, 1)
+    assert not shared
