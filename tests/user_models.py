@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+import torch
 from torch import Tensor, nn
 
 
@@ -127,3 +128,14 @@ class MetaNet(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc(x.flatten(1))
+
+
+class LateExitSGD(torch.optim.SGD):
+    """An optimizer whose third step calls sys.exit: the preflight's one probe step passes, a
+    worker meets it."""
+
+    def step(self, closure=None):  # type: ignore[no-untyped-def, override]
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls >= 3:
+            sys.exit(4)
+        return super().step(closure)

@@ -40,6 +40,12 @@ logger = logging.getLogger(__name__)
 
 WORKER_NICENESS = 5
 
+# Which user call a worker is in, for the one line when that code leaves with SystemExit or
+# KeyboardInterrupt (one process per worker: a module global is this worker's own).
+_phase = ["the step"]
+DATA, FORWARD = "data: reading a training batch", "model, loss, step: the forward pass and loss"
+OPTIM, SCHED = "optim: the optimizer's step", "sched: the learning-rate schedule"
+
 
 @dataclass(frozen=True)
 class WorkerSpec:
@@ -71,7 +77,7 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
     except (SystemExit, KeyboardInterrupt) as e:
         # The user's code (a dataset item, a forward, a loss) left: workers ignore SIGINT and
         # SIGTERM and never call sys.exit, so this ends a worker that did not finish, never as 0.
-        sys.stderr.write(f"hogwild: worker {spec.global_index}: {escaped(e, 'the step')}\n")
+        sys.stderr.write(f"hogwild: worker {spec.global_index}: {escaped(e, _phase[0])}\n")
         sys.stderr.flush()
         os._exit(1)
     except Exception as e:  # noqa: BLE001 - the worker's one exit for what nobody expected
@@ -133,10 +139,12 @@ def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, samp
     step = step or Step(StepConfig(), F.cross_entropy, model)
 
     def step_fn(index: int) -> tuple[Tensor, int]:
+        _phase[0] = DATA
         inputs, y = prefetch.batch(index) if prefetch else ds.train.batch(sampler.batch(index))
         inputs, y = to_device(inputs, y, device, non_blocking=True)
         for p in params:
             p.grad = None
+        _phase[0] = FORWARD
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss, _ = step.run(model, inputs, y)
         loss.float().backward()
@@ -207,10 +215,12 @@ def run_loop(step_fn: StepFn, opt: Optimizer, params: list[Tensor], spec: Worker
         grads = [p.grad for p in params]
         if np.isfinite(lval) and grads_finite(grads):
             if sched is not None:  # the replica's step: every worker of it uses one rate at one step
+                _phase[0] = SCHED
                 pos = int(stats["pos"].sum())
                 opt.set_lr(sched.lr_at(pos, schedule_length(pos, ctrl, sched.total, time_budget_s)))
             if clip is not None:
                 clip_grad_norm(grads, clip)
+            _phase[0] = OPTIM
             opt.step(grads)
             row["applied"] += 1
             loss_ema = lval if loss_ema == 0.0 else 0.98 * loss_ema + 0.02 * lval

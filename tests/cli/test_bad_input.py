@@ -294,5 +294,16 @@ def test_a_worker_whose_dataset_calls_sys_exit_never_ends_the_run_with_exit_0(tm
     proc = run_cli(["data._target_=tests.user_models.late_exit_items", "workers=1", "train.epochs=2",
                     "fault.max_worker_restarts=0", f"run_dir={tmp_path / 'run'}"], cwd=REPO, timeout=120)
     assert proc.returncode == 3, proc.stderr[-2000:]
-    assert "called sys.exit(0); nothing was trained" in proc.stderr
+    assert "data: reading a training batch called sys.exit(0); nothing was trained" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_an_optimizer_that_calls_sys_exit_mid_run_is_named_by_its_key(tmp_path: Path) -> None:
+    from tests.conftest import REPO
+
+    proc = run_cli(["optim._target_=tests.user_models.LateExitSGD", "workers=1", "train.max_steps=50",
+                    "fault.max_worker_restarts=0", f"run_dir={tmp_path / 'run'}"], cwd=REPO, timeout=120)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "optim: the optimizer's step called sys.exit(4); nothing was trained" in proc.stderr
     assert "Traceback" not in proc.stderr
