@@ -1,6 +1,6 @@
 """hogwild: Hogwild! inside a machine, periodic sync rounds between machines, for PyTorch.
 
-The Python API (see hogwild/api.py and the README's "From Python"): ``train``, ``compose``,
+The Python API (see hogwild/api.py and docs/api.md): ``train``, ``compose``,
 ``load_model``, the result type ``RunResult`` and the errors ``ConfigError`` and ``RunFailed``.
 Importing the package is cheap; each name loads its module on first use.
 """

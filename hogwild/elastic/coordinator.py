@@ -17,7 +17,7 @@ def listen(host: str, port: int) -> socket.socket:
     """A listening socket bound to ``host`` alone. A master ``TCPStore`` given only a host name
     listens on every interface whatever the name says, so a coordinator asked to stay on
     127.0.0.1 would be reachable from the network; handing it a socket we bound keeps the
-    address the user chose (the README's advice on keeping the port private relies on it)."""
+    address the user chose (docs/machines.md's advice on keeping the port private relies on it)."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:

@@ -13,7 +13,7 @@ store can only add to blindly, become signed values advanced by compare-and-set.
 
 What a token does not give: secrecy (the store's traffic is plain TCP: anyone on the path reads
 it) and availability (an outsider can still delete keys or flood the server). Keep the port on a
-private network, or behind a tunnel (the README's elastic section).
+private network, or behind a tunnel (docs/machines.md, elastic mode).
 """
 
 from __future__ import annotations

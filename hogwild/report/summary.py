@@ -106,7 +106,7 @@ class RunSummary:
     run_dir: Path
 
     def metrics(self) -> dict[str, Any]:
-        """The flat object ``metrics.json`` holds (keys documented in the README's Outputs); a
+        """The flat object ``metrics.json`` holds (keys documented in docs/outputs.md); a
         value that does not exist is None, which the file writes as null."""
         result: dict[str, Any] = {
             "status": self.status,
