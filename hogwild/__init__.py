@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ConfigError", "RunFailed", "RunResult", "UserError", "compose", "load_model", "train"]
+__all__ = ["ConfigError", "RunFailed", "RunResult", "Status", "UserError", "compose", "load_model", "train"]
 __version__ = "0.1.0"
 
 

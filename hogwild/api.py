@@ -24,7 +24,7 @@ from torch import nn
 from hogwild.config.schema import Config
 from hogwild.errors import ConfigError, Fault, UserError, WriteFailed
 from hogwild.files import make_run_dir
-from hogwild.report.summary import RunResult
+from hogwild.report.summary import RunResult, Status  # noqa: F401 - Status: part of the API
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def _refuse_unguarded_script() -> None:
 def train(overrides: Overrides = (), *, config: Optional[Config] = None) -> RunResult:
     """Train one replica (or this rank's, under torchrun or with ``sync.coordinator``) and
     return how it ended. ``config`` replaces composing from ``overrides``."""
-    from hogwild.leader.core import leader_for
+    from hogwild.leader.choose import leader_for
 
     _refuse_unguarded_script()
     dotlist = None if config is not None else _dotlist(overrides)

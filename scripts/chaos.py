@@ -48,9 +48,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from hogwild.checkpoint import store as checkpoint  # noqa: E402
-from hogwild.elastic.membership import Epoch  # noqa: E402
-from hogwild.replica.board import CONTROL, STATS  # noqa: E402
+from hogwild.bench import checkpoint_store as checkpoint  # noqa: E402
+from hogwild.bench import Epoch  # noqa: E402
+from hogwild.bench import CONTROL, STATS  # noqa: E402
 
 logger = logging.getLogger("chaos")
 SLOTS, PEER_S, STEP_MS, INTERVAL = 3, 2.0, 20, 20
@@ -279,7 +279,7 @@ def all_killed(run: Run, f: Fault) -> None:
     last = run.last_sequence()
     for s in range(SLOTS):
         run.start(s)
-    _until(lambda: all(" in epoch " in run.log(s) for s in range(SLOTS)), BOUND_S, "the restarted replicas' epoch")
+    _until(lambda: all(f"[slot {s} epoch " in run.log(s) for s in range(SLOTS)), BOUND_S, "the restarted replicas' epoch")
     f.steps_lost = max(0.0, before - sum(run.pos(s) for s in range(SLOTS)))  # back to the checkpoint: redone
     f.recovery_s = run.settle(t0, "every replica killed")
     run.resumes.append((last, [m for s in range(SLOTS) for m in re.findall(r"resumed from (\S+)", run.log(s))]))
@@ -323,7 +323,7 @@ def check_end(run: Run) -> dict[str, Any]:
     logs = [p for ps in run.logs.values() for p in ps] + [log for _, log in run.duplicates]
     writers: dict[int, set[int]] = {}
     for log in logs:
-        for slot, epoch in re.findall(r"slot (\d+) in epoch (\d+): .*\(writer\)", log.read_text(errors="replace")):
+        for slot, epoch in re.findall(r"\[slot (\d+) epoch (\d+)\] members .*\(writer\)", log.read_text(errors="replace")):
             writers.setdefault(int(epoch), set()).add(int(slot))
     broken += [f"epoch {e} had writers {sorted(w)}" for e, w in writers.items() if len(w) > 1]
     ckpts = []

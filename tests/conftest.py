@@ -112,7 +112,7 @@ def tb_scalars(run_dir: Path, tag: str) -> list[float]:
 
 def run_metrics(cfg: Any, run_dir: str) -> dict[str, Any]:
     """One leader in this process (the public API's path); what its metrics.json holds."""
-    from hogwild.leader.core import run
+    from hogwild.leader.choose import run
 
     result = run(cfg, run_dir)
     assert result.metrics is not None, result

@@ -13,12 +13,12 @@ from tests.conftest import REPO
 PKG = REPO / "hogwild"
 # The flow, from what the user says to what the user runs. A package may import its own
 # modules, the shared modules (errors, files, native) and the packages before it, never one after.
-ORDER = ("config", "data", "replica", "sync", "checkpoint", "report", "elastic", "leader", "api", "cli")
-SHARED = {"errors", "files", "native", "__init__"}  # __init__ re-exports api lazily
+ORDER = ("config", "data", "replica", "sync", "checkpoint", "report", "elastic", "leader", "api", "bench", "cli")
+SHARED = {"errors", "files", "logs", "native", "__init__"}  # __init__ re-exports api lazily
 # Elastic mode is the conductor's business: elastic/ stands on sync/ alone, and only the
 # conductor (and the CLI that picks it) may know it.
 ELASTIC_MAY_IMPORT = {"config", "sync"}
-ELASTIC_KNOWN_BY = {"elastic", "leader", "cli"}
+ELASTIC_KNOWN_BY = {"elastic", "leader", "cli", "bench"}
 # A sanity bound (docs/design.md): a module past it hides two ideas.
 MAX_LINES = 600
 
@@ -118,6 +118,46 @@ def test_nobody_writes_another_objects_private_state() -> None:
                             and not (isinstance(sub.value, ast.Name) and sub.value.id in ("self", "cls"))):
                         writes.append(f"{path.relative_to(REPO)}:{node.lineno} {ast.unparse(t)}")
     assert writes == []
+
+
+# The board's shared cells are the one message surface between the leader and its workers:
+# whoever holds the board (self.board) writes them.
+MESSAGE_SURFACE = ("self.board.control", "self.board.stats")
+
+
+def _writes_through_others(tree: ast.AST) -> list[tuple[int, str]]:
+    """Assignments into an object reached through another (``crew.saver.lineage = ...``,
+    ``crew.board.stats["pos"] = ...``, ``self.memory.away_since = ...``): the object that owns
+    the state offers a method instead, so one class never sets another's fields."""
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for t in targets:
+            for sub in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
+                owner = sub.value if isinstance(sub, ast.Subscript) else sub
+                if (isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Attribute)
+                        and ast.unparse(owner) not in MESSAGE_SURFACE):
+                    found.append((node.lineno, ast.unparse(sub)))
+    return found
+
+
+def test_no_object_assigns_the_fields_of_an_object_it_reaches_through_another() -> None:
+    writes = [f"{p.relative_to(REPO)}:{line} {t}" for p in PKG.rglob("*.py")
+              for line, t in _writes_through_others(ast.parse(p.read_text()))]
+    assert writes == []
+
+
+def test_the_write_detector_sees_fields_set_through_another_object() -> None:
+    code = ("crew.saver.lineage = 'x'\ncrew.board.stats['pos'] = 0\nself.memory.away_since = 1\n"
+            "self.board.control['stop'] = 1\nself.x = 1\nrow['pos'] = 2\n")
+    assert [t for _, t in _writes_through_others(ast.parse(code))] == [
+        "crew.saver.lineage", "crew.board.stats['pos']", "self.memory.away_since"]
+
+
+def test_the_conductor_knows_the_group_interface_only() -> None:
+    deps = _graph()["leader.core"]
+    assert not deps & {"leader.torchrun", "leader.elastic"}, deps
 
 
 def test_modules_stay_readable() -> None:

@@ -72,7 +72,7 @@ def restore(path: str, model_name: str, shapes: list[tuple[int, ...]], flat: Ten
     pos = ckpt.get("positions")
     k = len(board.stats)
     if isinstance(pos, torch.Tensor) and tuple(pos.shape) == (world, k):
-        board.stats["pos"] = pos[rank].numpy()
+        board.set_positions(pos[rank].numpy())
     else:
         pos = None
         logger.warning("checkpoint was made with another replicas x workers layout; "
@@ -80,7 +80,7 @@ def restore(path: str, model_name: str, shapes: list[tuple[int, ...]], flat: Ten
     counters = Counts.from_dict(ckpt.get("counters", {}))
     lineage = str(ckpt.get("lineage") or checkpoint.new_lineage())
     restored = Restored(path, counters, lineage, positions=pos)
-    board.control["base_steps"] = counters.steps
+    board.set_base_steps(counters.steps)
     logger.info("resumed from %s (step %d, %d syncs)", path, counters.steps, counters.syncs)
     return restored, ckpt.get("sync_state", {})
 

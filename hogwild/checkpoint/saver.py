@@ -80,6 +80,17 @@ class Saver:
         """This replica's state came from a peer: what it restored says nothing of the others now."""
         self._seen = None
 
+    def adopt(self, lineage: str) -> None:
+        """Healed from a peer: one lineage for the job, whichever slot writes, so a slot that
+        becomes the writer goes on with the sequence of the checkpoints before it instead of
+        starting its own at 1; what it gathered before says nothing of the others now."""
+        self.lineage = lineage
+        self.forget()
+
+    def set_loss_bar(self, bar: float) -> None:
+        """The loss past which a model is diverged, once the starting loss is known."""
+        self.loss_bar = bar
+
     def local_view(self, board: Board, rank: int, world: int, own: Counts) -> tuple[torch.Tensor, Counts]:
         """Positions and job totals for a checkpoint written between rounds, without a
         collective: the other replicas as last gathered, this one as it is now. Their steps

@@ -45,8 +45,8 @@ def checkpoint_command(argv: Optional[Sequence[str]], usage: str, keys: Sequence
                        ) -> tuple[dict[str, str], bool, list[str]]:
     """The start of every checkpoint command (eval, export): the user's modules importable, log
     lines on, and its arguments read (:func:`checkpoint_args`)."""
-    import logging
+    from hogwild import logs
 
     import_from_cwd()
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
+    logs.setup()
     return checkpoint_args(sys.argv[1:] if argv is None else argv, usage, keys)

@@ -8,13 +8,13 @@ machine can reach; it holds no training state and uses almost no CPU.
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import threading
 from typing import NoReturn, Optional
 
 import torch.distributed as dist
 
+from hogwild import logs
 from hogwild.elastic.coordinator import serve
 from hogwild.errors import first_line, guarded, say_error
 
@@ -43,7 +43,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--host", default="0.0.0.0", help="the one address to listen on (default: 0.0.0.0, every IPv4 interface)")
     ap.add_argument("--port", type=_port, default=29400, help="0..65535 (0: any free port, logged)")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    logs.setup()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

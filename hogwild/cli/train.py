@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def _hydra_main(dcfg: DictConfig) -> Optional[float]:
-    from hogwild.leader.core import leader_for
+    from hogwild.leader.choose import leader_for
 
     run_dir = HydraConfig.get().runtime.output_dir
     try:

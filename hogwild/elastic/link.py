@@ -116,6 +116,20 @@ class Memory:
         since = self.away_since
         return 0.0 if since is None else time.monotonic() - since
 
+    def went_away(self, now: float) -> bool:
+        """An outage starts now, unless one is already under way (caller holds the lock)."""
+        if self.away_since is not None:
+            return False
+        self.away_since = now
+        return True
+
+    def came_back(self, now: float) -> Optional[float]:
+        """The outage ends now: how long it lasted, or None if there was none (caller holds the lock)."""
+        if self.away_since is None:
+            return None
+        lasted, self.away_since, self.back_at = now - self.away_since, None, now
+        return lasted
+
 
 class Link:
     """One TCPStore client that reconnects (and restores, see the module) after an outage."""
@@ -166,8 +180,7 @@ class Link:
     def _lost(self, e: BaseException) -> None:
         self._store, self._next_try = None, 0.0
         with self.memory.lock:
-            if self.memory.away_since is None:
-                self.memory.away_since = time.monotonic()
+            if self.memory.went_away(time.monotonic()):
                 logger.warning("lost the coordinator at %s (%s); training goes on, membership changes wait for it",
                                self.endpoint, first_line(e))
 
@@ -185,10 +198,10 @@ class Link:
             raise CoordinatorAway(f"sync.coordinator {self.endpoint}: {first_line(e)}") from None
         self._store = store
         with self.memory.lock:
-            if self.memory.away_since is not None:
+            lasted = self.memory.came_back(now)
+            if lasted is not None:
                 logger.warning("coordinator at %s is back after %.1fs; restored %d keys and epoch %d", self.endpoint,
-                               now - self.memory.away_since, len(self.memory.kept), self.memory.epoch)
-                self.memory.away_since, self.memory.back_at = None, now
+                               lasted, len(self.memory.kept), self.memory.epoch)
 
     def _restore(self, store: dist.TCPStore) -> None:
         with self.memory.lock:

@@ -101,6 +101,13 @@ class Progress:
     round: int = 0
     step: int = 0
 
+    def turn(self, round: Optional[int] = None, step: Optional[int] = None) -> None:
+        self.ticks += 1
+        if round is not None:
+            self.round = round
+        if step is not None:
+            self.step = step
+
 
 @dataclass(frozen=True)
 class Beat:
@@ -252,16 +259,11 @@ class Membership:
     def tick(self, round: Optional[int] = None, step: Optional[int] = None) -> None:
         """The leader's main loop turned (called at least every ``peer_timeout_s / 2`` while it
         works; a member that never calls it is judged by its heartbeat alone)."""
-        p = self.progress
-        p.ticks += 1
-        if round is not None:
-            p.round = round
-        if step is not None:
-            p.step = step
+        self.progress.turn(round, step)
 
     def _moving(self) -> None:
         if self.progress.ticks:  # only a process that reports its loop (a leader) counts turns
-            self.progress.ticks += 1
+            self.progress.turn()
 
     def beat_of(self, slot: int) -> Optional[Beat]:
         return self.link.fetch_as(f"hb/{slot}", Beat.decode)

@@ -58,11 +58,17 @@ class Control:
     def stopping(self) -> bool:
         return self.signalled or self.fault is not None
 
-    def fail(self, msg: str, code: int = EXIT_FAULT) -> None:
-        """The first fault wins: later ones are consequences of it."""
+    def fail(self, msg: str, code: int = EXIT_FAULT, degraded: bool = False) -> None:
+        """The first fault wins: later ones are consequences of it. ``degraded``: a peer is gone
+        and the group could not re-form, so no collective may run any more."""
+        self.degraded = self.degraded or degraded
         if self.fault is None:
             self.fault, self.fault_code = msg, code
             logger.error("stopping: %s", msg)
+
+    def why(self, msg: str) -> None:
+        """Why the run ends, where that is no fault (a signal during start-up)."""
+        self.fault = msg
 
     def checkpoint_in(self, seconds: float) -> None:
         self.next_ckpt = time.monotonic() + seconds
@@ -93,6 +99,11 @@ class Crew:
     def step(self) -> int:
         """The lineage's step count now (TensorBoard's x axis)."""
         return self.base.steps + self.board.applied()
+
+    def adopt_counters(self, base: Counts) -> None:
+        """The lineage's counters before this process, received from the peer it healed from."""
+        self.base = base
+        self.board.set_base_steps(base.steps)
 
 
 class Group(ABC):

@@ -27,7 +27,6 @@ from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
 from hogwild.errors import EXIT_FAILED, StopNow
 from hogwild.leader.api import Control, Crew, Group
-from hogwild.leader.torchrun import TorchrunGroup
 from hogwild.replica import resources
 from hogwild.replica.board import Board, Counts, previous_attempt
 from hogwild.replica.build import build_replica, replica_device
@@ -38,7 +37,7 @@ from hogwild.replica.pool import WorkerPool, worker_specs
 from hogwild.replica.resources import resolve_workers
 from hogwild.report.metrics import flatten, strict
 from hogwild.report.rundir import record_config, set_aside_earlier_run
-from hogwild.report.summary import RunResult, RunSummary, Timing, exit_code, status_of, write_report
+from hogwild.report.summary import RunResult, RunSummary, Status, Timing, write_report
 from hogwild.report.telemetry import Telemetry
 from hogwild.report.verdict import judge
 from hogwild.sync.comm import PeerLost
@@ -55,11 +54,11 @@ LOCAL_GRACE = 0.25
 
 
 class Leader:
-    def __init__(self, cfg: Config, run_dir: str, group: Optional[Group] = None,
+    def __init__(self, cfg: Config, run_dir: str, group: Group,
                  ctl: Optional[Control] = None, overrides: Optional[Sequence[str]] = None) -> None:
         self.cfg, self.run_dir, self.overrides = cfg, Path(run_dir), overrides
         self.ctl = ctl or Control()
-        self.group = group or TorchrunGroup(stopped=lambda: self.ctl.signalled)
+        self.group = group
         self.env: DistEnv = self.group.env
         self.t_start = time.monotonic()
         self.t_train: Optional[float] = None
@@ -126,8 +125,7 @@ class Leader:
         why = self.group.recover(e)
         if why is None:
             return True
-        self.ctl.degraded = True
-        self.ctl.fail(why)
+        self.ctl.fail(why, degraded=True)
         return False
 
     def _checkpoint(self, crew: Crew) -> None:
@@ -247,7 +245,7 @@ class Leader:
                 if not pool.wait_ready(fault.startup_timeout_s, fault.max_worker_restarts, lambda: ctl.signalled):
                     raise StopNow()  # a signal while the workers warmed up: nothing trained yet
                 crew.tel.warm_up(crew.base.steps)
-                crew.saver.loss_bar = loss_bar(crew.tel.test_loss, crew.rep.task.classes)
+                crew.saver.set_loss_bar(loss_bar(crew.tel.test_loss, crew.rep.task.classes))
                 self.group.start()
                 if self.group.writer:  # the run_dir lock is held: the record is this run's to write
                     if crew.restored is None:
@@ -263,15 +261,15 @@ class Leader:
                 crew.tel.close()
             return self.group.finish(self._finish(crew, time.monotonic() - self.t_train))
         except StopNow:
-            ctl.fault = "stopped during start-up: nothing trained, no checkpoint written"
+            ctl.why("stopped during start-up: nothing trained, no checkpoint written")
             return self._outcome()
         finally:
             self.group.close(ctl.degraded)
             ctl.stopper.uninstall()
 
     def _outcome(self, peer_lost: bool = False) -> RunResult:  # the result of a leader writing no metrics.json
-        status = status_of(self.ctl.stopper.signal, self.ctl.fault, self.ctl.fault_code)
-        return RunResult(status=status, exit_code=exit_code(status), error=self.ctl.fault, run_dir=self.run_dir,
+        status = Status.of(self.ctl.stopper.signal, self.ctl.fault, self.ctl.fault_code)
+        return RunResult(status=status, exit_code=status.exit_code, error=self.ctl.fault, run_dir=self.run_dir,
                          peer_lost=peer_lost)
 
     def _finish(self, crew: Crew, train_s: float) -> RunResult:
@@ -310,7 +308,7 @@ class Leader:
         tel.round(sync_stats.final)
         if not group.writer:
             return self._outcome()
-        status = status_of(ctl.stopper.signal, ctl.fault, ctl.fault_code)
+        status = Status.of(ctl.stopper.signal, ctl.fault, ctl.fault_code)
         assert self.t_train is not None
         timing = Timing(wall_s=time.monotonic() - self.t_start, train_s=train_s, startup_s=self.t_train - self.t_start,
                         time_to_target_s=tel.time_to_target, worker_steps_to_target=tel.worker_steps_to_target,
@@ -322,14 +320,14 @@ class Leader:
                              replicas=self.env.world_size, sync_mode=self.cfg.sync.mode,
                              schedule=crew.schedule, resumed=crew.restored, run_dir=crew.run_dir).metrics()
         metrics.update(verdict=verdict.summary, target_held=tel.target_held(), **group.report())
-        if crew.restored is not None and metrics["status"] != "ok":
+        if crew.restored is not None and metrics["status"] != Status.OK:
             # A resumed run that failed keeps the report of the run it resumed, which told of a
             # model that still exists in the checkpoints: nothing already written is lost.
             set_aside_earlier_run(crew.run_dir, ("metrics.json",))
         write_report(crew.run_dir / "metrics.json", metrics)
         tel.metrics.hparams(flatten("", self._config_dict()), {f"test_{k}": v for k, v in tel.scores.items()})
         tel.metrics.close()
-        return RunResult(status=metrics["status"], exit_code=metrics["exit_code"], error=metrics.get("error"),
+        return RunResult(status=Status(metrics["status"]), exit_code=metrics["exit_code"], error=metrics.get("error"),
                          run_dir=crew.run_dir, metrics=strict(metrics))  # as metrics.json holds it
 
 
@@ -356,20 +354,3 @@ def hand_back_judged(crew: Crew) -> None:
         tel.restore_judged()
     crew.comm.broadcast(flat, src)
     crew.rule.settle(flat)
-
-
-def leader_for(cfg: Config, run_dir: str, env: Optional[DistEnv] = None,
-               overrides: Optional[Sequence[str]] = None) -> Leader:
-    """The leader ``cfg`` asks for: elastic with ``sync.coordinator``, else a torchrun group.
-    ``overrides``: the command line's, recorded in ``.hydra/overrides.yaml``."""
-    if cfg.sync.coordinator:
-        from hogwild.leader.elastic import ElasticGroup
-
-        ctl = Control()
-        return Leader(cfg, run_dir, ElasticGroup(cfg, ctl, env), ctl, overrides)
-    ctl = Control()
-    return Leader(cfg, run_dir, TorchrunGroup(env, lambda: ctl.signalled), ctl, overrides)
-
-
-def run(cfg: Config, run_dir: str, env: Optional[DistEnv] = None) -> RunResult:
-    return leader_for(cfg, run_dir, env).run()

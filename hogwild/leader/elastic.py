@@ -26,20 +26,21 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from hogwild import logs
 from hogwild.checkpoint.resume import Restored, restore, resume_path
 from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
 from hogwild.elastic.comm import ElasticComm
 from hogwild.elastic.link import CoordinatorAway
 from hogwild.elastic.membership import Dropped, Epoch, Membership
-from hogwild.errors import EXIT_FAULT, Fault, StopNow, UserError
+from hogwild.errors import Fault, StopNow, UserError
 from hogwild.files import RunDirLock
 from hogwild.leader.api import Control, Group
 from hogwild.replica.board import Board, Counts
 from hogwild.replica.build import Replica
 from hogwild.replica.faults import leader_faults
 from hogwild.replica.models import model_id
-from hogwild.report.summary import RunResult
+from hogwild.report.summary import RunResult, Status
 from hogwild.sync.comm import Comm, PeerLost
 from hogwild.sync.group import destroy_group
 from hogwild.sync.rules import SyncRule
@@ -139,8 +140,9 @@ class ElasticGroup(Group):
         self.members = ep.members
         for tag, value in (("epoch", ep.number), ("members", len(ep.members)), *self.tally.items()):
             self._tb(tag, value)
-        logger.info("slot %d in epoch %d: members %s, rank %d of %d%s", self.env.rank, ep.number,
-                    list(ep.members), self.comm.rank, self.comm.world_size, " (writer)" if self.writer else "")
+        logs.stamp(slot=self.env.rank, epoch=ep.number)
+        logger.info("members %s, rank %d of %d%s", list(ep.members), self.comm.rank, self.comm.world_size,
+                    " (writer)" if self.writer else "")
 
     def _agree(self, ep: Epoch) -> tuple[Optional[int], tuple[int, ...]]:
         """(heal source, members a round behind it), from one small gather of the rounds each
@@ -173,38 +175,34 @@ class ElasticGroup(Group):
             if restart:
                 self._publish()
             return
-        crew.saver.forget()
-        # One lineage for the job, whichever slot writes: a slot that becomes the writer goes on
-        # with the sequence of the checkpoints before it instead of starting its own at 1.
-        crew.saver.lineage = str(got["lineage"])
+        crew.saver.adopt(str(got["lineage"]))
         with torch.no_grad():
             rep.flat.copy_(got["flat"])
             for name, buf in (rep.opt_state or {}).items():
                 buf.copy_(got["opt"][name])
         crew.rule.load_state_dict(got["sync"])
         if self.env.rank in behind:  # a live member: its counters and positions are its own
-            logger.warning("slot %d applied %d rounds, slot %d applied %d (a round failed here and completed "
-                           "there): took slot %d's state", self.env.rank, crew.rounds.syncs, source,
+            logger.warning("applied %d rounds, slot %d applied %d (a round failed here and completed "
+                           "there): took slot %d's state", crew.rounds.syncs, source,
                            int(got["syncs"]), source)
-            crew.rounds.syncs = int(got["syncs"])
+            crew.rounds.adopt(int(got["syncs"]))
             return
-        crew.base = Counts.from_dict(got["counters"])
-        crew.board.control["base_steps"] = crew.base.steps
-        crew.rounds.syncs = int(got["syncs"])
+        crew.adopt_counters(Counts.from_dict(got["counters"]))
+        crew.rounds.adopt(int(got["syncs"]))
         if restart:  # this slot's position in the source's checkpoint (its shard's start if none)
             table = got["positions"]
-            crew.board.stats["pos"] = table[self.env.rank].numpy() if table is not None else np.zeros(crew.workers)
+            crew.board.set_positions(table[self.env.rank].numpy() if table is not None else np.zeros(crew.workers))
             self.carried = None
             self._publish()  # what an earlier lineage left at the coordinator must not be read again
         else:
             pos = self.m.link.fetch_as(f"pos/{self.env.rank}", floats(crew.workers)) if fresh else None
             if pos is not None:  # workers not started: resume this slot's shard
-                crew.board.stats["pos"] = pos
+                crew.board.set_positions(pos)
             done = self.m.link.fetch_as(f"done/{self.env.rank}", floats(Counts().to_tensor().numel())) if fresh else None
             if done is not None:  # and count on from its earlier processes' totals at their last round
                 self.carried = torch.from_numpy(done)
         crew.rounds.rebase()
-        logger.info("slot %d healed from slot %d (step %d, %d syncs)", self.env.rank, source,
+        logger.info("healed from slot %d (step %d, %d syncs)", source,
                     crew.base.steps, crew.rounds.syncs)
 
     def _reset_absent(self, ep: Epoch) -> None:
@@ -226,8 +224,7 @@ class ElasticGroup(Group):
                 for key, raw in slot_record(s, pos, Counts()).items():
                     self.m.link.set(key, raw)
             except CoordinatorAway:  # the stale ones stay: say so, a resume would show it
-                logger.warning("slot %d: the coordinator went away before slot %d's positions were reset",
-                               self.env.rank, s)
+                logger.warning("the coordinator went away before slot %d's positions were reset", s)
 
     def _became(self, ep: Epoch) -> None:
         writer = self.comm.rank == 0
@@ -238,7 +235,7 @@ class ElasticGroup(Group):
                 self.lock = lock
             except UserError as e:  # a dropped writer still holds it: nobody writes until it lets go
                 if not self.lock_refused:
-                    logger.warning("slot %d: %s", self.env.rank, e)
+                    logger.warning("%s", e)
                 self.lock_refused = True
         if not writer and self.lock is not None:
             self.lock.release()
@@ -258,7 +255,7 @@ class ElasticGroup(Group):
                 self._enter(ep)
                 return
             except PeerLost as e:  # a member died while the group formed: next epoch
-                logger.warning("slot %d: %s", self.env.rank, e)
+                logger.warning("%s", e)
 
     # ---------------------------------------------------------------- rounds
     def progress(self, rounds: int, steps: int) -> None:
@@ -294,7 +291,7 @@ class ElasticGroup(Group):
             raise PeerLost("sync: stopped by a signal while the group re-formed") from None
 
     def recover(self, e: PeerLost) -> Optional[str]:
-        logger.warning("slot %d: %s; re-forming the group", self.env.rank, e)
+        logger.warning("%s; re-forming the group", e)
         try:
             self._regroup()
         except (Fault, StopNow) as f:  # no quorum in time, or a signal: a minority stops, never writes
@@ -320,7 +317,7 @@ class ElasticGroup(Group):
         except CoordinatorAway:
             newer = False
         if self.writer and newer:
-            logger.warning("slot %d: a newer group exists; not writing", self.env.rank)
+            logger.warning("a newer group exists; not writing")
         return not newer
 
     def may_write_alone(self) -> bool:
@@ -373,7 +370,7 @@ class ElasticGroup(Group):
         self.m.put("finished", str(self.m.epoch.number))  # a replica that wakes later exits
         if self.comm.rank == 0 and not self.writer:
             return dataclasses.replace(
-                result, status="failed", exit_code=EXIT_FAULT,
+                result, status=Status.FAILED, exit_code=Status.FAILED.exit_code,
                 error=f"no metrics.json and no final checkpoint: the run_dir lock is held by a dropped "
                       f"writer (its pid is in {self.crew.run_dir}/.hogwild.lock)")
         return result

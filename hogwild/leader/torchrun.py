@@ -11,6 +11,7 @@ from typing import Callable, Optional
 
 import torch
 
+from hogwild import logs
 from hogwild.checkpoint.resume import Restored, resume
 from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
@@ -37,6 +38,8 @@ class TorchrunGroup(Group):
     def connect(self, cfg: Config, run_dir: Path, workers: int, rep: Replica) -> tuple[Comm, Path]:
         """The group, the agreed run_dir, and its one writer's lock (design rule 17)."""
         sc = cfg.sync
+        if self.env.world_size > 1:
+            logs.stamp(replica=self.env.rank)
         self.comm, run_dir = join_torchrun_group(self.env, sc.backend, sc.timeout_s, cfg.device, run_dir,
                                                  workers, rep.flat.device, self.stopped)
         if self.writer:

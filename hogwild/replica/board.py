@@ -151,6 +151,14 @@ class Board:
         """Structured record: ``board.control["stop"] = 1`` writes the shared cell."""
         return self.control_t.numpy().view(CONTROL)[0]
 
+    def set_positions(self, pos: np.ndarray) -> None:
+        """Every worker's data position (a slot that takes its shard's place from elsewhere)."""
+        self.stats["pos"] = pos
+
+    def set_base_steps(self, steps: int) -> None:
+        """The job steps this attempt starts from (restored, or received from a peer)."""
+        self.control["base_steps"] = steps
+
     def row(self, i: int) -> np.void:
         return self.stats[i]
 

@@ -24,6 +24,7 @@ from torch import Tensor
 from hogwild.config.schema import Config
 from hogwild.data.datasets import Dataset, ShardSampler, shard
 from hogwild.data.mapped import MapSplit, Prefetcher
+from hogwild import logs
 from hogwild.errors import escaped, first_line, save_traceback
 from hogwild.replica.board import Board
 from hogwild.replica.faults import StepFn, inject_faults, startup_faults
@@ -103,7 +104,7 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor, opt_state: O
     # A worker whose leader is gone leaves on its own (leader_watch).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, format=f"[worker {spec.global_index}] %(message)s")
+    logs.setup(worker=spec.global_index)
     torch.manual_seed(cfg.train.seed + spec.global_index)
 
     model = build_model(cfg.model, ds, cfg.train.seed)

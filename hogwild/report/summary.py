@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
 
@@ -15,19 +16,34 @@ from hogwild.report.metrics import write_json
 from hogwild.sync.rounds import SyncStats
 from hogwild.sync.schedule import SyncSchedule
 
-_FAULT_STATUS = {EXIT_FAULT: "failed", EXIT_FAILED: "training_failed", EXIT_WRITE: "write_failed"}
+class Status(str, Enum):
+    """How a run ended, and the exit code that says so (docs/faults.md): the one map from
+    outcome to code, for the leader, ``metrics.json``, the API and the CLI. A ``str`` so that
+    ``metrics.json`` and ``result.status == "ok"`` read it as the plain word."""
 
+    OK = "ok"
+    SIGINT = "SIGINT"
+    SIGTERM = "SIGTERM"
+    FAILED = "failed"
+    TRAINING_FAILED = "training_failed"
+    WRITE_FAILED = "write_failed"
 
-def status_of(stop_signal: Optional[int], fault: Optional[str], fault_code: int = EXIT_FAULT) -> str:
-    if stop_signal is not None:
-        return signal.Signals(stop_signal).name
-    return _FAULT_STATUS[fault_code] if fault is not None else "ok"
+    def __str__(self) -> str:
+        return self.value
 
+    @property
+    def exit_code(self) -> int:
+        return {Status.OK: EXIT_OK, Status.SIGINT: EXIT_SIGINT, Status.SIGTERM: EXIT_SIGTERM, Status.FAILED: EXIT_FAULT,
+                Status.TRAINING_FAILED: EXIT_FAILED, Status.WRITE_FAILED: EXIT_WRITE}[self]
 
-def exit_code(status: str) -> int:
-    codes = {"ok": EXIT_OK, "SIGINT": EXIT_SIGINT, "SIGTERM": EXIT_SIGTERM}
-    codes.update({name: code for code, name in _FAULT_STATUS.items()})
-    return codes.get(status, EXIT_FAULT)
+    @classmethod
+    def of(cls, stop_signal: Optional[int], fault: Optional[str], fault_code: int = EXIT_FAULT) -> "Status":
+        """A signal first (the user stopped it), then the first fault by its code, else ok."""
+        if stop_signal is not None:
+            return cls(signal.Signals(stop_signal).name)
+        if fault is None:
+            return cls.OK
+        return next((s for s in cls if s is not cls.OK and s.exit_code == fault_code), cls.FAILED)
 
 
 @dataclass
@@ -35,7 +51,7 @@ class RunResult:
     """How a leader's run ended. ``metrics`` is what ``metrics.json`` holds, on the one leader that
     writes it (rank 0, or the elastic writer); None elsewhere and when nothing trained."""
 
-    status: str
+    status: Status
     """ok | SIGINT | SIGTERM | failed | training_failed | write_failed"""
     exit_code: int
     error: Optional[str] = None
@@ -66,7 +82,7 @@ def write_report(path: Path, result: dict[str, Any]) -> None:
             if attempt == 2:
                 why = f"metrics.json: could not write {path}: {first_line(e)}"
                 earlier = result.get("error")
-                result.update(status="write_failed", exit_code=EXIT_WRITE,
+                result.update(status=Status.WRITE_FAILED, exit_code=Status.WRITE_FAILED.exit_code,
                               error=f"{earlier}; and {why}" if earlier else why)
 
 
@@ -86,7 +102,7 @@ class Timing:
 class RunSummary:
     """Everything ``metrics.json`` reports, as the writer gathered it at the end of a run."""
 
-    status: str
+    status: Status
     error: Optional[str]
     counters: Counts
     """The lineage's counts, restored ones included."""
@@ -110,7 +126,7 @@ class RunSummary:
         value that does not exist is None, which the file writes as null."""
         result: dict[str, Any] = {
             "status": self.status,
-            "exit_code": exit_code(self.status),
+            "exit_code": self.status.exit_code,
             "task": self.task.kind,
             **{f"test_{name}": value for name, value in self.scores.items()},
             **{f"baseline_{name}": value for name, value in self.task.baseline.items()},

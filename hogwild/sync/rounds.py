@@ -185,6 +185,10 @@ class Rounds:
             return 1.0
         return max(pos_at_snap - self._last_snap, 1.0)
 
+    def adopt(self, syncs: int) -> None:
+        """The lineage's round count of the peer this replica took its state from."""
+        self.syncs = syncs
+
     def rebase(self) -> None:
         """Positions jumped (healed from a peer): the next interval counts from here."""
         self._last_snap = pos = self.board.replica_pos()

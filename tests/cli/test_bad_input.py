@@ -211,7 +211,7 @@ def _with_run_dir(args: list[str], d: Path) -> list[str]:
 def test_bad_input_is_refused_before_anything_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      name: str, setup: Setup, key: str) -> None:
     from hogwild.errors import UserError
-    from hogwild.leader.core import Leader
+    from hogwild.leader.choose import leader_for
 
     monkeypatch.chdir(tmp_path)
     args, env = setup(tmp_path)
@@ -224,7 +224,7 @@ def test_bad_input_is_refused_before_anything_starts(tmp_path: Path, monkeypatch
     with warnings.catch_warnings(record=True) as said, pytest.raises(UserError) as info:
         warnings.simplefilter("always")
         cfg = compose_cfg(args)
-        Leader(cfg, str(tmp_path / "run")).run()
+        leader_for(cfg, str(tmp_path / "run")).run()
     while _LOCKS:
         _LOCKS.pop().release()
     msg = str(info.value)

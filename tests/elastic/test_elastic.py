@@ -189,6 +189,7 @@ def test_a_writer_stopped_past_the_timeout_is_dropped_rejoins_and_never_writes_b
     assert m["survivor_stall_s"] <= PEER_TIMEOUT_S + 2, m
     assert "is in use by" in job.log(1)
     assert "was dropped from the group" in job.log(0) and "healed from slot" in job.log(0)
+    assert "[slot 0 epoch " in job.log(0), "every line of an elastic leader names its slot and epoch"
 
 
 def test_a_minority_waits_writes_nothing_and_stops_at_once_on_sigterm(job_factory) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,29 @@
+"""Which group a leader meets the others through: the one place that knows both concrete
+groups, so the conductor (core.py) depends on the Group interface alone."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from hogwild.config.env import DistEnv
+from hogwild.config.schema import Config
+from hogwild.leader.api import Control
+from hogwild.leader.core import Leader
+from hogwild.leader.torchrun import TorchrunGroup
+from hogwild.report.summary import RunResult
+
+
+def leader_for(cfg: Config, run_dir: str, env: Optional[DistEnv] = None,
+               overrides: Optional[Sequence[str]] = None) -> Leader:
+    """The leader ``cfg`` asks for: elastic with ``sync.coordinator``, else a torchrun group.
+    ``overrides``: the command line's, recorded in ``.hydra/overrides.yaml``."""
+    ctl = Control()
+    if cfg.sync.coordinator:
+        from hogwild.leader.elastic import ElasticGroup
+
+        return Leader(cfg, run_dir, ElasticGroup(cfg, ctl, env), ctl, overrides)
+    return Leader(cfg, run_dir, TorchrunGroup(env, lambda: ctl.signalled), ctl, overrides)
+
+
+def run(cfg: Config, run_dir: str, env: Optional[DistEnv] = None) -> RunResult:
+    return leader_for(cfg, run_dir, env).run()
