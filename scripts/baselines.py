@@ -26,10 +26,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from hogwild.config.schema import DataConfig, ModelConfig
-from hogwild.data.datasets import Dataset, ShardSampler, load_dataset, shard
-from hogwild.replica.models import build_model
-from hogwild.replica.task import DEFAULT_LOSS, Task, evaluate
+from hogwild.bench import DataConfig, ModelConfig
+from hogwild.bench import Dataset, ShardSampler, load_dataset, shard
+from hogwild.bench import build_model
+from hogwild.bench import DEFAULT_LOSS, Task, evaluate
 
 CLASSIFY = Task("classification", DEFAULT_LOSS["classification"])
 
@@ -249,9 +249,9 @@ def mnist_hogwild(procs: int, w: Workload) -> dict[str, float]:
 def _sync_cost_rank(rank: int, world: int, port: int, out: Any, n: int, reps: int, modes: tuple[str, ...]) -> None:
     """Bare all_reduce of an n-float buffer vs hogwild's sync round (each rule of ``modes``) on
     one, interleaved in the same processes."""
-    from hogwild.config.schema import SyncConfig
-    from hogwild.sync.comm import DistComm
-    from hogwild.sync.rules import make_rule
+    from hogwild.bench import SyncConfig
+    from hogwild.bench import DistComm
+    from hogwild.bench import make_rule
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -270,7 +270,7 @@ def time_bare_and_round(flat: torch.Tensor, rule: Any, reps: int, warmup: int = 
     """Medians of a bare all_reduce of a copy of ``flat`` and of hogwild's sync round on ``flat``,
     interleaved in the same processes. ``settle`` waits for queued device work (CUDA's kernels
     run after the call returns); the first ``warmup`` pairs are not counted."""
-    from hogwild.sync.rounds import sync_round
+    from hogwild.bench import sync_round
 
     buf = flat.clone()
     bare, ours = [], []

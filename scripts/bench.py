@@ -41,7 +41,7 @@ from baselines import (  # noqa: E402
     sync_cost,
 )
 
-from hogwild.replica.resources import available_cores  # noqa: E402
+from hogwild.bench import available_cores  # noqa: E402
 
 logger = logging.getLogger("bench")
 SECTIONS = ("tta", "bn", "final", "scaling", "sync", "memory")

@@ -154,7 +154,7 @@ def main() -> None:
     if unknown:
         ap.error(f"--workloads: unknown {', '.join(sorted(unknown))}; choose from {', '.join(WORKLOADS)}")
     logging.basicConfig(level=logging.INFO, format="[cross] %(message)s")
-    from hogwild.replica.resources import available_cores
+    from hogwild.bench import available_cores
 
     runs = args.out / "runs"
     runs.mkdir(parents=True, exist_ok=True)

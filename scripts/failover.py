@@ -31,8 +31,8 @@ import numpy as np  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from baselines import free_port  # noqa: E402
 
-from hogwild.elastic.coordinator import serve  # noqa: E402
-from hogwild.replica.board import previous_attempt  # noqa: E402
+from hogwild.bench import serve_coordinator as serve  # noqa: E402
+from hogwild.bench import previous_attempt  # noqa: E402
 
 logger = logging.getLogger("failover")
 REPLICAS, KILL_AT = 3, 200

@@ -41,9 +41,9 @@ RULES = (("average", "fp32"), ("slowmo", "fp32"), ("slowmo", "int8"))
 def _sync_rank(rank: int, world: int, port: int, out: Any, backend: str, sizes: tuple[int, ...],
                reps: int) -> None:
     """Per size and rule: the median bare all_reduce and sync round on CUDA tensors, interleaved."""
-    from hogwild.config.schema import SyncConfig
-    from hogwild.sync.comm import DistComm
-    from hogwild.sync.rules import make_rule
+    from hogwild.bench import SyncConfig
+    from hogwild.bench import DistComm
+    from hogwild.bench import make_rule
 
     torch.cuda.set_device(0)
     dev = torch.device("cuda", 0)

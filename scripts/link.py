@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from baselines import MLP, RESNET, Workload  # noqa: E402
 from bench import reached  # noqa: E402
 
-from hogwild.sync.comm import ring_all_reduce_bytes  # noqa: E402
+from hogwild.bench import ring_all_reduce_bytes  # noqa: E402
 
 logger = logging.getLogger("link")
 BRIDGE = "hwlinkbr"

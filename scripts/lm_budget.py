@@ -69,7 +69,7 @@ def _free_port() -> int:
 def _hogwild(replicas: int, budget: float, work: Path) -> dict[str, Any]:
     """Start the CLI, SIGTERM it ``budget`` s after its first step (its final round and checkpoint
     follow), then score the checkpoint with hogwild-eval."""
-    from hogwild.replica.board import previous_attempt
+    from hogwild.bench import previous_attempt
 
     run = work / f"hw{replicas}"
     args = [*RECIPE, f"workers={2 // replicas}", f"run_dir={run}"]
@@ -105,11 +105,12 @@ def _hogwild(replicas: int, budget: float, work: Path) -> dict[str, Any]:
     return {"perplexity": scores["test_perplexity"], "steps": steps}
 
 
-def _hogwild_gpt(replicas: int, budget: float, work: Path) -> dict[str, Any]:
-    """``+experiment=gpt`` on hogwild's defaults, stopped by its own ``train.max_time``."""
+def _hogwild_gpt(replicas: int, budget: float, work: Path, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``+experiment=gpt`` on hogwild's defaults (plus ``extra`` overrides, to try a change),
+    stopped by its own ``train.max_time``."""
     run = work / f"hw{replicas}"
     args = ["+experiment=gpt", *GPT_SIZE, "train.max_steps=100000000", f"train.max_time={budget}",
-            f"workers={2 // replicas}", f"run_dir={run}"]
+            f"workers={2 // replicas}", f"run_dir={run}", *extra]
     if replicas == 1:
         cmd = [sys.executable, "-m", "hogwild.cli.train", *args]
     else:
@@ -125,20 +126,20 @@ def _hogwild_gpt(replicas: int, budget: float, work: Path) -> dict[str, Any]:
             "train_s": m["train_s"]}
 
 
-def _recipe(model: torch.nn.Module, world: int, rank: int, train: Any) -> tuple[Any, ...]:
+def _recipe(model: torch.nn.Module, world: int, rank: int, train: Any, lr: float = LR) -> tuple[Any, ...]:
     """The baselines' shared recipe: DDP over ``world`` ranks, AdamW with decay on matrices only,
     this rank's sample stream, and the training split as two tensors."""
     net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     ps = list(model.parameters())
     groups = [{"params": [p for p in ps if p.dim() > 1], "weight_decay": WD},
               {"params": [p for p in ps if p.dim() <= 1], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=LR)
+    opt = torch.optim.AdamW(groups, lr=lr)
     gen = torch.Generator().manual_seed(rank)
     x_all, y_all = torch.stack([train[i][0] for i in range(len(train))]), train.targets
     return net, ps, opt, gen, x_all, y_all
 
 
-def _gpt_rank(rank: int, world: int, port: int, budget: float, threads: int, out: Any) -> None:
+def _gpt_rank(rank: int, world: int, port: int, budget: float, threads: int, out: Any, lr: float = LR) -> None:
     from examples.charlm import stdlib_text
     from examples.gpt import GPT, GPTConfig
 
@@ -149,7 +150,7 @@ def _gpt_rank(rank: int, world: int, port: int, budget: float, threads: int, out
     train, test = stdlib_text(test_chars=120_000)
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=4))
-    net, ps, opt, gen, x_all, y_all = _recipe(model, world, rank, train)
+    net, ps, opt, gen, x_all, y_all = _recipe(model, world, rank, train, lr)
     step, t0, spent = 0, None, 0.0
     while True:
         if t0 is not None:
@@ -162,7 +163,7 @@ def _gpt_rank(rank: int, world: int, port: int, budget: float, threads: int, out
         idx = torch.randint(len(train), (BATCH,), generator=gen)
         warm = min(1.0, (step + 1) / WARMUP)
         for g in opt.param_groups:  # warm-up, then a cosine over the budget, as hogwild's schedule under max_time
-            g["lr"] = LR * warm * 0.5 * (1 + math.cos(math.pi * min(spent / budget, 1.0)))
+            g["lr"] = lr * warm * 0.5 * (1 + math.cos(math.pi * min(spent / budget, 1.0)))
         opt.zero_grad(set_to_none=True)
         net(x_all[idx], y_all[idx])[1].backward()
         torch.nn.utils.clip_grad_norm_(ps, CLIP)
@@ -184,10 +185,10 @@ def _gpt_rank(rank: int, world: int, port: int, budget: float, threads: int, out
         dist.destroy_process_group()
 
 
-def _baseline_rank(rank: int, world: int, port: int, budget: float, threads: int, out: Any) -> None:
+def _baseline_rank(rank: int, world: int, port: int, budget: float, threads: int, out: Any, lr: float = LR) -> None:
     from examples.charlm import CharTransformer, stdlib_text
-    from hogwild.data.splits import Split
-    from hogwild.replica.task import DEFAULT_LOSS, Task, evaluate
+    from hogwild.bench import Split
+    from hogwild.bench import DEFAULT_LOSS, Task, evaluate
 
     torch.set_num_threads(threads)
     if world > 1:
@@ -196,7 +197,7 @@ def _baseline_rank(rank: int, world: int, port: int, budget: float, threads: int
     train, test = stdlib_text()
     torch.manual_seed(0)
     model = CharTransformer()
-    net, ps, opt, gen, x_all, y_all = _recipe(model, world, rank, train)
+    net, ps, opt, gen, x_all, y_all = _recipe(model, world, rank, train, lr)
     step, t0 = 0, None
     while True:
         if t0 is not None:
@@ -207,7 +208,7 @@ def _baseline_rank(rank: int, world: int, port: int, budget: float, threads: int
                 break
         idx = torch.randint(len(train), (BATCH,), generator=gen)
         for g in opt.param_groups:
-            g["lr"] = LR * min(1.0, (step + 1) / WARMUP)
+            g["lr"] = lr * min(1.0, (step + 1) / WARMUP)
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(net(x_all[idx]).reshape(-1, 128), y_all[idx].reshape(-1)).backward()
         torch.nn.utils.clip_grad_norm_(ps, CLIP)
@@ -224,12 +225,12 @@ def _baseline_rank(rank: int, world: int, port: int, budget: float, threads: int
         dist.destroy_process_group()
 
 
-def _baseline(world: int, budget: float, target: Any = None) -> dict[str, Any]:
+def _baseline(world: int, budget: float, target: Any = None, lr: float = LR) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     out = ctx.Manager().dict()
     threads = max(1, (os.cpu_count() or 2) // world)
     port = _free_port()
-    procs = [ctx.Process(target=target or _baseline_rank, args=(r, world, port, budget, threads, out))
+    procs = [ctx.Process(target=target or _baseline_rank, args=(r, world, port, budget, threads, out, lr))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -246,29 +247,37 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=120.0, help="seconds of training per run")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=REPO / "bench_results")
+    ap.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    ap.add_argument("--override", action="append", default=[],
+                    help="a Hydra override added to hogwild's runs (gpt workload), to try a change")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="peak learning rate of every method (gpt workload; default: the experiment's 3e-3)")
     args = ap.parse_args()
+    overrides = [*([f"optim.lr={args.lr}"] if args.lr is not None else []), *args.override]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     gpt = args.workload == "gpt"
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS}
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in args.methods}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
-            for method in METHODS:
+            for method in args.methods:
                 work = Path(tmp) / f"{method}_{rep}"
                 work.mkdir()
                 if method.startswith("hogwild"):
-                    r = (_hogwild_gpt if gpt else _hogwild)(int(method[-3]), args.budget, work)
+                    r = (_hogwild_gpt(int(method[-3]), args.budget, work, tuple(overrides)) if gpt
+                         else _hogwild(int(method[-3]), args.budget, work))
                 else:
-                    r = _baseline(2 if method == "ddp_2" else 1, args.budget, _gpt_rank if gpt else None)
+                    r = _baseline(2 if method == "ddp_2" else 1, args.budget, _gpt_rank if gpt else None,
+                                  args.lr if args.lr is not None else LR)
                 logger.info("repeat %d %s: %s", rep, method, json.dumps(r))
                 runs[method].append(r)
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "lm_budget_gpt" if gpt else "lm_budget"
-    (args.out / f"{name}.json").write_text(json.dumps({"command": sys.argv, "budget_s": args.budget, "runs": runs},
+    name = ("lm_budget_gpt" + (f"_lr{args.lr:g}" if args.lr is not None else "")) if gpt else "lm_budget"
+    (args.out / f"{name}.json").write_text(json.dumps({"command": sys.argv, "budget_s": args.budget, "lr": args.lr, "runs": runs},
                                                       indent=1))
     if gpt:
         lines = [f"| method | median test loss after {args.budget:.0f} s | runs | median tokens/s | "
                  "median steps (all processes) | median eval share |", "|---|---|---|---|---|---|"]
-        for method in METHODS:
+        for method in args.methods:
             rs = runs[method]
             med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
             losses = ", ".join(f"{r['loss']:.4f}" for r in rs)
@@ -277,7 +286,7 @@ def main() -> None:
     else:
         lines = [f"| method | median test perplexity after {args.budget:.0f} s | runs | median steps (all processes) |",
                  "|---|---|---|---|"]
-        for method in METHODS:
+        for method in args.methods:
             ppl = [r["perplexity"] for r in runs[method]]
             steps = statistics.median(r["steps"] for r in runs[method])
             lines.append(f"| {method} | {statistics.median(ppl):.3f} | {', '.join(f'{p:.3f}' for p in ppl)} | {steps:.0f} |")

@@ -31,13 +31,13 @@ import torch  # noqa: E402
 from baselines import CLASSIFY, CPU, MLP, Workload, sgd_step  # noqa: E402
 from torch.nn.utils import parameters_to_vector, vector_to_parameters  # noqa: E402
 
-from hogwild.config.schema import SyncConfig  # noqa: E402
-from hogwild.replica.task import evaluate  # noqa: E402
-from hogwild.sync.comm import LocalComm  # noqa: E402
-from hogwild.sync.rounds import sync_round  # noqa: E402
-from hogwild.sync.base import SyncRule  # noqa: E402
-from hogwild.sync.outer import OuterRule  # noqa: E402
-from hogwild.sync.rules import make_rule  # noqa: E402
+from hogwild.bench import SyncConfig  # noqa: E402
+from hogwild.bench import evaluate  # noqa: E402
+from hogwild.bench import LocalComm  # noqa: E402
+from hogwild.bench import sync_round  # noqa: E402
+from hogwild.bench import SyncRule  # noqa: E402
+from hogwild.bench import OuterRule  # noqa: E402
+from hogwild.bench import make_rule  # noqa: E402
 
 logger = logging.getLogger("outer_rules")
 RULES = ("slowmo", "diloco", "average")

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from baselines import CLASSIFY, CPU, MLP, RESNET, Workload, sgd_step  # noqa: E402
 
-from hogwild.replica.task import evaluate  # noqa: E402
+from hogwild.bench import evaluate  # noqa: E402
 
 WORKLOADS = {"mlp": MLP, "resnet": RESNET}
 
