@@ -13,7 +13,6 @@ from hogwild.config.validate import choice, positive, require, timeout
 BACKENDS = ("auto", "gloo", "nccl")
 SYNC_DTYPES = ("fp32", "bf16", "fp16", "int8")
 WEIGHTINGS = ("equal", "steps")
-WEIGHTED_RULES = ("average", "diloco", "slowmo")
 
 
 @dataclass
@@ -84,8 +83,9 @@ class SyncConfig:
         choice(self.dtype, "sync.dtype", SYNC_DTYPES)
         positive(self.fragments, "sync.fragments")
         choice(self.weighting, "sync.weighting", WEIGHTINGS)
-        require(self.weighting == "equal" or self.mode in WEIGHTED_RULES, "sync.weighting",
-                f"steps applies to {', '.join(WEIGHTED_RULES)}, not sync.mode={self.mode}")
+        weighted = [name for name in SYNC_RULES.names() if SYNC_RULES.get(name).weighted]  # type: ignore[attr-defined]
+        require(self.weighting == "equal" or self.mode in weighted, "sync.weighting",
+                f"steps applies to {', '.join(weighted)}, not sync.mode={self.mode}")
         if self.coordinator is not None:
             split_endpoint(self.coordinator)
             require(self.replicas >= 2, "sync.replicas", f"elastic mode needs at least 2 slots, got {self.replicas}")

@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from hogwild.config.registry import SYNC_RULES
 from hogwild.config.schema import Config, DataConfig
 from hogwild.errors import ConfigError
 from hogwild.replica.shared import SHM_PATH
@@ -25,8 +26,6 @@ logger = logging.getLogger(__name__)
 # Resident memory of one spawned worker before its data: the interpreter, torch and its
 # autograd buffers (measured ~250-350 MB on CPU with torch 2.x).
 WORKER_RSS = 300 * 2**20
-# Rules that keep a model-sized state between rounds (the outer momentum).
-OUTER_STATE_RULES = ("slowmo", "diloco")
 _GB = 2**30
 
 
@@ -189,6 +188,7 @@ def memory_parts(cfg: Config, workers: int, model_bytes: int, private_state: int
     buffers (a fragment's snapshot and reduce buffer, the outer rule's state) and the data (built
     once, then shared)."""
     per_worker = WORKER_RSS + model_bytes * (1 + private_state)
-    rounds = model_bytes * (2 / cfg.sync.fragments + (1 if cfg.sync.mode in OUTER_STATE_RULES else 0))
+    keeps_state = SYNC_RULES.get(cfg.sync.mode).keeps_state  # type: ignore[attr-defined]
+    rounds = model_bytes * (2 / cfg.sync.fragments + (1 if keeps_state else 0))
     return {"workers": workers * per_worker, "data.loader_workers": workers * cfg.data.loader_workers * WORKER_RSS,
             "model": int(rounds), "data": 2 * data}

@@ -87,6 +87,10 @@ class SyncContext:
 
 class SyncRule(ABC):
     name: ClassVar[str]
+    weighted: ClassVar[bool] = False
+    """Takes ``sync.weighting=steps``: its consensus is a weighted mean of the replicas."""
+    keeps_state: ClassVar[bool] = False
+    """Keeps a model-sized state between rounds (an outer momentum): counted by the memory estimate."""
 
     def __init__(self, cfg: SyncConfig, comm: Comm, params: Optional[int] = None) -> None:
         self.cfg = cfg

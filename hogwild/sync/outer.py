@@ -24,6 +24,8 @@ class OuterRule(SyncRule):
     """
 
     default_lr: float
+    weighted = True
+    keeps_state = True
 
     def __init__(self, cfg: SyncConfig, comm: Comm, params: Optional[int] = None) -> None:
         super().__init__(cfg, comm, params)

@@ -46,6 +46,7 @@ class Average(SyncRule):
     agreed mean, which is small and rounds well)."""
 
     name = "average"
+    weighted = True
 
     def __init__(self, cfg: SyncConfig, comm: Comm, params: Optional[int] = None) -> None:
         super().__init__(cfg, comm, params)
