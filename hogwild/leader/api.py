@@ -24,6 +24,7 @@ from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
 from hogwild.errors import EXIT_FAULT
 from hogwild.leader.stopping import Stopper
+from hogwild.leader.target import Target
 from hogwild.replica.board import Board, Counts
 from hogwild.replica.build import Replica
 from hogwild.replica.pool import WorkerPool
@@ -95,6 +96,7 @@ class Crew:
     tel: Telemetry
     rounds: Rounds
     pool: WorkerPool
+    target: Target
 
     def step(self) -> int:
         """The lineage's step count now (TensorBoard's x axis)."""

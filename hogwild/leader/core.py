@@ -27,6 +27,7 @@ from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
 from hogwild.errors import EXIT_FAILED, StopNow
 from hogwild.leader.api import Control, Crew, Group
+from hogwild.leader.target import Target
 from hogwild.replica import resources
 from hogwild.replica.board import Board, Counts, previous_attempt
 from hogwild.replica.build import build_replica, replica_device
@@ -91,13 +92,14 @@ class Leader:
             saver.gathered(restored.positions, Counts(), Counts())
         specs = worker_specs(cfg, env, k, len(rep.ds.train))
         check_schedule(cfg.sched, cfg.optim.lr, specs[0].replica_quota or specs[0].quota)  # the real length
+        target = Target(cfg.train.target, rep.task, rep.model, rep.flat)
         tel = Telemetry(cfg, run_dir, env.rank == 0, rep.model, rep.ds.test, device, rep.task, group.alive,
-                        rep.flat)
+                        subject=target.subject, on_scores=target.saw)
         rounds = Rounds(rep.flat, rule, comm, board, schedule, base.syncs)
         pool = WorkerPool(cfg, specs, rep, board)
         crew = Crew(cfg=cfg, env=env, run_dir=run_dir, workers=k, rep=rep, comm=comm, rule=rule, board=board,
                     schedule=schedule, restored=restored, base=base, saver=saver, specs=specs, tel=tel,
-                    rounds=rounds, pool=pool)
+                    rounds=rounds, pool=pool, target=target)
         group.attach(crew)
         return crew
 
@@ -191,7 +193,7 @@ class Leader:
             self.out_of_time = True
             logger.info("train.max_time=%gs spent: stopping with a final round and checkpoint",
                         float(self.cfg.train.max_time))
-        return crew.tel.time_to_target is not None or self.out_of_time
+        return crew.target.met or self.out_of_time
 
     def _loop(self, crew: Crew) -> None:
         ctl, group, board, tel = self.ctl, self.group, crew.board, crew.tel
@@ -311,7 +313,7 @@ class Leader:
         status = Status.of(ctl.stopper.signal, ctl.fault, ctl.fault_code)
         assert self.t_train is not None
         timing = Timing(wall_s=time.monotonic() - self.t_start, train_s=train_s, startup_s=self.t_train - self.t_start,
-                        time_to_target_s=tel.time_to_target, worker_steps_to_target=tel.worker_steps_to_target,
+                        time_to_target_s=crew.target.reached_s, worker_steps_to_target=crew.target.worker_steps,
                         # Another replica's clock may have ended the job a moment before this one's.
                         eval_s=tel.eval_s, max_time_reached=self.out_of_time or time.monotonic() >= self._deadline())
         metrics = RunSummary(status=status, error=ctl.fault, counters=crew.base.plus(job, crew.rounds.syncs),
@@ -319,7 +321,7 @@ class Leader:
                              timing=timing, sync=sync_stats, workers=crew.workers, threads=crew.specs[0].threads,
                              replicas=self.env.world_size, sync_mode=self.cfg.sync.mode,
                              schedule=crew.schedule, resumed=crew.restored, run_dir=crew.run_dir).metrics()
-        metrics.update(verdict=verdict.summary, target_held=tel.target_held(), **group.report())
+        metrics.update(verdict=verdict.summary, target_held=crew.target.held(tel.scores), **group.report())
         if crew.restored is not None and metrics["status"] != Status.OK:
             # A resumed run that failed keeps the report of the run it resumed, which told of a
             # model that still exists in the checkpoints: nothing already written is lost.
@@ -337,12 +339,12 @@ def hand_back_judged(crew: Crew) -> None:
     plateau can read a little below the copy that met the target; every replica then lands on that
     copy instead, sent by the leader that judged it. Collective whenever a target is set, so every
     leader makes the same calls."""
-    tel, cfg = crew.tel, crew.cfg
-    if not tel.has_target:
+    tel, cfg, target = crew.tel, crew.cfg, crew.target
+    if not target.is_set:
         return
     flat, rank = crew.rep.flat, crew.comm.rank
     miss = torch.zeros(crew.comm.world_size)
-    miss[rank] = float(tel.final_misses_target())
+    miss[rank] = float(target.judged is not None and target.final_misses(tel.score_final()))
     crew.comm.all_reduce(miss, cfg.sync.timeout_s, "the check of the final model")
     if not bool(miss.any()):
         return
@@ -351,6 +353,7 @@ def hand_back_judged(crew: Crew) -> None:
         t = cfg.train.target
         logger.warning("the final model reads test %s %.4f, below train.target.value=%g that stopped the run: "
                        "handing back the model that met it", t.metric, tel.scores[str(t.metric)], t.value)
-        tel.restore_judged()
+        target.restore()
+        tel.rescore()
     crew.comm.broadcast(flat, src)
     crew.rule.settle(flat)

@@ -3,7 +3,6 @@ progress display. Only rank 0 writes; the others call no-ops."""
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import time
@@ -11,18 +10,19 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from hogwild.config.schema import Config
 from hogwild.data.datasets import Split
 from hogwild.replica.board import Board
 from hogwild.replica.lr_schedule import LRSchedule
-from hogwild.replica.shared import bind
-from hogwild.replica.task import Task, evaluate, reached
+from hogwild.replica.task import Task, evaluate
 from hogwild.report.metrics import Metrics, Progress
 from hogwild.sync.rounds import RoundStats
 
 logger = logging.getLogger(__name__)
+
+Scores = Callable[[dict[str, float], float, float], None]
 
 # Points per curve: spread over the run's steps (workers wake the leader at each one), so a
 # run of one second draws a curve too; at least one loss point a second on long runs.
@@ -32,25 +32,19 @@ LOSS_POINTS, EVAL_POINTS = 100, 30
 class Telemetry:
     def __init__(self, cfg: Config, run_dir: Path, is_rank0: bool, model: nn.Module, test: Split,
                  device: torch.device, task: Task, on_batch: Callable[[], None] = lambda: None,
-                 flat: Optional[Tensor] = None) -> None:
+                 subject: Optional[Callable[[], nn.Module]] = None, on_scores: Optional[Scores] = None) -> None:
         self.cfg, self.run_dir, self.is_rank0 = cfg, run_dir, is_rank0
         self.on_batch = on_batch  # a long evaluation is progress of the leader's loop (elastic liveness)
         self.model, self.test, self.device, self.task = model, test, device, task
-        self.flat = flat
-        """The shared buffer ``model`` views: what a snapshot copies."""
-        self.judged: Optional[Tensor] = None
-        """The model (a copy of the flat buffer) whose evaluation first met ``train.target``: what
-        the run hands back if its final model does not meet it (leader/core.py, hand_back_judged)."""
-        self._snap: Optional[Tensor] = None
-        self._snap_model: Optional[nn.Module] = None
-        self._final_scored = False  # final_misses_target scored the final model as it stands
+        self.subject = subject or (lambda: self.model)
+        """The model an evaluation during training reads (the conductor's still copy under a target)."""
+        self.on_scores: Scores = on_scores or (lambda scores, worker_steps, elapsed_s: None)
+        """Told each evaluation during training: its scores, one worker's mean steps, the seconds
+        trained (the conductor decides whether they end the run)."""
+        self._final_scored = False  # score_final scored the final model as it stands
         self.metrics = Metrics(run_dir, is_rank0)
         self.scores: dict[str, float] = {m: math.nan for m in task.metrics}
         """The last test evaluation: every metric the task reports."""
-        self.time_to_target: Optional[float] = None
-        self.worker_steps_to_target: Optional[float] = None
-        """Steps one worker of this replica had made (mean) when the target was first seen. R
-        machines make their steps at the same time, so a cluster's time to the target follows it."""
         self._t0 = time.monotonic()
         self._next_tb = self._next_eval = self._eval_ok_at = self._t0
         self._tb_pos = self._eval_pos = self._initial = 0.0
@@ -115,31 +109,6 @@ class Telemetry:
         for name, value in self.scores.items():
             self.metrics.scalar(f"test/{name}", value, step)
 
-    @property
-    def has_target(self) -> bool:
-        return bool(self.cfg.train.target.is_set)
-
-    def _snapshot(self) -> nn.Module:
-        """With a target, evaluations read a still copy of the live model, so the model that meets
-        it is a model that existed and can be handed back, not one blurred by the workers' writes
-        during the evaluation. One more model's memory on the evaluating leader, only then."""
-        if not self.has_target or self.flat is None:
-            return self.model
-        if self._snap_model is None:
-            try:
-                twin = copy.deepcopy(self.model)
-            except Exception as e:  # noqa: BLE001 - a user's module may hold what cannot be copied
-                logger.warning("train.target: the model cannot be copied (%s: %s), so evaluations read the live "
-                               "model and a final model below the target cannot be replaced", type(e).__name__, e)
-                self.flat = None  # asked once
-                return self.model
-            self._snap = torch.empty_like(self.flat)
-            bind(twin, self._snap)
-            self._snap_model = twin
-        assert self._snap is not None
-        self._snap.copy_(self.flat)
-        return self._snap_model
-
     def round(self, stats: Optional[RoundStats]) -> None:
         """A sync round's figures (sync/rounds.py measures them; only this class writes)."""
         if stats is None:
@@ -177,13 +146,13 @@ class Telemetry:
         # Both the step grid and the clock wait for the cost budget (see _budget_allows).
         if self.is_rank0 and (self._eval_pending or now >= self._next_eval) and now >= self._eval_ok_at:
             t0 = time.monotonic()
-            self.evaluate(step, self._snapshot(), subset=True)
+            self.evaluate(step, self.subject(), subset=True)
             self._eval_cost = time.monotonic() - t0
             self.eval_s += self._eval_cost
             self._eval_pos, self._next_eval = self._grid_after(pos, self._eval_every), t0 + self.cfg.eval.every_s
             self._eval_ok_at = self._budget_allows()
             self._eval_pending = False
-            self._check_target((pos - self._initial) / len(board.stats))
+            self.on_scores(self.scores, (pos - self._initial) / len(board.stats), time.monotonic() - self._t0)
         # Workers wake the leader when the replica crosses this position; a point already
         # passed would wake nobody, so a pending evaluation waits on next_due() instead.
         eval_at = self._eval_pos if self.is_rank0 and not self._eval_pending else math.inf
@@ -204,44 +173,16 @@ class Telemetry:
         every later point back, so the run gets its planned number of points."""
         return self._initial + (math.floor((pos - self._initial) / every) + 1) * every
 
-    def _check_target(self, worker_steps: float) -> None:
-        t = self.cfg.train.target
-        if self.time_to_target is None and reached(self.task, t, self.scores):
-            self.time_to_target = time.monotonic() - self._t0
-            self.worker_steps_to_target = worker_steps
-            self.judged = None if self._snap is None else self._snap.clone()
-            logger.info("test %s %.4f reached train.target.value=%.4f after %.2fs", t.metric,
-                        self.scores[str(t.metric)], t.value, self.time_to_target)
-
-    def final_misses_target(self) -> bool:
-        """Evaluate the final model (workers stopped, final round made): True when a target
-        stopped the run, a judged copy exists, and the final model does not meet the target. The
-        final round lands on the replicas' mean, which near a plateau can read a little lower
-        than the replica that met the target (seen: 0.953 after 0.961 on digits)."""
-        if self.judged is None:
-            return False
+    def score_final(self) -> dict[str, float]:
+        """Evaluate the final model (workers stopped, final round made) on the whole test split;
+        the final report reuses these scores unless :meth:`rescore` says the model changed."""
         self.scores = evaluate(self.model, self.test, self.device, self.task, on_batch=self.on_batch)
         self._final_scored = True
-        return not reached(self.task, self.cfg.train.target, self.scores)
+        return self.scores
 
-    def restore_judged(self) -> None:
-        """The live buffer (workers stopped) takes the copy that met the target back."""
-        assert self.judged is not None and self.flat is not None
-        self.flat.copy_(self.judged)
+    def rescore(self) -> None:
+        """The model changed after :meth:`score_final` (a judged copy was handed back)."""
         self._final_scored = False
-
-    def target_held(self) -> Optional[bool]:
-        """After the final evaluation: whether the model the run ends with meets the target that
-        stopped it (None: no target stopped it). It holds by construction wherever the judged copy
-        exists; without one (a Telemetry given no buffer to copy) the final model may miss it."""
-        t = self.cfg.train.target
-        if self.time_to_target is None:
-            return None
-        held = reached(self.task, t, self.scores)
-        if not held:
-            logger.warning("train.target.value=%g stopped the run, but the final model reads test %s %.4f",
-                           t.value, t.metric, self.scores[str(t.metric)])
-        return held
 
     def close(self) -> None:
         if self.progress is not None:

@@ -51,7 +51,7 @@ def _after_round(final: bool = False, **flags: bool) -> list[str]:
     crew = SimpleNamespace(
         rounds=SimpleNamespace(run=lambda **kw: RoundOutcome(healthy=True, drift=0.0, last_drifts=[], **agreed)),
         pool=SimpleNamespace(release=lambda: None),
-        tel=SimpleNamespace(time_to_target=None, round=lambda stats: None))
+        tel=SimpleNamespace(round=lambda stats: None), target=SimpleNamespace(met=False))
     leader._round(crew, done=final, stop=final, final=final)  # type: ignore[arg-type]
     return group.did
 
