@@ -1,7 +1,7 @@
 """Files a run writes: atomic replacement under unique temp names, and the run-dir lock.
 
-Two jobs on one ``run_dir`` used to share fixed ``.tmp`` names and overwrite each other's
-checkpoints. Every write now goes to its own temp file (pid and a random part in the name),
+Two jobs on one ``run_dir`` with fixed ``.tmp`` names would overwrite each other's
+checkpoints, so every write goes to its own temp file (pid and a random part in the name),
 fsynced, then renamed over the target; a failed write removes its temp file. The lock makes
 the second job on a live ``run_dir`` fail at once instead (docs/design.md, rule 17).
 """

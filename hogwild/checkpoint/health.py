@@ -66,7 +66,7 @@ def probe_loss(model: nn.Module, flat: Tensor, inputs: Any, labels: Optional[Ten
     The workers' loss average lags the model by an update: it holds the loss measured *before*
     the last step, so a step that blew the model up (optim.lr=1e6) still shows the good loss
     until the next one is measured. A checkpoint written in that moment would replace the last
-    good file with garbage (seen with checkpoint.keep=1 beside a CPU hog). This loss is of the
+    good file with garbage (with checkpoint.keep=1, the only one). This loss is of the
     very values the file will hold."""
     values = {s.name: s.view(flat) for s in layout(model)}
     was_training = model.training

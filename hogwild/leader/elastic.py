@@ -97,7 +97,8 @@ class ElasticGroup(Group):
         self.connected = True
         run_dir = Path(self.m.agree_job(job_fingerprint(cfg, rep.flat.numel(), workers), str(run_dir)))
         # Before this process touches anything in run_dir: a second process started in a live
-        # slot used to truncate that slot's progress board (its data positions) before it was refused.
+        # slot would otherwise truncate that slot's progress board (its data positions) before
+        # being refused.
         self.m.claim()
         self.slot_positions = torch.zeros(self.env.world_size, workers, dtype=torch.float64)
         return self.comm, run_dir
@@ -209,8 +210,7 @@ class ElasticGroup(Group):
         """A group of joiners only goes back to the source's restore point. The slots outside it
         left at the coordinator the positions and totals of the lineage that went back: read by
         :meth:`job` and :meth:`positions`, and by such a slot when it joins later, they counted
-        its steps before the checkpoint twice and skipped its data after it (seen in CI: 1,947
-        steps for 1,800 read). The restore point's positions replace them, and zero totals: its
+        its steps before the checkpoint twice and skipped its data after it. The restore point's positions replace them, and zero totals: its
         steps up to the checkpoint are in the counters every member restored. Set before the
         state is sent, so no later epoch can admit such a slot before they are in place; set,
         not kept (Membership.put), so a coordinator restart never puts them back over what the
@@ -322,8 +322,7 @@ class ElasticGroup(Group):
 
     def may_write_alone(self) -> bool:
         # A healed writer knows the others only from its first gather: before it, a checkpoint of
-        # its own would hold their positions at zero and the job's steps at its own (seen in the
-        # chaos campaign: 3,034 steps, then 982).
+        # its own would hold their positions at zero and the job's steps at its own.
         return self.m.memory.away_since is None and self.crew.saver.has_view
 
     def own(self, totals: Counts) -> Counts:
@@ -349,9 +348,9 @@ class ElasticGroup(Group):
     def positions(self) -> torch.Tensor:
         """Every slot's data positions (collective): the members' as they are now, gathered in the
         group next to the totals, and an absent slot's as it published them at its last round,
-        as its totals are counted (see :meth:`job`). The members' used to come from the
-        coordinator too: while it was away the checkpoint kept their old positions beside fresh
-        totals, and a resume from it read their shards again (found by scripts/chaos.py)."""
+        as its totals are counted (see :meth:`job`). The members' never come from the
+        coordinator: while it is away it holds old positions, which beside fresh totals would make
+        a resume read their shards again."""
         assert self.slot_positions is not None
         mine = torch.from_numpy(self.crew.board.stats["pos"].astype(np.float64))
         for s, pos in zip(self.m.epoch.members, self.comm.all_gather(mine)):

@@ -78,8 +78,7 @@ class Target:
     def final_misses(self, final_scores: dict[str, float]) -> bool:
         """True when a target stopped the run, a judged copy exists, and the final model (its
         ``final_scores``) does not meet the target. The final round lands on the replicas' mean,
-        which near a plateau can read a little lower than the replica that met the target (seen:
-        0.953 after 0.961 on digits)."""
+        which near a plateau can read a little lower than the replica that met the target."""
         return self.judged is not None and not reached(self.task, self.cfg, final_scores)
 
     def restore(self) -> None:

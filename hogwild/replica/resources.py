@@ -1,8 +1,7 @@
 """Cores, shared memory and RAM: what a run will take, checked before it takes it.
 
-``workers=1000`` or ``data.image_size=1000`` used to pass every check and then eat all
-memory, and data larger than ``/dev/shm`` died half-way with a segment left behind. The
-estimates below run before any tensor is allocated or process spawned (docs/design.md,
+Unchecked, ``workers=1000`` or ``data.image_size=1000`` would eat all memory, and data
+larger than ``/dev/shm`` would die half-way with a segment left behind. The estimates below run before any tensor is allocated or process spawned (docs/design.md,
 rule 9); ``force=true`` skips them for a user who knows better.
 """
 

@@ -44,7 +44,7 @@ def init_group(env: DistEnv, backend: str, timeout_s: float, device: str,
                 env.rank, env.world_size, backend, env.endpoint, timeout_s)
     # Under torchrun the agent already serves a store on MASTER_PORT; otherwise rank 0 hosts it.
     # Keys are prefixed by the restart count: after `--max-restarts` a new attempt must never
-    # read the dead attempt's gloo addresses (seen: "Connection refused" right after a restart).
+    # read the dead attempt's gloo addresses ("Connection refused" right after a restart).
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
 
     def rendezvous() -> None:
