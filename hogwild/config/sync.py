@@ -7,11 +7,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from hogwild.config.env import split_endpoint
-from hogwild.config.registry import SYNC_RULES
+from hogwild.config.registry import SYNC_RULES, WIRES
 from hogwild.config.validate import choice, positive, require, timeout
 
 BACKENDS = ("auto", "gloo", "nccl")
-SYNC_DTYPES = ("fp32", "bf16", "fp16", "int8")
 WEIGHTINGS = ("equal", "steps")
 
 
@@ -80,7 +79,7 @@ class SyncConfig:
         positive(self.min_interval, "sync.min_interval")
         require(self.max_interval >= self.min_interval, "sync.max_interval",
                  "must be >= sync.min_interval")
-        choice(self.dtype, "sync.dtype", SYNC_DTYPES)
+        WIRES.check(self.dtype)
         positive(self.fragments, "sync.fragments")
         choice(self.weighting, "sync.weighting", WEIGHTINGS)
         weighted = [name for name in SYNC_RULES.names() if SYNC_RULES.get(name).weighted]  # type: ignore[attr-defined]

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from hogwild.config.registry import SCHEDULES
 from hogwild.config.validate import at_most, choice, duration, positive, require
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "adagrad")
-SCHEDULES = ("constant", "cosine", "step")
 PRECISIONS = ("fp32", "bf16")
 OPTIM_STATES = ("worker", "shared")
 TARGET_MODES = ("auto", "max", "min")
@@ -154,7 +154,7 @@ class SchedConfig:
     """step: the factor of each decay."""
 
     def __post_init__(self) -> None:
-        choice(self.name, "sched.name", SCHEDULES)
+        SCHEDULES.check(self.name)
         positive(self.warmup_steps, "sched.warmup_steps", allow_zero=True)
         positive(self.min_lr, "sched.min_lr", allow_zero=True)
         positive(self.step_size, "sched.step_size")

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import torch
 
+from hogwild.config.registry import SCHEDULES
 from hogwild.config.targets import call_target, import_target, schema_kwargs
 from hogwild.config.train import SchedConfig
 from hogwild.errors import ConfigError, first_line
@@ -62,13 +63,24 @@ class LRSchedule:
         c = self.cfg
         if self._torch is not None:
             return self._target_lr(step)  # a torch scheduler has its own length (T_max, total_steps)
-        warm = c.warmup_steps
-        if c.name == "cosine":
-            progress = min(max(step - warm, 0) / max((total or self.total) - warm, 1), 1.0)
-            return c.min_lr + (self.base - c.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
-        if c.name == "step":
-            return self.base * c.gamma ** (max(step - warm, 0) // c.step_size)
-        return self.base
+        return SCHEDULES.get(c.name)(c, self.base, max(step - c.warmup_steps, 0),
+                                     max((total or self.total) - c.warmup_steps, 1))
+
+
+# The built-in schedules after warm-up: (config, peak rate, steps since warm-up, steps it has).
+@SCHEDULES.register("constant")
+def constant(c: SchedConfig, base: float, step: int, length: int) -> float:
+    return base
+
+
+@SCHEDULES.register("cosine")
+def cosine(c: SchedConfig, base: float, step: int, length: int) -> float:
+    return c.min_lr + (base - c.min_lr) * 0.5 * (1.0 + math.cos(math.pi * min(step / length, 1.0)))
+
+
+@SCHEDULES.register("step")
+def step_decay(c: SchedConfig, base: float, step: int, length: int) -> float:
+    return base * c.gamma ** (step // c.step_size)
 
 
 # Stepping a torch scheduler through the whole run to check it costs about a microsecond a step;

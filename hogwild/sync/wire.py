@@ -9,12 +9,14 @@ residual would send that replica's rounding error twice.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from typing import Optional
 
 import torch
 from torch import Tensor
 
+from hogwild.config.registry import WIRES
 from hogwild.sync.comm import Comm
 
 CHUNK = 512
@@ -110,12 +112,16 @@ def unpack(packed: Tensor, n: int) -> Tensor:
     return q.float().mul_(scale).view(-1)[:n]
 
 
+WIRES.register("fp32")(Exact)
+WIRES.register("bf16")(functools.partial(Rounded, "bf16"))
+WIRES.register("fp16")(functools.partial(Rounded, "fp16"))
+WIRES.register("int8")(Int8)
+
+
 def make_wire(name: str) -> Wire:
-    if name == "int8":
-        return Int8()
-    if name == "fp32":
-        return Exact()
-    return Rounded(name)
+    wire = WIRES.get(name)()
+    assert isinstance(wire, Wire)
+    return wire
 
 
 def _residual(res: Optional[Tensor], like: Tensor) -> Tensor:
