@@ -31,6 +31,7 @@ from hogwild.checkpoint.resume import Restored, restore, resume_path
 from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
 from hogwild.elastic.comm import ElasticComm
+from hogwild.elastic.ledger import Ledger
 from hogwild.elastic.link import CoordinatorAway
 from hogwild.elastic.membership import Dropped, Epoch, Membership
 from hogwild.errors import Fault, StopNow, UserError
@@ -73,12 +74,9 @@ class ElasticGroup(Group):
         self.lock_refused = False
         self.is_writer = False  # decided by each epoch (see _became)
         self.round_t0 = time.monotonic()
-        self.carried: Optional[torch.Tensor] = None  # earlier processes' totals of this slot (_heal)
+        self.ledger: Optional[Ledger] = None  # the job's counts and positions as this slot keeps them
         self.members: tuple[int, ...] = ()
         self.tally = {"replicas_lost": 0, "replicas_joined": 0}  # as this slot saw them, for TensorBoard
-        self.slot_positions: Optional[torch.Tensor] = None
-        self.slot_totals: dict[int, torch.Tensor] = {}  # absent slots' last published totals (job)
-        self.restored_positions: Optional[torch.Tensor] = None  # every slot's, in the checkpoint restored
 
     @property
     def writer(self) -> bool:
@@ -100,7 +98,7 @@ class ElasticGroup(Group):
         # slot would otherwise truncate that slot's progress board (its data positions) before
         # being refused.
         self.m.claim()
-        self.slot_positions = torch.zeros(self.env.world_size, workers, dtype=torch.float64)
+        self.ledger = Ledger(self.env.world_size, workers)
         return self.comm, run_dir
 
     def restore(self, cfg: Config, run_dir: Path, rep: Replica, board: Board, rule: SyncRule,
@@ -114,7 +112,7 @@ class ElasticGroup(Group):
         restored, sync_state = restore(path, model_id(cfg.model), rep.shapes, rep.flat, rep.opt_state, board,
                                        self.env.rank, self.env.world_size)
         rule.load_state_dict(sync_state)
-        self.restored_positions = restored.positions
+        self.books.restored(restored.positions)
         return restored
 
     def start(self) -> None:
@@ -168,7 +166,7 @@ class ElasticGroup(Group):
         restart = source in ep.joiners
         state = {"flat": rep.flat, "opt": rep.opt_state or {}, "sync": crew.rule.state_dict(),
                  "counters": crew.base.lineage(), "syncs": crew.rounds.syncs, "lineage": crew.saver.lineage,
-                 "positions": self.restored_positions if restart else None} if mine else None
+                 "positions": self.books.restored_positions if restart else None} if mine else None
         if mine and restart:
             self._reset_absent(ep)
         got = self.comm.send_state(state, ep.members.index(source))
@@ -193,7 +191,7 @@ class ElasticGroup(Group):
         if restart:  # this slot's position in the source's checkpoint (its shard's start if none)
             table = got["positions"]
             crew.board.set_positions(table[self.env.rank].numpy() if table is not None else np.zeros(crew.workers))
-            self.carried = None
+            self.books.carry(None)
             self._publish()  # what an earlier lineage left at the coordinator must not be read again
         else:
             pos = self.m.link.fetch_as(f"pos/{self.env.rank}", floats(crew.workers)) if fresh else None
@@ -201,7 +199,7 @@ class ElasticGroup(Group):
                 crew.board.set_positions(pos)
             done = self.m.link.fetch_as(f"done/{self.env.rank}", floats(Counts().to_tensor().numel())) if fresh else None
             if done is not None:  # and count on from its earlier processes' totals at their last round
-                self.carried = torch.from_numpy(done)
+                self.books.carry(torch.from_numpy(done))
         crew.rounds.rebase()
         logger.info("healed from slot %d (step %d, %d syncs)", source,
                     crew.base.steps, crew.rounds.syncs)
@@ -215,7 +213,7 @@ class ElasticGroup(Group):
         state is sent, so no later epoch can admit such a slot before they are in place; set,
         not kept (Membership.put), so a coordinator restart never puts them back over what the
         slot itself publishes later."""
-        table = self.restored_positions
+        table = self.books.restored_positions
         for s in range(self.env.world_size):
             if s in ep.members:
                 continue
@@ -325,8 +323,13 @@ class ElasticGroup(Group):
         # its own would hold their positions at zero and the job's steps at its own.
         return self.m.memory.away_since is None and self.crew.saver.has_view
 
+    @property
+    def books(self) -> Ledger:
+        assert self.ledger is not None, "the ledger exists from connect() on"
+        return self.ledger
+
     def own(self, totals: Counts) -> Counts:
-        return totals if self.carried is None else Counts.from_tensor(totals.to_tensor() + self.carried)
+        return Counts.from_tensor(self.books.own(totals.to_tensor()))
 
     def job(self, members: Counts) -> Counts:
         """The members' totals plus, for each slot outside this epoch, its totals as it published
@@ -334,16 +337,8 @@ class ElasticGroup(Group):
         not take them out of the job's count. (A slot that comes back carries the same totals
         into its own, so nothing counts twice.)"""
         total = members.to_tensor()
-        width = total.numel()
-        for s in range(self.env.world_size):
-            if s in self.m.epoch.members:
-                continue
-            done = self.m.link.fetch_as(f"done/{s}", floats(width))
-            if done is not None:  # the coordinator is away: the last totals this leader saw
-                self.slot_totals[s] = torch.from_numpy(done)
-            if s in self.slot_totals:
-                total += self.slot_totals[s]
-        return Counts.from_tensor(total)
+        fetch = lambda s: self.m.link.fetch_as(f"done/{s}", floats(total.numel()))  # noqa: E731
+        return Counts.from_tensor(self.books.job(total, self._absent(), fetch))
 
     def positions(self) -> torch.Tensor:
         """Every slot's data positions (collective): the members' as they are now, gathered in the
@@ -351,16 +346,13 @@ class ElasticGroup(Group):
         as its totals are counted (see :meth:`job`). The members' never come from the
         coordinator: while it is away it holds old positions, which beside fresh totals would make
         a resume read their shards again."""
-        assert self.slot_positions is not None
         mine = torch.from_numpy(self.crew.board.stats["pos"].astype(np.float64))
-        for s, pos in zip(self.m.epoch.members, self.comm.all_gather(mine)):
-            self.slot_positions[s] = pos
-        for s in range(self.env.world_size):
-            if s not in self.m.epoch.members:
-                pos = self.m.link.fetch_as(f"pos/{s}", floats(self.crew.workers))
-                if pos is not None:  # the coordinator is away: the last positions this leader saw
-                    self.slot_positions[s] = torch.from_numpy(pos)
-        return self.slot_positions.clone()
+        members = dict(zip(self.m.epoch.members, self.comm.all_gather(mine)))
+        fetch = lambda s: self.m.link.fetch_as(f"pos/{s}", floats(self.crew.workers))  # noqa: E731
+        return self.books.positions(members, self._absent(), fetch)
+
+    def _absent(self) -> list[int]:
+        return [s for s in range(self.env.world_size) if s not in self.m.epoch.members]
 
     # ------------------------------------------------------------------- end
     def finish(self, result: RunResult) -> RunResult:
@@ -382,11 +374,10 @@ class ElasticGroup(Group):
         heal = [self._float(f"heal/{ep.number}/{s}") for ep in history[1:] for s in ep.joiners]
         stall = [self._float(f"stall/{ep.number}/{s}") for ep in history[1:] for s in ep.members
                  if s not in ep.joiners]
-        assert self.slot_positions is not None
         return {"elastic": True, "epochs": len(history), "replicas_lost": lost, "replicas_joined": joined,
                 "heal_s": max((h for h in heal if h is not None), default=0.0),
                 "survivor_stall_s": max((s for s in stall if s is not None), default=0.0),
-                "slot_positions": self.slot_positions.sum(dim=1).tolist()}
+                "slot_positions": self.books.report()}
 
     def _float(self, key: str) -> Optional[float]:
         return self.m.link.fetch_as(key, float)
