@@ -108,36 +108,11 @@ class Crew:
         self.board.set_base_steps(base.steps)
 
 
-class Group(ABC):
-    """How this replica meets the others. The leader calls, in order: :meth:`connect` and
-    :meth:`restore` while it builds the replica, :meth:`attach` once all is built,
-    :meth:`start` before the workers run, then per round :meth:`before_round`,
-    :meth:`wants_reform` and (when every leader agreed) :meth:`reform`, :meth:`recover` after
-    a failed collective, :meth:`finish` at the end and :meth:`close` always."""
-
-    env: DistEnv
-    """Where this leader sits: torchrun's rank, or the elastic slot among ``sync.replicas``."""
-
-    @abstractmethod
-    def connect(self, cfg: Config, run_dir: Path, workers: int, rep: Replica) -> tuple[Comm, Path]:
-        """Join the group: its communicator, and the run_dir every member agreed on."""
-
-    @abstractmethod
-    def restore(self, cfg: Config, run_dir: Path, rep: Replica, board: Board, rule: SyncRule,
-                previous: Optional[tuple[float, float]]) -> Optional[Restored]:
-        """Load the checkpoint ``cfg.resume`` names into the replica, if any."""
-
-    def attach(self, crew: Crew) -> None:
-        self.crew = crew
-
-    @property
-    @abstractmethod
-    def writer(self) -> bool:
-        """This leader writes checkpoints and metrics.json now."""
-
-    @abstractmethod
-    def start(self) -> None:
-        """Before the workers run: every member here, the replica at the group's state."""
+class Changes:
+    """The optional part of a group: what one whose members change (elastic.py) provides. A
+    group of fixed members (torchrun.py) has none, and the leader uses this class itself, whose
+    every method is what a fixed group means: nothing to report, nothing to re-form, the
+    members' counts are the job's."""
 
     def progress(self, rounds: int, steps: int) -> None:
         """The leader's main loop turned (at least every half second while it trains)."""
@@ -157,11 +132,6 @@ class Group(ABC):
     def recover(self, e: PeerLost) -> Optional[str]:
         """A collective failed: None if the group re-formed and training goes on, else why not."""
         return f"{e}; keeping the last periodic checkpoint"
-
-    def positions(self) -> torch.Tensor:
-        """Every replica's data positions, in rank order (collective in a torchrun group)."""
-        crew = self.crew
-        return torch.stack(crew.comm.all_gather(torch.from_numpy(crew.board.stats["pos"].copy()))).cpu()
 
     def own(self, totals: Counts) -> Counts:
         """This replica's counters as the job sees them."""
@@ -185,6 +155,46 @@ class Group(ABC):
     def report(self) -> dict[str, Any]:
         """Extra keys of metrics.json."""
         return {}
+
+
+class Group(ABC):
+    """How this replica meets the others: the core every group implements. The leader calls, in
+    order: :meth:`connect` and :meth:`restore` while it builds the replica, :meth:`attach` once
+    all is built, :meth:`start` before the workers run, :meth:`positions` for each checkpoint,
+    and :meth:`close` always. A group whose members change also provides :attr:`changes` (per
+    round :meth:`Changes.before_round`, :meth:`Changes.wants_reform` and, when every leader
+    agreed, :meth:`Changes.reform`; :meth:`Changes.recover` after a failed collective)."""
+
+    env: DistEnv
+    """Where this leader sits: torchrun's rank, or the elastic slot among ``sync.replicas``."""
+    changes: Optional[Changes] = None
+    """The optional part; None: the members never change (the leader uses :class:`Changes`)."""
+
+    @abstractmethod
+    def connect(self, cfg: Config, run_dir: Path, workers: int, rep: Replica) -> tuple[Comm, Path]:
+        """Join the group: its communicator, and the run_dir every member agreed on."""
+
+    @abstractmethod
+    def restore(self, cfg: Config, run_dir: Path, rep: Replica, board: Board, rule: SyncRule,
+                previous: Optional[tuple[float, float]]) -> Optional[Restored]:
+        """Load the checkpoint ``cfg.resume`` names into the replica, if any."""
+
+    def attach(self, crew: Crew) -> None:
+        self.crew = crew
+
+    @property
+    @abstractmethod
+    def writer(self) -> bool:
+        """This leader writes checkpoints and metrics.json now."""
+
+    @abstractmethod
+    def start(self) -> None:
+        """Before the workers run: every member here, the replica at the group's state."""
+
+    def positions(self) -> torch.Tensor:
+        """Every replica's data positions, in rank order (collective in a torchrun group)."""
+        crew = self.crew
+        return torch.stack(crew.comm.all_gather(torch.from_numpy(crew.board.stats["pos"].copy()))).cpu()
 
     @abstractmethod
     def close(self, degraded: bool) -> None:

@@ -26,7 +26,7 @@ from hogwild.checkpoint.saver import Saver
 from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
 from hogwild.errors import EXIT_FAILED, StopNow
-from hogwild.leader.api import Control, Crew, Group
+from hogwild.leader.api import Changes, Control, Crew, Group
 from hogwild.leader.target import Target
 from hogwild.replica import resources
 from hogwild.replica.board import Board, Counts, previous_attempt
@@ -60,6 +60,7 @@ class Leader:
         self.cfg, self.run_dir, self.overrides = cfg, Path(run_dir), overrides
         self.ctl = ctl or Control()
         self.group = group
+        self.changes: Changes = group.changes or Changes()
         self.env: DistEnv = self.group.env
         self.t_start = time.monotonic()
         self.t_train: Optional[float] = None
@@ -93,7 +94,7 @@ class Leader:
         specs = worker_specs(cfg, env, k, len(rep.ds.train))
         check_schedule(cfg.sched, cfg.optim.lr, specs[0].replica_quota or specs[0].quota)  # the real length
         target = Target(cfg.train.target, rep.task, rep.model, rep.flat)
-        tel = Telemetry(cfg, run_dir, env.rank == 0, rep.model, rep.ds.test, device, rep.task, group.alive,
+        tel = Telemetry(cfg, run_dir, env.rank == 0, rep.model, rep.ds.test, device, rep.task, self.changes.alive,
                         subject=target.subject, on_scores=target.saw)
         rounds = Rounds(rep.flat, rule, comm, board, schedule, base.syncs)
         pool = WorkerPool(cfg, specs, rep, board)
@@ -106,12 +107,12 @@ class Leader:
     # ---------------------------------------------------------------- rounds
     def _round(self, crew: Crew, done: bool, stop: bool, final: bool = False) -> tuple[bool, bool]:
         ctl, group = self.ctl, self.group
-        group.before_round()
+        self.changes.before_round()
         # A stopping leader may have a dead peer (torchrun SIGTERMs survivors): bound the wait.
         wait_s = min(self.cfg.fault.shutdown_timeout_s, 10.0) if stop else self.cfg.sync.timeout_s
         out = crew.rounds.run(done=done, stop=stop, final=final, timeout_s=wait_s,
                               want_checkpoint=group.writer and time.monotonic() >= ctl.next_ckpt,
-                              reached=self._reached(crew), reform=group.wants_reform())
+                              reached=self._reached(crew), reform=self.changes.wants_reform())
         crew.tel.round(out.stats)
         crew.pool.release()  # workers waiting at the lag limit may go on
         if out.checkpoint and not final:
@@ -119,12 +120,12 @@ class Leader:
         # A round that ends the job admits nobody: the members go on to their final collectives,
         # which a joiner just healed would never enter. It finds the job finished and leaves.
         if out.reform and not (final or out.all_done or out.any_stop or out.reached):
-            group.reform()
+            self.changes.reform()
         return out.all_done or out.reached, out.any_stop
 
     def _recover(self, e: PeerLost) -> bool:
         """A collective failed: True if the group re-formed and the loop may go on."""
-        why = self.group.recover(e)
+        why = self.changes.recover(e)
         if why is None:
             return True
         self.ctl.fail(why, degraded=True)
@@ -139,12 +140,12 @@ class Leader:
         """Every replica's data positions and the job-wide totals (collective)."""
         own = self._own(crew)
         positions = self.group.positions()
-        job = self.group.job(Counts.from_tensor(crew.comm.all_reduce(own.to_tensor())))
+        job = self.changes.job(Counts.from_tensor(crew.comm.all_reduce(own.to_tensor())))
         crew.saver.gathered(positions, job, own)
         return positions, job
 
     def _store(self, crew: Crew, positions: torch.Tensor, job: Counts) -> None:
-        if self.group.may_write():
+        if self.changes.may_write():
             self._write(crew, positions, job)
         else:
             self.ctl.checkpoint_in(self.cfg.checkpoint.every_s)
@@ -160,13 +161,13 @@ class Leader:
 
     def _write_alone(self, crew: Crew) -> None:
         """A checkpoint of this replica alone, without a collective (see Saver.local_view)."""
-        if not self.group.may_write_alone():
+        if not self.changes.may_write_alone():
             self.ctl.checkpoint_in(self.cfg.checkpoint.every_s)
             return
         self._write(crew, *crew.saver.local_view(crew.board, self.env.rank, self.env.world_size, self._own(crew)))
 
     def _own(self, crew: Crew) -> Counts:  # this replica's counters (elastic mode adds its slot's earlier processes')
-        return self.group.own(crew.board.totals(crew.pool.restarts))
+        return self.changes.own(crew.board.totals(crew.pool.restarts))
 
     def _config_dict(self) -> dict[str, Any]:
         return OmegaConf.to_container(OmegaConf.structured(self.cfg), resolve=True)  # type: ignore[return-value]
@@ -228,7 +229,7 @@ class Leader:
                 # replica's own, so checkpoint.every_s holds (within the grace) between rounds.
                 self._write_alone(crew)
             tel.tick(board, crew.base.steps, crew.rounds.syncs)
-            group.progress(crew.rounds.syncs, crew.base.steps + int(board.applied()))
+            self.changes.progress(crew.rounds.syncs, crew.base.steps + int(board.applied()))
 
     # ------------------------------------------------------------------- run
     def run(self) -> RunResult:
@@ -259,9 +260,9 @@ class Leader:
                 crew.tel.start(crew.board, sum(s.quota for s in crew.specs))
                 self._loop(crew)
             finally:
-                pool.stop(self.cfg.fault.shutdown_timeout_s, self.group.alive)
+                pool.stop(self.cfg.fault.shutdown_timeout_s, self.changes.alive)
                 crew.tel.close()
-            return self.group.finish(self._finish(crew, time.monotonic() - self.t_train))
+            return self.changes.finish(self._finish(crew, time.monotonic() - self.t_train))
         except StopNow:
             ctl.why("stopped during start-up: nothing trained, no checkpoint written")
             return self._outcome()
@@ -321,7 +322,7 @@ class Leader:
                              timing=timing, sync=sync_stats, workers=crew.workers, threads=crew.specs[0].threads,
                              replicas=self.env.world_size, sync_mode=self.cfg.sync.mode,
                              schedule=crew.schedule, resumed=crew.restored, run_dir=crew.run_dir).metrics()
-        metrics.update(verdict=verdict.summary, target_held=crew.target.held(tel.scores), **group.report())
+        metrics.update(verdict=verdict.summary, target_held=crew.target.held(tel.scores), **self.changes.report())
         if crew.restored is not None and metrics["status"] != Status.OK:
             # A resumed run that failed keeps the report of the run it resumed, which told of a
             # model that still exists in the checkpoints: nothing already written is lost.

@@ -36,7 +36,7 @@ from hogwild.elastic.link import CoordinatorAway
 from hogwild.elastic.membership import Dropped, Epoch, Membership
 from hogwild.errors import Fault, StopNow, UserError
 from hogwild.files import RunDirLock
-from hogwild.leader.api import Control, Group
+from hogwild.leader.api import Changes, Control, Group
 from hogwild.replica.board import Board, Counts
 from hogwild.replica.build import Replica
 from hogwild.replica.faults import leader_faults
@@ -63,12 +63,13 @@ def job_fingerprint(cfg: Config, params: int, workers: int) -> str:
             f"train.batch_size={cfg.train.batch_size}")
 
 
-class ElasticGroup(Group):
+class ElasticGroup(Group, Changes):
     def __init__(self, cfg: Config, ctl: Control, env: Optional[DistEnv] = None) -> None:
         sc = cfg.sync
         assert sc.slot is not None and sc.coordinator is not None
         self.env = dataclasses.replace(env or DistEnv.from_env(), rank=sc.slot, world_size=sc.replicas)
         self.cfg, self.ctl = cfg, ctl
+        self.changes = self  # members come and go: this group provides the optional part too
         self.connected = False  # the membership and its communicator exist from connect() on
         self.lock: Optional[RunDirLock] = None
         self.lock_refused = False

@@ -10,16 +10,17 @@ import pytest
 
 from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
-from hogwild.leader.api import Group
+from hogwild.leader.api import Changes, Group
 from hogwild.leader.core import Leader
 from hogwild.sync.rounds import RoundOutcome
 
 
-class _Group(Group):
-    """A group that records what the leader asked of it."""
+class _Group(Group, Changes):
+    """A group whose members change, which records what the leader asked of it."""
 
     def __init__(self) -> None:
         self.env, self.did = DistEnv(), []  # type: DistEnv, list[str]
+        self.changes = self
 
     @property
     def writer(self) -> bool:
