@@ -287,23 +287,24 @@ def test_bad_input_fails_in_one_line(tmp_path: Path, name: str, setup: Setup, ke
     assert not list(tmp_path.glob("run/*/checkpoints/*.pt")), "no job of a bad sweep may run"
 
 
+# User code that leaves mid-run with SystemExit in a worker: the run never exits 0, and the line
+# names the key and the call it left from.
+MID_RUN_EXITS = [
+    ("dataset item", ["data._target_=tests.user_models.late_exit_items", "train.epochs=2"],
+     "data: reading a training batch called sys.exit(0); nothing was trained"),
+    ("optimizer step", ["optim._target_=tests.user_models.LateExitSGD", "train.max_steps=50"],
+     "optim: the optimizer's step called sys.exit(4); nothing was trained"),
+]
+
+
 @pytest.mark.slow
-def test_a_worker_whose_dataset_calls_sys_exit_never_ends_the_run_with_exit_0(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name,args,line", MID_RUN_EXITS, ids=[c[0] for c in MID_RUN_EXITS])
+def test_user_code_that_calls_sys_exit_in_a_worker_never_ends_the_run_with_exit_0(
+        tmp_path: Path, name: str, args: list[str], line: str) -> None:
     from tests.conftest import REPO
 
-    proc = run_cli(["data._target_=tests.user_models.late_exit_items", "workers=1", "train.epochs=2",
-                    "fault.max_worker_restarts=0", f"run_dir={tmp_path / 'run'}"], cwd=REPO, timeout=120)
+    proc = run_cli([*args, "workers=1", "fault.max_worker_restarts=0", f"run_dir={tmp_path / 'run'}"],
+                   cwd=REPO, timeout=120)
     assert proc.returncode == 3, proc.stderr[-2000:]
-    assert "data: reading a training batch called sys.exit(0); nothing was trained" in proc.stderr
-    assert "Traceback" not in proc.stderr
-
-
-@pytest.mark.slow
-def test_an_optimizer_that_calls_sys_exit_mid_run_is_named_by_its_key(tmp_path: Path) -> None:
-    from tests.conftest import REPO
-
-    proc = run_cli(["optim._target_=tests.user_models.LateExitSGD", "workers=1", "train.max_steps=50",
-                    "fault.max_worker_restarts=0", f"run_dir={tmp_path / 'run'}"], cwd=REPO, timeout=120)
-    assert proc.returncode == 3, proc.stderr[-2000:]
-    assert "optim: the optimizer's step called sys.exit(4); nothing was trained" in proc.stderr
+    assert line in proc.stderr
     assert "Traceback" not in proc.stderr
