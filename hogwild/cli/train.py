@@ -24,7 +24,7 @@ from hogwild.config.env import DistEnv
 from hogwild.errors import Fault, UserError, WriteFailed, crash, guarded, report, say_error
 from hogwild.native import left_running
 from hogwild.replica.start import fork_server_from_here
-from hogwild.replica.task import HEADLINE
+from hogwild.replica.tasks import kind_of
 from hogwild.report.summary import RunResult
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def _hydra_main(dcfg: DictConfig) -> Optional[float]:
     if result.exit_code != 0:
         raise SystemExit(result.exit_code)
     m = result.metrics or {}
-    headline = m.get(f"test_{HEADLINE[m['task']]}") if "task" in m else None
+    headline = m.get(f"test_{kind_of(m['task']).headline}") if "task" in m else None
     return float("nan") if headline is None else float(headline)  # Hydra's sweepers read it
 
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from hogwild.config.registry import DATASETS, MODELS
+from hogwild.config.registry import DATASETS, MODELS, TASKS
 from hogwild.config.sync import SyncConfig
 from hogwild.config.train import LossConfig, OptimConfig, SchedConfig, StepConfig, TrainConfig
 from hogwild.config.validate import at_most, choice, positive, require
 from hogwild.errors import ConfigError
 from hogwild.files import writable_dir
 
-TASKS = ("auto", "classification", "regression", "language_model")
 MAX_LOADER_WORKERS = 64
 DEVICES = ("cpu", "cuda")
 
@@ -191,7 +190,8 @@ class Config:
         self.workers = w
         require(writable_dir(self.run_dir), "run_dir", f"cannot create {self.run_dir!r}: no writable folder on its path")
         choice(self.device, "device", DEVICES)
-        choice(self.task, "task", TASKS)
+        kinds = ["auto", *TASKS.names()]
+        require(self.task in kinds, "task", f"unknown value {self.task!r}; choose one of {', '.join(kinds)}")
         r = self.resume
         require(isinstance(r, (bool, str)), "resume", f"must be auto, true, false or a path, got {r!r}")
         if self.device == "cpu":

@@ -9,10 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from hogwild.config.registry import SCHEDULES
+from hogwild.config.registry import OPTIMIZERS, SCHEDULES
 from hogwild.config.validate import at_most, choice, duration, positive, require
 
-OPTIMIZERS = ("sgd", "adam", "adamw", "adagrad")
 PRECISIONS = ("fp32", "bf16")
 OPTIM_STATES = ("worker", "shared")
 TARGET_MODES = ("auto", "max", "min")
@@ -48,7 +47,7 @@ class OptimConfig:
     """Scale each worker's gradient down to this total L2 norm before its update."""
 
     def __post_init__(self) -> None:
-        choice(self.name, "optim.name", OPTIMIZERS)
+        OPTIMIZERS.check(self.name)
         positive(self.lr, "optim.lr")
         if self.clip_grad_norm is not None:
             positive(self.clip_grad_norm, "optim.clip_grad_norm")

@@ -10,11 +10,12 @@ their state in flat buffers too, so the same code serves private and shared stat
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Union
+from typing import Callable, ClassVar, Optional, Union
 
 import torch
 from torch import Tensor
 
+from hogwild.config.registry import OPTIMIZERS
 from hogwild.config.schema import OptimConfig
 from hogwild.config.targets import call_target, import_target, schema_kwargs
 from hogwild.errors import ConfigError, first_line
@@ -24,11 +25,7 @@ from hogwild.replica.shared import Slot
 def state_names(cfg: OptimConfig) -> tuple[str, ...]:
     if cfg._target_:
         return ()  # a torch optimizer keeps its own state, per worker
-    if cfg.name == "sgd":
-        return ("momentum",) if cfg.momentum > 0 else ()
-    if cfg.name in ("adam", "adamw"):
-        return ("exp_avg", "exp_avg_sq")
-    return ("sum",)
+    return flat_rule(cfg.name).state(cfg)
 
 
 def decays(cfg: OptimConfig, shapes: list[tuple[int, ...]]) -> list[float]:
@@ -64,6 +61,7 @@ class FlatOptimizer:
         self.params = [s.view(flat) for s in slots]
         self.decay = decays(cfg, [s.shape for s in slots])
         self.state = {k: [s.view(buf) for s in slots] for k, buf in state.items()}
+        self.rule = flat_rule(cfg.name)
         self.t = 0  # Adam's bias-correction step counts this worker's own updates
 
     def set_lr(self, lr: float) -> None:
@@ -77,54 +75,108 @@ class FlatOptimizer:
     @torch.no_grad()
     def step(self, grads: list[Optional[Tensor]]) -> None:
         self.t += 1
-        c, lr = self.cfg, self.lr
+        rule, lr = self.rule, self.lr
         for i, (p, g) in enumerate(zip(self.params, grads)):
             if g is None:
                 continue
             wd = self.decay[i]
             if g.is_sparse:
-                if c.name == "sgd" and c.momentum == 0 and wd == 0:
-                    p.add_(g, alpha=-lr)  # rows outside the batch are never written
-                    continue
-                if c.name == "adagrad" and wd == 0:
-                    self._sparse_adagrad(p, g.coalesce(), self.state["sum"][i])
-                    continue
+                if wd == 0 and rule.sparse_update(self, i, p, g):
+                    continue  # rows outside the batch are never written
                 g = g.to_dense()
-            if c.name == "adamw":
-                p.mul_(1 - lr * wd)  # decoupled: the decay never enters Adam's moments
+            if rule.decoupled:
+                p.mul_(1 - lr * wd)  # decoupled: the decay never enters the rule's state
             elif wd:
                 g = g.add(p, alpha=wd)
-            if c.name == "sgd":
-                if c.momentum > 0:
-                    buf = self.state["momentum"][i]
-                    buf.mul_(c.momentum).add_(g)
-                    g = buf
-                p.add_(g, alpha=-lr)
-            elif c.name in ("adam", "adamw"):
-                self._adam(p, g, self.state["exp_avg"][i], self.state["exp_avg_sq"][i])
-            else:
-                s = self.state["sum"][i]
-                s.addcmul_(g, g, value=1.0)
-                p.addcdiv_(g, s.sqrt().add_(c.eps), value=-lr)
+            rule.update(self, i, p, g)
 
-    def _adam(self, p: Tensor, g: Tensor, m: Tensor, v: Tensor) -> None:
-        b1, b2 = self.cfg.betas
+
+class FlatRule:
+    """One in-place update rule over the flat buffer's views: the state it keeps per parameter
+    (model-sized buffers, private or shared) and how one parameter steps."""
+
+    name: ClassVar[str]
+    decoupled: ClassVar[bool] = False
+    """Weight decay shrinks the weights (AdamW) instead of entering the gradient."""
+
+    def state(self, cfg: OptimConfig) -> tuple[str, ...]:
+        return ()
+
+    def sparse_update(self, opt: FlatOptimizer, i: int, p: Tensor, g: Tensor) -> bool:
+        """Step on a sparse gradient's rows alone, without weight decay; False: densify it first."""
+        return False
+
+    def update(self, opt: FlatOptimizer, i: int, p: Tensor, g: Tensor) -> None:
+        raise NotImplementedError
+
+
+@OPTIMIZERS.register("sgd")
+class SGD(FlatRule):
+    def state(self, cfg: OptimConfig) -> tuple[str, ...]:
+        return ("momentum",) if cfg.momentum > 0 else ()
+
+    def sparse_update(self, opt: FlatOptimizer, i: int, p: Tensor, g: Tensor) -> bool:
+        if opt.cfg.momentum > 0:
+            return False
+        p.add_(g, alpha=-opt.lr)
+        return True
+
+    def update(self, opt: FlatOptimizer, i: int, p: Tensor, g: Tensor) -> None:
+        if opt.cfg.momentum > 0:
+            buf = opt.state["momentum"][i]
+            buf.mul_(opt.cfg.momentum).add_(g)
+            g = buf
+        p.add_(g, alpha=-opt.lr)
+
+
+@OPTIMIZERS.register("adam")
+class Adam(FlatRule):
+    def state(self, cfg: OptimConfig) -> tuple[str, ...]:
+        return ("exp_avg", "exp_avg_sq")
+
+    def update(self, opt: FlatOptimizer, i: int, p: Tensor, g: Tensor) -> None:
+        m, v = opt.state["exp_avg"][i], opt.state["exp_avg_sq"][i]
+        b1, b2 = opt.cfg.betas
         # Shared state is written by other workers while we read it. If we saw another
         # worker's large gradient in m but not yet in v, m/sqrt(v) would explode. So every
         # worker writes v before m, and reads m before v: any m we see has its v in place.
         v.mul_(b2).addcmul_(g, g, value=1 - b2)
         m.lerp_(g, 1 - b1)
-        m_seen = m.clone() if self.cfg.state == "shared" else m
-        bc1 = 1 - b1 ** self.t
-        bc2 = 1 - b2 ** self.t
-        denom = (v.sqrt() / math.sqrt(bc2)).add_(self.cfg.eps)
-        p.addcdiv_(m_seen, denom, value=-self.lr / bc1)
+        m_seen = m.clone() if opt.cfg.state == "shared" else m
+        bc1 = 1 - b1 ** opt.t
+        bc2 = 1 - b2 ** opt.t
+        denom = (v.sqrt() / math.sqrt(bc2)).add_(opt.cfg.eps)
+        p.addcdiv_(m_seen, denom, value=-opt.lr / bc1)
 
-    def _sparse_adagrad(self, p: Tensor, g: Tensor, s: Tensor) -> None:
-        idx, vals = g._indices()[0], g._values()
+
+@OPTIMIZERS.register("adamw")
+class AdamW(Adam):
+    decoupled = True
+
+
+@OPTIMIZERS.register("adagrad")
+class Adagrad(FlatRule):
+    def state(self, cfg: OptimConfig) -> tuple[str, ...]:
+        return ("sum",)
+
+    def sparse_update(self, opt: FlatOptimizer, i: int, p: Tensor, g: Tensor) -> bool:
+        g = g.coalesce()
+        idx, vals, s = g._indices()[0], g._values(), opt.state["sum"][i]
         s.index_add_(0, idx, vals * vals)
-        std = s.index_select(0, idx).sqrt_().add_(self.cfg.eps)
-        p.index_add_(0, idx, vals / std, alpha=-self.lr)
+        std = s.index_select(0, idx).sqrt_().add_(opt.cfg.eps)
+        p.index_add_(0, idx, vals / std, alpha=-opt.lr)
+        return True
+
+    def update(self, opt: FlatOptimizer, i: int, p: Tensor, g: Tensor) -> None:
+        s = opt.state["sum"][i]
+        s.addcmul_(g, g, value=1.0)
+        p.addcdiv_(g, s.sqrt().add_(opt.cfg.eps), value=-opt.lr)
+
+
+def flat_rule(name: str) -> FlatRule:
+    rule = OPTIMIZERS.get(name)
+    assert isinstance(rule, type) and issubclass(rule, FlatRule)
+    return rule()
 
 
 class TorchOptimizer:

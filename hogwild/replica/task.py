@@ -27,43 +27,15 @@ from hogwild.config.targets import call_target, import_target
 from hogwild.config.train import LossConfig, StepConfig, TargetConfig
 from hogwild.data.splits import Dataset, Split
 from hogwild.errors import ConfigError, escaped, first_line
-from hogwild.replica.step import IGNORE_INDEX, Inputs, LossFn, Output, Step, to_device
+from hogwild.config.registry import TASKS
+from hogwild.replica.step import Inputs, LossFn, Output, Step, to_device
+from hogwild.replica.tasks import Sums, TaskKind, chance_accuracy, default_loss, kind_of, mse_loss, token_cross_entropy
 
 logger = logging.getLogger(__name__)
 
 
-# Each task's metrics, and whether higher is better; "loss" (the configured loss) is always there.
-METRICS: dict[str, dict[str, bool]] = {
-    "classification": {"loss": False, "accuracy": True},
-    "regression": {"loss": False, "mse": False, "rmse": False, "r2": True},
-    "language_model": {"loss": False, "token_ce": False, "perplexity": False, "accuracy": True},
-}
-HEADLINE = {"classification": "accuracy", "regression": "r2", "language_model": "perplexity"}
-
-
-def _as_target(out: Tensor, y: Tensor) -> Tensor:
-    """A regression output of shape (B, 1) against labels (B,): the same values, one shape."""
-    return out.reshape(y.shape) if out.shape != y.shape and out.numel() == y.numel() else out
-
-
-def mse_loss(out: Tensor, y: Tensor) -> Tensor:
-    return F.mse_loss(_as_target(out, y), y)
-
-
-def token_cross_entropy(logits: Tensor, y: Tensor) -> Tensor:
-    """(B, T, V) logits against (B, T) next tokens: the mean over every token."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-
-
-DEFAULT_LOSS: dict[str, LossFn] = {"classification": F.cross_entropy, "regression": mse_loss,
-                                   "language_model": token_cross_entropy}
-
-
-def chance_accuracy(targets: Tensor) -> float:
-    """The accuracy of always guessing the most frequent test label."""
-    if targets.numel() == 0:
-        return math.nan
-    return float(torch.bincount(targets.long().reshape(-1)).max()) / targets.numel()
+# Every kind's loss by name (the scripts' baselines use them); the kinds themselves: tasks.py.
+DEFAULT_LOSS: dict[str, LossFn] = {name: default_loss(name) for name in TASKS.names()}
 
 
 def infer_kind(split: Split) -> str:
@@ -78,7 +50,7 @@ def make_loss(cfg: LossConfig, kind: str) -> LossFn:
     """The task's default loss, or ``loss._target_``: a class (``torch.nn.SmoothL1Loss``) is built
     with the keys under ``loss``; a function gets them as keyword arguments on every call."""
     if not cfg._target_:
-        return DEFAULT_LOSS[kind]
+        return default_loss(kind)
     path = str(cfg._target_)
     fn = import_target(path, "loss._target_")
     if inspect.isclass(fn):
@@ -114,12 +86,16 @@ class Task:
         return self._step
 
     @property
+    def of_kind(self) -> TaskKind:
+        return kind_of(self.kind)
+
+    @property
     def metrics(self) -> dict[str, bool]:
-        return METRICS[self.kind]
+        return self.of_kind.metrics
 
     @property
     def headline(self) -> str:
-        return HEADLINE[self.kind]
+        return self.of_kind.headline
 
     @property
     def classes(self) -> int:
@@ -147,28 +123,8 @@ def build_task(cfg: Config, ds: Dataset) -> Task:
     kind = task_kind(cfg, ds)
     task = Task(kind, make_loss(cfg.loss, kind), ds.num_classes if kind == "classification" else 2,
                 step_cfg=cfg.step, user_loss=bool(cfg.loss._target_))
-    test_y = ds.test.targets
-    floats = test_y.is_floating_point()
-    if kind == "language_model" and test_y.dim() < 2:
-        raise ConfigError("task: language_model needs a sequence of token labels per sample (N x T), and the data "
-                          f"gives one label per sample (shape {tuple(test_y.shape)}); use task=classification or auto")
-    if floats != (kind == "regression"):
-        given = "float" if floats else "integer"
-        raise ConfigError(f"task: {kind} needs {'float' if kind == 'regression' else 'integer'} labels, and the "
-                          f"data gives {given} labels (task=auto picks the task from them)")
-    if kind == "classification":
-        task.baseline = {"accuracy": chance_accuracy(test_y)}
-    elif kind == "regression":
-        task.train_mean = ds.train.targets.float().mean(0)
-        mse = float(((test_y.float() - task.train_mean) ** 2).mean())
-        task.baseline = {"mse": mse, "rmse": math.sqrt(mse), "r2": 0.0}
-    else:
-        train_y, test_tokens = ds.train.targets.reshape(-1), test_y.reshape(-1)
-        train_y, test_tokens = train_y[train_y >= 0], test_tokens[test_tokens >= 0]  # not the ignore index
-        counts = torch.bincount(train_y, minlength=ds.num_classes).double() + 1.0
-        task.unigram = counts / counts.sum()
-        ce = float(-task.unigram.log()[test_tokens.clamp(max=len(counts) - 1)].mean())
-        task.baseline = {"token_ce": ce, "perplexity": math.exp(ce)}
+    task.of_kind.check_labels(ds.test.targets)
+    task.baseline = task.of_kind.baseline(ds, task)
     target = cfg.train.target
     if target.metric is not None and target.metric not in task.metrics:
         raise ConfigError(f"train.target.metric: the {kind} task reports {', '.join(task.metrics)}; "
@@ -187,7 +143,7 @@ def evaluate(model: nn.Module, split: Split, device: torch.device, task: Task,
     was_training = model.training
     model.eval()
     n = len(split) if max_batches is None else min(len(split), max_batches * batch_size)
-    loss_sum, sq_sum, correct, tokens, ce_sum, seen = 0.0, 0.0, 0, 0, 0.0, 0
+    loss_sum, sums, kind = 0.0, Sums(), task.of_kind
     try:
         for start in range(0, n, batch_size):
             on_batch()
@@ -197,41 +153,10 @@ def evaluate(model: nn.Module, split: Split, device: torch.device, task: Task,
             loss_sum += float(loss) * len(idx)
             if out.logits is None or y is None:
                 continue
-            seen += len(idx)
-            counts = _score(task, step, out, y)
-            correct += counts[0]
-            sq_sum += counts[1]
-            ce_sum += counts[2]
-            tokens += counts[3]
+            kind.count(step, out, y, sums)
     finally:
         model.train(was_training)
-    scores = {"loss": loss_sum / n}
-    nan = math.nan
-    if task.kind == "classification":
-        scores["accuracy"] = correct / seen if seen else nan
-    elif task.kind == "regression":
-        mse = sq_sum / tokens if tokens else nan
-        base = task.baseline.get("mse", math.nan)
-        scores.update(mse=mse, rmse=math.sqrt(mse), r2=1.0 - mse / base if base > 0 else math.nan)
-    else:
-        ce = ce_sum / tokens if tokens else nan
-        scores.update(token_ce=ce, perplexity=math.exp(min(ce, 700.0)), accuracy=correct / tokens if tokens else nan)
-    return scores
-
-
-def _score(task: Task, step: Step, out: Output, y: Tensor) -> tuple[int, float, float, int]:
-    """One batch's (correct, squared error, summed token cross-entropy, counted labels)."""
-    logits = out.logits
-    assert logits is not None
-    if task.kind == "classification":
-        return int((logits.argmax(-1) == y).sum()), 0.0, 0.0, 0
-    if task.kind == "regression":
-        return 0, float(((_as_target(logits, y).float() - y) ** 2).sum()), 0.0, y.numel()
-    logits, y = step.aligned(logits, y, out.loss if step.use_model_loss else None)
-    flat, labels = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
-    keep = labels != IGNORE_INDEX
-    ce = float(F.cross_entropy(flat.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum"))
-    return int((flat.argmax(1)[keep] == labels[keep]).sum()), 0.0, ce, int(keep.sum())
+    return {"loss": loss_sum / n, **kind.scores(sums, task.baseline)}
 
 
 def preflight(model: nn.Module, ds: Dataset, task: Task, batch_size: int, device: torch.device) -> list[bool]:
