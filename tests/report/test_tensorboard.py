@@ -19,12 +19,14 @@ def full(data):
     raise OSError(errno.ENOSPC, "No space left on device")
 
 writer.write = full
-m.scalar("loss", 1.0, 1)
-time.sleep(0.5)  # the thread fails first, as on a real disk
+deadline = time.monotonic() + 60  # the thread fails first, as on a real disk; a busy host delays it
 try:
-    for i in range(50):
+    i = 0
+    while time.monotonic() < deadline:
         m.scalar("loss", 1.0, i)
+        m._tb.flush()
         time.sleep(0.02)
+        i += 1
     m.close()
 except OSError as e:
     print("raised:", WriteFailed.of(e))
