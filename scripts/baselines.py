@@ -12,6 +12,7 @@ and a proportional-set-size sampler for memory.
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import statistics
 import threading
@@ -89,6 +90,19 @@ CONVNET = Workload("convnet_digits28", "convnet", target=0.97, lr=0.05, max_epoc
 RESNET = Workload("resnet18_digits32", "mlp", target=0.90, lr=0.05, max_epochs=20, eval_every=10, eval_every_s=2.0,
                   image_size=32, target_path="torchvision.models.resnet18", channels=3)
 TINY = Workload("mlp_digits_tiny", "mlp", target=0.90, lr=0.1, max_epochs=3, eval_every=5, eval_every_s=0.02)
+# The workloads a cross-machine script can name with --workload.
+WORKLOADS = {"mlp": MLP, "resnet": RESNET}
+
+
+def workload_from_args(args: Any) -> Workload:
+    """``--workload`` with the command line's ``--target``, ``--epochs``, ``--seed`` and
+    ``--split-seed`` applied: the one reading of them every cross-machine script shares."""
+    w = WORKLOADS[args.workload]
+    if args.target is not None:
+        w = dataclasses.replace(w, target=args.target)
+    if args.epochs is not None:
+        w = dataclasses.replace(w, max_epochs=args.epochs)
+    return dataclasses.replace(w, seed=args.seed, split_seed=args.split_seed)
 
 
 def free_port() -> int:

@@ -43,14 +43,13 @@ from typing import Any, Callable, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from baselines import MLP, RESNET, Workload  # noqa: E402
+from baselines import WORKLOADS, Workload, workload_from_args  # noqa: E402
 from bench import reached  # noqa: E402
 
 from hogwild.bench import ring_all_reduce_bytes  # noqa: E402
 
 logger = logging.getLogger("link")
 BRIDGE = "hwlinkbr"
-WORKLOADS = {"mlp": MLP, "resnet": RESNET}
 # Each method: hogwild's overrides on top of the defaults (None: not a hogwild run). The wires and
 # fragments run under the default rule, which is what a user gets; `diloco` is the rule torchft has.
 METHODS: dict[str, Optional[list[str]]] = {
@@ -367,12 +366,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="[link] %(message)s")
     global LOOPBACK, RUN_TIMEOUT_S
     LOOPBACK, RUN_TIMEOUT_S = args.loopback, args.run_timeout_s
-    w = WORKLOADS[args.workload]
-    if args.target is not None:
-        w = dataclasses.replace(w, target=args.target)
-    if args.epochs is not None:
-        w = dataclasses.replace(w, max_epochs=args.epochs)
-    w = dataclasses.replace(w, seed=args.seed, split_seed=args.split_seed)
+    w = workload_from_args(args)
     if args.ddp_rank is not None:
         _ddp_rank(args.ddp_rank, args.machines, args.port, w)
         return

@@ -139,6 +139,14 @@ def _recipe(model: torch.nn.Module, world: int, rank: int, train: Any, lr: float
     return net, ps, opt, gen, x_all, y_all
 
 
+def _over(spent: float, budget: float, world: int) -> bool:
+    """The budget is spent on some rank: every rank stops at the same step."""
+    over = torch.tensor([float(spent >= budget)])
+    if world > 1:
+        dist.all_reduce(over, op=dist.ReduceOp.MAX)
+    return bool(over.item())
+
+
 def _gpt_rank(rank: int, world: int, port: int, budget: float, threads: int, out: Any, lr: float = LR) -> None:
     from examples.charlm import stdlib_text
     from examples.gpt import GPT, GPTConfig
@@ -153,13 +161,9 @@ def _gpt_rank(rank: int, world: int, port: int, budget: float, threads: int, out
     net, ps, opt, gen, x_all, y_all = _recipe(model, world, rank, train, lr)
     step, t0, spent = 0, None, 0.0
     while True:
-        if t0 is not None:
-            spent = time.monotonic() - t0
-            over = torch.tensor([float(spent >= budget)])
-            if world > 1:
-                dist.all_reduce(over, op=dist.ReduceOp.MAX)  # every rank stops at the same step
-            if over.item():
-                break
+        spent = 0.0 if t0 is None else time.monotonic() - t0
+        if t0 is not None and _over(spent, budget, world):
+            break
         idx = torch.randint(len(train), (BATCH,), generator=gen)
         warm = min(1.0, (step + 1) / WARMUP)
         for g in opt.param_groups:  # warm-up, then a cosine over the budget, as hogwild's schedule under max_time
@@ -200,12 +204,8 @@ def _baseline_rank(rank: int, world: int, port: int, budget: float, threads: int
     net, ps, opt, gen, x_all, y_all = _recipe(model, world, rank, train, lr)
     step, t0 = 0, None
     while True:
-        if t0 is not None:
-            over = torch.tensor([float(time.monotonic() - t0 >= budget)])
-            if world > 1:
-                dist.all_reduce(over, op=dist.ReduceOp.MAX)  # every rank stops at the same step
-            if over.item():
-                break
+        if t0 is not None and _over(time.monotonic() - t0, budget, world):
+            break
         idx = torch.randint(len(train), (BATCH,), generator=gen)
         for g in opt.param_groups:
             g["lr"] = lr * min(1.0, (step + 1) / WARMUP)

@@ -14,7 +14,6 @@ stop at the same step without a collective of their own. Prints one ``RESULT {js
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys
@@ -27,11 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from baselines import CLASSIFY, CPU, MLP, RESNET, Workload, sgd_step  # noqa: E402
+from baselines import CLASSIFY, CPU, WORKLOADS, Workload, sgd_step, workload_from_args  # noqa: E402
 
 from hogwild.bench import evaluate  # noqa: E402
 
-WORKLOADS = {"mlp": MLP, "resnet": RESNET}
 
 
 def run(args: argparse.Namespace, w: Workload) -> dict[str, float]:
@@ -105,12 +103,7 @@ def main() -> None:
     except ImportError as e:
         sys.stderr.write(f"torchft is not installed here ({e}); BENCHMARKS.md §12 has the install line\n")
         raise SystemExit(2) from None
-    w = WORKLOADS[args.workload]
-    if args.target is not None:
-        w = dataclasses.replace(w, target=args.target)
-    if args.epochs is not None:
-        w = dataclasses.replace(w, max_epochs=args.epochs)
-    w = dataclasses.replace(w, seed=args.seed, split_seed=args.split_seed)
+    w = workload_from_args(args)
     sys.stdout.write("RESULT " + json.dumps(run(args, w)) + "\n")
 
 

@@ -164,6 +164,20 @@ def assert_consensus(job: Job, slots: tuple[int, ...] = tuple(range(SLOTS))) -> 
     return m
 
 
+def finish_in_consensus(job: Job, lost: int = 0) -> dict:  # type: ignore[type-arg]
+    """Let the job finish: every slot exits 0 in consensus (:func:`assert_consensus`); with
+    ``lost``, at least that many replicas were lost and joined again, and no loss stalled the
+    survivors past the peer timeout."""
+    job.hurry()
+    codes = job.wait_all()
+    assert codes == {0: 0, 1: 0, 2: 0}, {s: job.tail(s) for s in range(SLOTS)}
+    m = assert_consensus(job)
+    if lost:
+        assert m["replicas_lost"] >= lost and m["replicas_joined"] >= lost, m
+        assert m["survivor_stall_s"] <= PEER_TIMEOUT_S + 2, m
+    return m
+
+
 def test_a_writer_stopped_past_the_timeout_is_dropped_rejoins_and_never_writes_beside_another(job_factory) -> None:  # type: ignore[no-untyped-def]
     # 20 ms a step: the survivors are still training when slot 0 wakes (600 steps >= 12 s).
     job = job_factory("train.epochs=40", "checkpoint.every_s=0.5", fault="slow:0:20,slow:1:20,slow:2:20")
@@ -180,13 +194,8 @@ def test_a_writer_stopped_past_the_timeout_is_dropped_rejoins_and_never_writes_b
         job.wait_applied(s, at_drop[s] + 20)  # and they train on without it
     job.procs[0].send_signal(signal.SIGCONT)
     job.wait_healed(0)
-    job.hurry()
-    codes = job.wait_all()
-    assert codes == {0: 0, 1: 0, 2: 0}, {s: job.tail(s) for s in range(SLOTS)}
-    m = assert_consensus(job)
-    assert m["replicas_lost"] >= 1 and m["replicas_joined"] >= 1, m
     # While slot 0 slept with the lock, slot 1 led the group but was refused the lock: one writer.
-    assert m["survivor_stall_s"] <= PEER_TIMEOUT_S + 2, m
+    finish_in_consensus(job, lost=1)
     assert "is in use by" in job.log(1)
     assert "was dropped from the group" in job.log(0) and "healed from slot" in job.log(0)
     assert "[slot 0 epoch " in job.log(0), "every line of an elastic leader names its slot and epoch"
@@ -271,10 +280,7 @@ def test_a_coordinator_killed_and_restarted_mid_run_splits_nothing(job_factory) 
     assert job.procs[2].wait(10) == -signal.SIGKILL
     job.start(2)
     job.wait_healed(2)
-    job.hurry()
-    codes = job.wait_all()
-    assert codes == {0: 0, 1: 0, 2: 0}, {s: job.tail(s) for s in range(SLOTS)}
-    assert_consensus(job)
+    finish_in_consensus(job)
     formed = job.formed()
     numbers = [n for n, _ in formed]
     assert len(numbers) == len(set(numbers)), f"an epoch was formed twice: {formed}"
@@ -333,14 +339,9 @@ def test_kills_at_random_replicas_one_after_another_lose_nothing(job_factory) ->
         assert job.procs[slot].wait(10) == -signal.SIGKILL
         job.start(slot)
         job.wait_healed(slot)
-    job.hurry()
-    codes = job.wait_all()
-    assert codes == {0: 0, 1: 0, 2: 0}, {s: job.tail(s) for s in range(SLOTS)}
-    # Each restarted slot went on from where it last reported instead of dropping or restarting its shard.
-    m = assert_consensus(job)
-    assert m["replicas_lost"] >= 4 and m["replicas_joined"] >= 4, m
-    # The survivors went on without the killed slot, each time: no loss stalled them past the peer timeout.
-    assert m["survivor_stall_s"] <= PEER_TIMEOUT_S + 2, m
+    # Each restarted slot went on from where it last reported instead of dropping or restarting its
+    # shard, and the survivors went on without the killed slot, each time.
+    finish_in_consensus(job, lost=4)
     assert max(tb_scalars(job.run_dir, "elastic/survivor_stall_s")) <= PEER_TIMEOUT_S + 2
     # TensorBoard (slot 0's: this seed kills slots 1, 2, 2, 2) saw the group shrink to two and grow back.
     members = tb_scalars(job.run_dir, "elastic/members")
@@ -420,10 +421,7 @@ def test_every_replica_restarted_starts_from_one_restore_point(job_factory) -> N
     job.wait_healed(1)
     job.start(2)
     job.wait_healed(2)
-    job.hurry()
-    codes = job.wait_all()
-    assert codes == {0: 0, 1: 0, 2: 0}, {s: job.tail(s) for s in range(SLOTS)}
-    assert_consensus(job)
+    finish_in_consensus(job)
 
 
 def test_a_second_process_in_a_live_slot_is_refused_before_it_touches_the_run(job_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -439,10 +437,7 @@ def test_a_second_process_in_a_live_slot_is_refused_before_it_touches_the_run(jo
     assert dup.returncode == 2, dup.stderr[-2000:]
     assert "held by a live replica" in dup.stderr and "Traceback" not in dup.stderr
     assert job.applied(1) >= before, "the live slot's progress board was reset"
-    job.hurry()
-    codes = job.wait_all()
-    assert codes == {0: 0, 1: 0, 2: 0}, {s: job.tail(s) for s in range(SLOTS)}
-    assert_consensus(job)
+    finish_in_consensus(job)
 
 
 def test_a_restarted_writer_never_writes_a_checkpoint_behind_the_last(job_factory) -> None:  # type: ignore[no-untyped-def]
@@ -460,10 +455,7 @@ def test_a_restarted_writer_never_writes_a_checkpoint_behind_the_last(job_factor
     job.start(0)
     job.wait_healed(0)
     job.wait_applied(0, 100)  # checkpoint.every_s passes a few times before and between its rounds
-    job.hurry()
-    codes = job.wait_all()
-    assert codes == {0: 0, 1: 0, 2: 0}, {s: job.tail(s) for s in range(SLOTS)}
-    assert_consensus(job)
+    finish_in_consensus(job)
     paths = sorted(checkpoint.ckpt_dir(job.run_dir).glob("step_*.pt"), key=lambda p: checkpoint.load(p)["written_at"])
     cks = [checkpoint.load(p) for p in paths]
     # Slot 1 wrote while slot 0 was away: the same lineage, its sequence going on (it began its
