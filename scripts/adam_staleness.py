@@ -10,7 +10,10 @@ clipping, decay on matrices), and report the test loss on the first 512 test blo
 - ``one``: one AdamW, fresh gradients (a single process);
 - ``two``: two AdamW states alternating, fresh gradients;
 - ``one_stale``: one AdamW, gradients one update old;
-- ``two_stale``: two AdamW states alternating, gradients one update old (two Hogwild workers).
+- ``two_stale``: two AdamW states alternating, gradients one update old (two Hogwild workers);
+- ``two_stale_dc``: ``two_stale`` with the stale gradient corrected to first order for the update
+  it missed (delay compensation, as DC-ASGD, Zheng et al. 2017, scaled by Adam's second moment):
+  ``g + λ·g²·(w_now − w_read)/sqrt(v)``. An exploration, not a hogwild option.
 
     python scripts/adam_staleness.py --steps 600 --lr 3e-3 --out bench_results/adam_staleness.json
 """
@@ -31,11 +34,17 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 logger = logging.getLogger("adam_staleness")
-VARIANTS = ("one", "two", "one_stale", "two_stale")
+VARIANTS = ("one", "two", "one_stale", "two_stale", "two_stale_dc")
 WD, WARMUP, CLIP, BATCH = 0.05, 100, 1.0, 32
 
 
-def run(variant: str, steps: int, lr: float, beta1: float, seed: int) -> float:
+def _rms(opt: torch.optim.Optimizer, p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Adam's running root mean square of ``p``'s gradient (the gradient's size before its first step)."""
+    v = opt.state.get(p, {}).get("exp_avg_sq")
+    return (v.sqrt() if v is not None else g.abs()) + 1e-8
+
+
+def run(variant: str, steps: int, lr: float, beta1: float, seed: int, dc_lambda: float = 32.0) -> float:
     from examples.charlm import stdlib_text
     from examples.gpt import GPT, GPTConfig
 
@@ -62,12 +71,15 @@ def run(variant: str, steps: int, lr: float, beta1: float, seed: int) -> float:
         model(x_all[idx], y_all[idx])[1].backward()
         fresh = [p.grad.clone() for p in ps]
         use = fresh
-        if variant.endswith("stale"):  # the gradient of the state before the last update
-            use, previous = (previous if previous is not None else fresh), fresh
+        opt = opts[t % len(opts)]
+        if "stale" in variant:  # the gradient of the state before the last update, and that state
+            now = [p.detach().clone() for p in ps]
+            (use, read), previous = (previous if previous is not None else (fresh, now)), (fresh, now)
+            if variant.endswith("dc"):
+                use = [g + dc_lambda * g * g * (p.detach() - w) / _rms(opt, p, g) for p, g, w in zip(ps, use, read)]
         for p, g in zip(ps, use):
             p.grad = g
         torch.nn.utils.clip_grad_norm_(ps, CLIP)
-        opt = opts[t % len(opts)]
         for group in opt.param_groups:
             group["lr"] = rate
         opt.step()
@@ -82,6 +94,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, nargs="+", default=[3e-3], help="peak learning rates to try")
     ap.add_argument("--beta1", type=float, nargs="+", default=[0.9], help="AdamW beta1 values to try")
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    ap.add_argument("--dc-lambda", type=float, default=32.0, help="two_stale_dc: the correction's weight")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=REPO / "bench_results" / "adam_staleness.json")
@@ -92,7 +105,7 @@ def main() -> None:
     for lr in args.lr:
         for beta1 in args.beta1:
             for variant in args.variants:
-                loss = run(variant, args.steps, lr, beta1, args.seed)
+                loss = run(variant, args.steps, lr, beta1, args.seed, args.dc_lambda)
                 logger.info("%s lr=%g beta1=%g: test loss %.4f", variant, lr, beta1, loss)
                 rows.append({"variant": variant, "lr": lr, "beta1": beta1, "steps": args.steps, "test_loss": loss})
     args.out.parent.mkdir(parents=True, exist_ok=True)
