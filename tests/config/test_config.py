@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hogwild.errors import ConfigError
@@ -13,6 +15,28 @@ def test_defaults_compose_to_digits_mlp_sgd(tmp_cwd) -> None:
     cfg = compose_cfg([])
     assert (cfg.model.name, cfg.data.name, cfg.optim.name, cfg.sync.mode) == ("mlp", "digits", "sgd", "slowmo")
     assert cfg.workers == "auto" and cfg.optim.state == "worker"
+
+
+def test_each_groups_default_is_named_once(tmp_cwd) -> None:
+    # conf/config.yaml picks each group's default file, and the schema has a default of its own for
+    # the same choice (the API builds configs without Hydra): the two must name one option, and that
+    # option's file must add nothing the schema does not already say.
+    import yaml
+    from omegaconf import OmegaConf
+
+    from hogwild.config.compose import CONF_DIR
+    from hogwild.config.schema import Config
+
+    defaults = yaml.safe_load((Path(CONF_DIR) / "config.yaml").read_text())["defaults"]
+    picks = {k: v for d in defaults if isinstance(d, dict) for k, v in d.items()}
+    schema = OmegaConf.structured(Config)
+    key = {"model": "name", "data": "name", "optim": "name", "sync": "mode"}
+    assert set(picks) == set(key), picks
+    for group, option in picks.items():
+        assert schema[group][key[group]] == option, f"{group}: config.yaml picks {option}, the schema {schema[group][key[group]]}"
+        stated = yaml.safe_load((Path(CONF_DIR) / group / f"{option}.yaml").read_text())
+        for k, v in stated.items():
+            assert schema[group][k] == v, f"conf/{group}/{option}.yaml sets {k}={v}, the schema's default is {schema[group][k]}"
 
 
 def test_group_and_key_overrides(tmp_cwd) -> None:
