@@ -8,6 +8,7 @@ one line, never a traceback (docs/design.md, "Exit codes").
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -15,7 +16,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Callable, NoReturn, Optional, TypeVar
+from typing import Callable, Iterator, NoReturn, Optional, TypeVar
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -112,10 +113,29 @@ def escaped(e: BaseException, where: str) -> Optional[ConfigError]:
     and workers ignore both, so such an exception is the user's code leaving, and a process that
     trained nothing must not exit 0 or die of a signal it never got."""
     if isinstance(e, SystemExit):
-        return ConfigError(f"{where} called sys.exit({e.code!r}); nothing was trained")
+        return ConfigError(f"{where} called sys.exit({e.code!r}) instead of returning")
     if isinstance(e, KeyboardInterrupt):
-        return ConfigError(f"{where} raised KeyboardInterrupt without a signal; nothing was trained")
+        return ConfigError(f"{where} raised KeyboardInterrupt without a signal")
     return None
+
+
+@contextlib.contextmanager
+def user_call(where: str, errors: bool = True) -> Iterator[None]:
+    """The one guard around a call into the user's code (a factory, a dataset item, collate, a
+    forward, a loss, a step, a scheduler, an optimizer), ``where`` naming the key and the call:
+    ``SystemExit`` or ``KeyboardInterrupt`` becomes one line (see :func:`escaped`) and, with
+    ``errors``, any other exception too ("WHERE raised TypeError: ..."), exit 2. A
+    :class:`UserError` raised inside (hogwild's own check) passes unchanged."""
+    try:
+        yield
+    except UserError:
+        raise
+    except (SystemExit, KeyboardInterrupt) as e:
+        raise escaped(e, where) from None  # type: ignore[misc]
+    except Exception as e:  # noqa: BLE001 - the user's code failed: say where, in one line
+        if not errors:
+            raise
+        raise ConfigError(f"{where} raised {type(e).__name__}: {first_line(e)}") from None
 
 
 def guarded(fn: F) -> F:

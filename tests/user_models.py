@@ -60,6 +60,36 @@ class ExitsInForward(nn.Module):
         sys.exit(0)
 
 
+class _FailsInLaterEval(nn.Module):
+    """Trains, and fails in its seventh forward in eval() mode: the leader's evaluation or a
+    checkpoint's probe, mid-run."""
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(64, num_classes)
+        self.evals = 0
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training:
+            self.evals += 1
+            if self.evals > 6:
+                self.fail()
+        return self.fc(x.reshape(len(x), -1))
+
+    def fail(self) -> None:
+        raise NotImplementedError
+
+
+class ExitsInLaterEval(_FailsInLaterEval):
+    def fail(self) -> None:
+        sys.exit(3)
+
+
+class RaisesInLaterEval(_FailsInLaterEval):
+    def fail(self) -> None:
+        raise RuntimeError("evaluation broke")
+
+
 def interrupting_loss(output: Tensor, target: Tensor) -> Tensor:
     raise KeyboardInterrupt  # no signal: the user's code raised it
 

@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from hogwild.errors import user_call
 from hogwild.replica.shared import Slot, layout
 
 # Slots named in a non-finite model's message: enough to say where, one line still.
@@ -72,7 +73,7 @@ def probe_loss(model: nn.Module, flat: Tensor, inputs: Any, labels: Optional[Ten
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), user_call("model, loss: the forward pass and loss on a checkpoint's probe batch"):
             value = float(step.run(_Bound(model, values), inputs, labels)[0])
     finally:
         model.train(was_training)

@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 
 from omegaconf import OmegaConf
 
-from hogwild.errors import ConfigError, first_line
+from hogwild.errors import ConfigError, UserError, first_line, user_call
 
 
 def import_target(path: str, key: str) -> Callable[..., Any]:
@@ -24,7 +24,7 @@ def import_target(path: str, key: str) -> Callable[..., Any]:
         try:
             obj: Any = importlib.import_module(module)
         except SystemExit as e:
-            raise ConfigError(f"{key}: importing {path!r} called sys.exit({e.code!r}); nothing was trained") from None
+            raise ConfigError(f"{key}: importing {path!r} called sys.exit({e.code!r}) instead of returning") from None
         except ModuleNotFoundError as e:
             if e.name is not None and module.startswith(e.name) and cut > 1:
                 error = error or e
@@ -103,13 +103,10 @@ def call_target(fn: Callable[..., Any], path: str, group: str, kwargs: dict[str,
     other failure as ``<group>._target_``."""
     kwargs = {k: build_nested(v, f"{group}.{k}") for k, v in kwargs.items()}
     try:
-        return fn(**kwargs)
-    except SystemExit as e:  # even sys.exit(0): a run that trained nothing is no success
-        raise ConfigError(f"{group}._target_: {path}(...) called sys.exit({e.code!r}) instead of returning; "
-                          "nothing was trained") from None
-    except KeyboardInterrupt:
-        raise ConfigError(f"{group}._target_: {path}(...) raised KeyboardInterrupt without a signal; "
-                          "nothing was trained") from None
+        with user_call(f"{group}._target_: {path}(...)", errors=False):  # even sys.exit(0) is no success
+            return fn(**kwargs)
+    except UserError:
+        raise
     except Exception as e:  # noqa: BLE001 - the user's factory failed: say how, in one line
         bad = re.search(r"unexpected keyword argument '(\w+)'", str(e))
         if isinstance(e, TypeError) and bad and bad.group(1) in given:

@@ -21,7 +21,7 @@ from hogwild.config.registry import DATASETS
 from hogwild.config.schema import DataConfig
 from hogwild.config.targets import call_target, import_target
 from hogwild.data.splits import Dataset
-from hogwild.errors import ConfigError, escaped, first_line
+from hogwild.errors import ConfigError, first_line, user_call
 
 logger = logging.getLogger(__name__)
 
@@ -105,12 +105,8 @@ def _check_item(split: MapSplit, key: str) -> tuple[int, ...]:
     """The input shape of item 0, after checking that items are (inputs..., label) or a mapping
     of tensors with a labels key, where a label is an integer (a class), a float or float tensor
     (regression targets) or an integer tensor (a sequence of tokens)."""
-    try:
+    with user_call(f"{key}: reading item 0 of the {split.name} set"):
         item = split.dataset[0]
-    except (SystemExit, KeyboardInterrupt) as e:
-        raise escaped(e, f"{key}: reading item 0 of the {split.name} set") from None  # type: ignore[misc]
-    except Exception as e:  # noqa: BLE001 - the user's __getitem__ failed
-        raise ConfigError(f"{key}: reading item 0 of the {split.name} set raised {type(e).__name__}: {first_line(e)}") from None
     if isinstance(item, Mapping):
         return _check_mapping(item, split, key)
     ok = isinstance(item, (tuple, list)) and len(item) >= 2 and all(isinstance(t, Tensor) for t in item[:-1])
@@ -159,13 +155,8 @@ def _check_items(split: MapSplit, key: str) -> None:
         raise ConfigError(f"{key}: the {split.name} set is empty")
     first = None
     for i in sorted({0, n // 2, n - 1}):
-        try:
+        with user_call(f"{key}: reading item {i} of the {split.name} set"):
             item = split.dataset[i]
-        except (SystemExit, KeyboardInterrupt) as e:
-            raise escaped(e, f"{key}: reading item {i} of the {split.name} set") from None  # type: ignore[misc]
-        except Exception as e:  # noqa: BLE001 - the user's __getitem__ failed
-            raise ConfigError(f"{key}: reading item {i} of the {split.name} set raised {type(e).__name__}: "
-                              f"{first_line(e)}") from None
         shapes = _shapes(item)
         if first is None:
             first = shapes

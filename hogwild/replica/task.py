@@ -26,7 +26,7 @@ from hogwild.config.schema import Config
 from hogwild.config.targets import call_target, import_target
 from hogwild.config.train import LossConfig, StepConfig, TargetConfig
 from hogwild.data.splits import Dataset, Split
-from hogwild.errors import ConfigError, escaped, first_line
+from hogwild.errors import ConfigError, first_line, user_call
 from hogwild.config.registry import TASKS
 from hogwild.replica.step import Inputs, LossFn, Output, Step, to_device
 from hogwild.replica.tasks import Sums, TaskKind, chance_accuracy, default_loss, kind_of, mse_loss, token_cross_entropy
@@ -144,12 +144,18 @@ def evaluate(model: nn.Module, split: Split, device: torch.device, task: Task,
     model.eval()
     n = len(split) if max_batches is None else min(len(split), max_batches * batch_size)
     loss_sum, sums, kind = 0.0, Sums(), task.of_kind
+    where = f"step._target_: {step.cfg._target_}(model, batch)" if step.fn is not None else \
+        "model, loss: the forward pass and loss on the test set"
     try:
         for start in range(0, n, batch_size):
             on_batch()
             idx = torch.arange(start, min(start + batch_size, n))
-            inputs, y = to_device(*split.batch(idx), device)
-            loss, out = step.run(model, inputs, y)
+            # The leader's evaluation calls the user's code mid-run too: a failure there is the
+            # user's, one line and exit 2, not an unexpected crash (the checkpoints so far stay).
+            with user_call("data: reading a test batch"):
+                inputs, y = to_device(*split.batch(idx), device)
+            with user_call(where):
+                loss, out = step.run(model, inputs, y)
             loss_sum += float(loss) * len(idx)
             if out.logits is None or y is None:
                 continue
@@ -168,10 +174,8 @@ def preflight(model: nn.Module, ds: Dataset, task: Task, batch_size: int, device
         raise ConfigError("model: it has no trainable parameters (every parameter has requires_grad=False)")
     step = task.step_for(model)
     n = min(max(batch_size, 2), len(ds.train))
-    try:
+    with user_call(f"data: reading the first {n} training items", errors=False):
         inputs, y = to_device(*ds.train.batch(torch.arange(n)), device)
-    except (SystemExit, KeyboardInterrupt) as e:
-        raise escaped(e, f"data: reading the first {n} training items") from None  # type: ignore[misc]
     model.eval()
     try:
         # torch warns before it fails (mse_loss on mismatched shapes): held back, so a loss
@@ -208,20 +212,13 @@ def _preflight_step(step: Step, model: nn.Module, inputs: Inputs, y: Optional[Te
                     ) -> tuple[Tensor, Output]:
     where = f"step._target_: {step.cfg._target_}(model, batch)" if step.fn is not None else \
         f"model: a forward pass on {n} training samples"
-    try:
+    with user_call(where):
         out = step.forward(model, inputs, y)
-    except ConfigError:
-        raise
-    except (SystemExit, KeyboardInterrupt) as e:
-        raise escaped(e, where) from None  # type: ignore[misc]
-    except Exception as e:  # noqa: BLE001 - the user's forward (or step) failed: say where, in one line
-        raise ConfigError(f"{where} raised {type(e).__name__}: {first_line(e)}") from None
     try:
-        return step.loss_of(out, y), out
+        with user_call(f"loss: the {task.kind} loss", errors=False):
+            return step.loss_of(out, y), out
     except ConfigError:
         raise
-    except (SystemExit, KeyboardInterrupt) as e:
-        raise escaped(e, f"loss: the {task.kind} loss") from None  # type: ignore[misc]
     except Exception as e:  # noqa: BLE001 - output and labels do not fit the loss
         shape = tuple(out.logits.shape) if out.logits is not None else None
         labels = tuple(y.shape) if y is not None else None

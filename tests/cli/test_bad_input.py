@@ -287,13 +287,40 @@ def test_bad_input_fails_in_one_line(tmp_path: Path, name: str, setup: Setup, ke
     assert not list(tmp_path.glob("run/*/checkpoints/*.pt")), "no job of a bad sweep may run"
 
 
+# User code that fails mid-run in the leader (the workers train on; the model's forward in eval()
+# mode, for an evaluation or a checkpoint's probe, leaves or raises at its seventh call): one line
+# naming the call, exit 2, never 0 and never "unexpected ... please report it" (exit 70), and the
+# checkpoints written before it stay.
+MID_RUN_EVAL = [
+    ("sys.exit in evaluation", "ExitsInLaterEval", "called sys.exit(3) instead of returning"),
+    ("an exception in evaluation", "RaisesInLaterEval", "raised RuntimeError: evaluation broke"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,model,line", MID_RUN_EVAL, ids=[c[0] for c in MID_RUN_EVAL])
+def test_user_code_that_fails_in_the_leaders_evaluation_mid_run_is_one_line_and_exit_2(
+        tmp_path: Path, name: str, model: str, line: str) -> None:
+    from tests.conftest import REPO
+
+    proc = run_cli([f"model._target_=tests.user_models.{model}", "train.max_steps=100000", "eval.every_s=0.3",
+                    "eval.max_fraction=1.0", "checkpoint.every_s=0.2", "workers=1", f"run_dir={tmp_path / 'run'}"],
+                   cwd=REPO, timeout=120)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("hogwild: error:")]
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].endswith(line), proc.stderr[-2000:]
+    assert lines[0].startswith("hogwild: error: model, loss: the forward pass and loss on "), lines[0]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert list((tmp_path / "run" / "checkpoints").glob("*.pt")), "the checkpoints written before it are kept"
+
+
 # User code that leaves mid-run with SystemExit in a worker: the run never exits 0, and the line
 # names the key and the call it left from.
 MID_RUN_EXITS = [
     ("dataset item", ["data._target_=tests.user_models.late_exit_items", "train.epochs=2"],
-     "data: reading a training batch called sys.exit(0); nothing was trained"),
+     "data: reading a training batch called sys.exit(0) instead of returning"),
     ("optimizer step", ["optim._target_=tests.user_models.LateExitSGD", "train.max_steps=50"],
-     "optim: the optimizer's step called sys.exit(4); nothing was trained"),
+     "optim: the optimizer's step called sys.exit(4) instead of returning"),
 ]
 
 
