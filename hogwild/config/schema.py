@@ -163,9 +163,10 @@ class Config:
     resume: Any = "auto"
     """auto (resume if run_dir has checkpoints) | true (must resume) | false | a checkpoint path."""
     task: str = "auto"
-    """classification | regression | language_model | auto (from the labels: float labels are a
-    regression, a sequence of integer labels per sample language modelling, one integer
-    classification). Picks the default loss, the test metrics and the baseline of the verdict."""
+    """classification | regression | language_model | binary | auto (from the labels: float labels
+    are a regression, a sequence of integer labels per sample language modelling, one integer
+    classification; binary, one logit per sample scored by log-loss and AUC, is never picked by
+    auto). Picks the default loss, the test metrics and the baseline of the verdict."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     loss: LossConfig = field(default_factory=LossConfig)

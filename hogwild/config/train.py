@@ -103,14 +103,14 @@ class StepConfig:
 # Where each metric can lie: a target outside it is never met, and the run would never stop on it.
 TARGET_RANGES = {"accuracy": (0.0, 1.0), "r2": (float("-inf"), 1.0), "perplexity": (1.0, float("inf")),
                  "loss": (float("-inf"), float("inf")), "mse": (0.0, float("inf")), "rmse": (0.0, float("inf")),
-                 "token_ce": (0.0, float("inf"))}
+                 "token_ce": (0.0, float("inf")), "logloss": (0.0, float("inf")), "auc": (0.0, 1.0)}
 
 
 @dataclass
 class TargetConfig:
     metric: Optional[str] = None
     """Stop once the rank-0 evaluation reaches ``value`` on this test metric (any the task
-    reports: loss, accuracy, mse, rmse, r2, token_ce, perplexity)."""
+    reports: loss, accuracy, mse, rmse, r2, token_ce, perplexity, logloss, auc)."""
     value: Optional[float] = None
     """The value to reach."""
     mode: str = "auto"

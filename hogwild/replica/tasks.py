@@ -6,7 +6,7 @@ is one class here instead of a branch in every function of task.py.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -49,6 +49,9 @@ class Sums:
     ce: float = 0.0
     counted: int = 0
     """Labels scored: samples (classification), values (regression) or tokens (language model)."""
+    scores: list[Tensor] = field(default_factory=list)
+    """Binary: each batch's logits, for the AUC (a rank statistic needs them all)."""
+    labels: list[Tensor] = field(default_factory=list)
 
     def add(self, correct: int = 0, squared: float = 0.0, ce: float = 0.0, counted: int = 0) -> None:
         self.correct += correct
@@ -163,6 +166,79 @@ class LanguageModel(TaskKind):
     def scores(self, sums: Sums, baseline: dict[str, float]) -> dict[str, float]:
         ce = sums.ratio(sums.ce)
         return {"token_ce": ce, "perplexity": math.exp(min(ce, 700.0)), "accuracy": sums.ratio(sums.correct)}
+
+
+def _click_logit(out: Tensor, y: Tensor) -> Tensor:
+    """One logit per sample, (B,) or (B, 1), in the labels' shape."""
+    if out.numel() != y.numel():
+        raise ValueError(f"binary needs one logit per sample, got output {tuple(out.shape)} for {len(y)} labels")
+    return out.reshape(y.shape)
+
+
+def binary_cross_entropy(out: Tensor, y: Tensor) -> Tensor:
+    """Log-loss of one logit per sample against 0/1 labels."""
+    return F.binary_cross_entropy_with_logits(_click_logit(out, y).float(), y.float())
+
+
+def auc(scores: Tensor, labels: Tensor) -> float:
+    """Area under the ROC curve: the chance that a random positive scores above a random
+    negative (Mann-Whitney, ties counted half); NaN when one class is missing."""
+    pos = labels.bool()
+    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+    if n_pos == 0 or n_neg == 0:
+        return math.nan
+    order = scores.double().argsort()
+    sorted_scores = scores.double()[order]
+    ranks = torch.empty(len(scores), dtype=torch.float64)
+    ranks[order] = torch.arange(1, len(scores) + 1, dtype=torch.float64)
+    # Tied scores share the mean of their ranks.
+    _, inverse, counts = torch.unique_consecutive(sorted_scores, return_inverse=True, return_counts=True)
+    ends = counts.cumsum(0).double()
+    mean_rank = ends - (counts.double() - 1) / 2
+    ranks[order] = mean_rank[inverse]
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def _logloss(p: float, labels: Tensor) -> float:
+    """Log-loss of predicting probability ``p`` for every sample."""
+    p = min(max(p, 1e-7), 1 - 1e-7)
+    y = labels.double()
+    return float(-(y * math.log(p) + (1 - y) * math.log(1 - p)).mean())
+
+
+@TASKS.register("binary")
+class Binary(TaskKind):
+    """One logit per sample (a click, a match) against 0/1 labels, as recommendation models
+    score: log-loss and AUC. Never picked by ``task=auto`` (0/1 labels are also a two-class
+    classification): name it, ``task=binary``."""
+
+    name, headline = "binary", "auc"
+    metrics = {"loss": False, "logloss": False, "auc": True, "accuracy": True}
+    default_loss = staticmethod(binary_cross_entropy)
+
+    def check_labels(self, test_y: Tensor) -> None:
+        if test_y.dim() != 1 or not bool(((test_y == 0) | (test_y == 1)).all()):
+            raise ConfigError(f"task: binary needs one 0/1 label per sample, and the data gives labels of shape "
+                              f"{tuple(test_y.shape)} with values {test_y.unique()[:5].tolist()}")
+
+    def baseline(self, ds: Dataset, task: Any) -> dict[str, float]:
+        rate = float(ds.train.targets.double().mean())
+        test_y = ds.test.targets
+        return {"logloss": _logloss(rate, test_y), "auc": 0.5,
+                "accuracy": float(max(test_y.double().mean(), 1 - test_y.double().mean()))}
+
+    def count(self, step: Step, out: Output, y: Tensor, sums: Sums) -> None:
+        assert out.logits is not None
+        logit = _click_logit(out.logits, y).detach().float()
+        sums.scores.append(logit)
+        sums.labels.append(y)
+        yf = y.float()
+        ce = float(F.binary_cross_entropy_with_logits(logit, yf, reduction="sum"))
+        sums.add(correct=int(((logit > 0).float() == yf).sum()), ce=ce, counted=len(y))
+
+    def scores(self, sums: Sums, baseline: dict[str, float]) -> dict[str, float]:
+        area = auc(torch.cat(sums.scores), torch.cat(sums.labels)) if sums.scores else math.nan
+        return {"logloss": sums.ratio(sums.ce), "auc": area, "accuracy": sums.ratio(sums.correct)}
 
 
 def kind_of(name: str) -> TaskKind:

@@ -82,3 +82,25 @@ def test_resnet18_with_batchnorm_on_two_replicas_under_the_default_rule(tmp_path
     flat = checkpoint.load(run / "checkpoints" / "last.pt")["flat"]
     variances = torch.cat([s.view(flat).flatten() for s in slots if s.name.endswith("running_var")])
     assert variances.numel() > 0 and bool((variances >= 0).all()), "a running variance went negative"
+
+
+def test_clicks_dlrm_on_sparse_tables_learns_most_of_the_true_models_auc(tmp_path: Path) -> None:
+    # The recommendation example: sparse EmbeddingBag tables updated Hogwild-style by 2 workers,
+    # one pass over a click log drawn from a known model, stopped by an AUC target.
+    import sys
+
+    sys.path.insert(0, str(REPO))
+    from examples.clicks import click_log
+    from hogwild.replica.tasks import auc
+
+    small = ["data.kwargs.samples=40000", "data.kwargs.rows=2000"]
+    out = run_cli(["+experiment=clicks", *small, "workers=2", "train.target.metric=auc", "train.target.value=0.62",
+                   f"run_dir={tmp_path / 'run'}"], cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    m = metrics(tmp_path / "run")
+    _, test = click_log(samples=40000, rows=2000)
+    oracle = auc(test.oracle, test.clicks)
+    assert m["task"] == "binary" and m["verdict"].startswith("learned: auc"), m
+    assert m["test_auc"] >= 0.62 and m["time_to_target_s"] is not None and m["target_held"], m
+    assert m["test_logloss"] < m["baseline_logloss"], m
+    assert m["test_auc"] <= oracle + 0.02, (m["test_auc"], oracle)  # no model beats the one that drew the labels

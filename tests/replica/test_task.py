@@ -175,3 +175,51 @@ def test_the_verdict_uses_the_task_s_own_baseline(tmp_cwd: object) -> None:
     assert judge(rep, {"loss": 0.0, "r2": 0.95}, 100.0, 10, 0).summary.startswith("learned: r2 0.9500")
     flat = judge(rep, {"loss": 1.0, "r2": 0.001}, 100.0, 10, 0)
     assert flat.failure is None and flat.summary.startswith("no better than the baseline")
+
+
+# --- task=binary: one click logit per sample, log-loss and AUC ---------------------------------
+
+def test_auc_is_the_share_of_positive_negative_pairs_ranked_right_with_ties_half() -> None:
+    from hogwild.replica.tasks import auc
+
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randint(0, 6, (300,), generator=g).float()  # many ties
+    labels = torch.randint(0, 2, (300,), generator=g)
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    pairs = (pos[:, None] > neg[None, :]).double() + 0.5 * (pos[:, None] == neg[None, :]).double()
+    assert auc(scores, labels) == pytest.approx(float(pairs.mean()), abs=1e-12)
+    assert auc(torch.tensor([0.1, 0.9]), torch.tensor([0, 1])) == 1.0
+    assert math.isnan(auc(torch.tensor([0.1, 0.9]), torch.tensor([1, 1])))
+
+
+def _clicks(n: int, seed: int) -> Split:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=g)
+    return Split((x,), (torch.rand(n, generator=g) < torch.sigmoid(3 * x[:, 0])).long())
+
+
+def test_binary_scores_log_loss_and_auc_against_the_click_rate() -> None:
+    ds = Dataset(_clicks(400, 0), _clicks(300, 1), 2, (4,))
+    task = build_task(compose_cfg(["task=binary"]), ds)
+    assert task.headline == "auc" and task.baseline["auc"] == 0.5
+    rate = float(ds.train.targets.double().mean())
+    y = ds.test.targets.double()
+    assert task.baseline["logloss"] == pytest.approx(float(-(y * math.log(rate) + (1 - y) * math.log(1 - rate)).mean()))
+    model = nn.Linear(4, 1)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[3.0, 0, 0, 0]]))
+        model.bias.zero_()
+    scores = evaluate(model, ds.test, CPU, task, batch_size=64)  # batches: the AUC sees every one
+    assert scores["auc"] > 0.8 and scores["logloss"] < task.baseline["logloss"], scores
+    assert scores["loss"] == pytest.approx(scores["logloss"], rel=1e-5)
+
+
+def test_binary_refuses_labels_other_than_0_and_1_in_one_line() -> None:
+    split = Split((torch.randn(10, 4),), torch.arange(10) % 3)
+    with pytest.raises(ConfigError, match=r"^task: binary needs one 0/1 label per sample"):
+        build_task(compose_cfg(["task=binary"]), Dataset(split, split, 3, (4,)))
+
+
+def test_an_auc_target_outside_0_1_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^train\.target\.value: auc can never reach 1\.5"):
+        TargetConfig(metric="auc", value=1.5)
