@@ -322,7 +322,8 @@ class Leader:
                              timing=timing, sync=sync_stats, workers=crew.workers, threads=crew.specs[0].threads,
                              replicas=self.env.world_size, sync_mode=self.cfg.sync.mode,
                              schedule=crew.schedule, resumed=crew.restored, run_dir=crew.run_dir).metrics()
-        metrics.update(verdict=verdict.summary, target_held=crew.target.held(tel.scores), **self.changes.report())
+        metrics.update(verdict=verdict.summary, target_held=crew.target.held(tel.scores),
+                       peak_memory_mb=tel.memory.peak_mb, **self.changes.report())
         if crew.restored is not None and metrics["status"] != Status.OK:
             # A resumed run that failed keeps the report of the run it resumed, which told of a
             # model that still exists in the checkpoints: nothing already written is lost.

@@ -17,6 +17,7 @@ from hogwild.data.datasets import Split
 from hogwild.replica.board import Board
 from hogwild.replica.lr_schedule import LRSchedule
 from hogwild.replica.task import Task, evaluate
+from hogwild.report.memory import PeakMemory
 from hogwild.report.metrics import Metrics, Progress
 from hogwild.sync.rounds import RoundStats
 
@@ -55,6 +56,8 @@ class Telemetry:
         self._eval_cost = 0.0  # the last evaluation's seconds: what the next one is expected to take
         self.progress: Optional[Progress] = None
         self.lr: Optional[LRSchedule] = None
+        self.memory = PeakMemory()
+        """This replica's peak PSS (leader, workers, their loader processes), sampled each tick."""
 
     def warm_up(self, step: int) -> None:
         """The accuracy before training, during startup: the first evaluation's one-off costs
@@ -73,6 +76,7 @@ class Telemetry:
         self._loss_every = max(1.0, (total_steps - initial) / LOSS_POINTS)
         self._eval_every = max(1.0, (total_steps - initial) / EVAL_POINTS)
         self._next_eval = self._t0 + self.cfg.eval.every_s
+        self.memory.sample(force=True)
         self._eval_ok_at = self._budget_allows()
         self.progress = Progress(total_steps, self.cfg.train.log_every_s, self.is_rank0, int(initial))
         self.lr = LRSchedule(self.cfg.sched, self.cfg.optim.lr, total_steps)  # what the workers follow
@@ -128,6 +132,7 @@ class Telemetry:
                 self.metrics.scalar("sync/interval", rec.interval, stats.step)
 
     def tick(self, board: Board, base_steps: int, syncs: int) -> None:
+        self.memory.sample()
         now = time.monotonic()
         elapsed = max(now - self._t0, 1e-9)
         pos = board.replica_pos()

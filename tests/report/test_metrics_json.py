@@ -37,5 +37,7 @@ def test_a_real_runs_metrics_are_strict_json(tmp_path: Path) -> None:
     assert m["time_to_target_s"] is None, "no target was set: the time to it does not exist"
     assert m["target_held"] is None, "no target stopped the run: there is nothing to hold"
     assert result.metrics is not None and result.metrics["steps"] == m["steps"] == 30
+    # The leader and its worker, each an interpreter with torch loaded: tens of MB at least.
+    assert m["peak_memory_mb"] is not None and 20 < m["peak_memory_mb"] < 4096, m["peak_memory_mb"]
     with pytest.raises(ValueError):
         _strict('{"x": NaN}')  # the reader used here does refuse what the old files held
