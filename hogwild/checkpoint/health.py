@@ -6,7 +6,7 @@ question, of the live buffer: :func:`model_trouble`.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import Tensor, nn

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hogwild.config.schema import Config
@@ -29,7 +28,7 @@ from hogwild.data.splits import Dataset, Split
 from hogwild.errors import ConfigError, first_line, user_call
 from hogwild.config.registry import TASKS
 from hogwild.replica.step import Inputs, LossFn, Output, Step, to_device
-from hogwild.replica.tasks import Sums, TaskKind, chance_accuracy, default_loss, kind_of, mse_loss, token_cross_entropy
+from hogwild.replica.tasks import Sums, TaskKind, default_loss, kind_of
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from hogwild.checkpoint import store as checkpoint
 from hogwild.checkpoint.health import diverged, loss_bar
 from hogwild.errors import EXIT_WRITE, UserError
 from hogwild.files import RunDirLock
-from hogwild.replica.task import chance_accuracy
+from hogwild.replica.tasks import chance_accuracy
 
 
 def _payload(step: int, lineage: str = "aaaa", value: float | None = None) -> dict:

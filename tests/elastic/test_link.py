@@ -14,11 +14,10 @@ from typing import Iterator
 
 import pytest
 
-from hogwild.elastic.coordinator import serve
 from hogwild.elastic.link import CoordinatorAway, Link, Memory
 from hogwild.elastic.membership import Membership
 from hogwild.errors import UserError
-from tests.conftest import free_port
+from tests.elastic.helpers import coordinator_thread
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,15 +65,11 @@ class PausableProxy:
 
 @pytest.fixture
 def proxy() -> Iterator[PausableProxy]:
-    ready, stop = threading.Event(), threading.Event()
-    port = free_port()
-    threading.Thread(target=serve, args=("127.0.0.1", port, ready, stop), daemon=True).start()
-    assert ready.wait(10)
-    p = PausableProxy(port)
-    yield p
-    p.resume()
-    p.close()
-    stop.set()
+    with coordinator_thread() as port:
+        p = PausableProxy(port)
+        yield p
+        p.resume()
+        p.close()
 
 
 def test_a_call_to_a_stopped_coordinator_gives_up_at_its_deadline_and_recovers_when_it_wakes(

@@ -15,10 +15,9 @@ from typing import Callable, Iterator
 
 import pytest
 
-from hogwild.elastic.coordinator import serve
 from hogwild.elastic.membership import Dropped, Epoch, Membership
 from hogwild.errors import Fault, StopNow, UserError
-from tests.conftest import free_port
+from tests.elastic.helpers import coordinator_thread
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,14 +27,8 @@ TIMEOUT_S = 20.0  # sync.timeout_s: long enough for a busy machine, only reached
 
 @pytest.fixture
 def coordinator() -> Iterator[str]:
-    ready, stop = threading.Event(), threading.Event()
-    port = free_port()
-    thread = threading.Thread(target=serve, args=("127.0.0.1", port, ready, stop), daemon=True)
-    thread.start()
-    assert ready.wait(10)
-    yield f"127.0.0.1:{port}"
-    stop.set()
-    thread.join(5)
+    with coordinator_thread() as port:
+        yield f"127.0.0.1:{port}"
 
 
 def _slots(endpoint: str, n: int, slots: int = 3, timeout_s: float = TIMEOUT_S,

@@ -7,18 +7,17 @@ token (or none) is refused in one line.
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 from typing import Iterator
 
 import pytest
 import torch.distributed as dist
 
-from hogwild.elastic.coordinator import serve
 from hogwild.elastic.membership import Membership
 from hogwild.elastic.signing import TOKEN_ENV, Malformed
 from hogwild.errors import Fault, UserError
 from tests.conftest import free_port
+from tests.elastic.helpers import coordinator_thread
 
 pytestmark = pytest.mark.timeout(120, method="thread")
 
@@ -27,12 +26,8 @@ PEER_S, TIMEOUT_S = 1.0, 20.0
 
 @pytest.fixture
 def coordinator() -> Iterator[str]:
-    ready, stop = threading.Event(), threading.Event()
-    port = free_port()
-    threading.Thread(target=serve, args=("127.0.0.1", port, ready, stop), daemon=True).start()
-    assert ready.wait(10)
-    yield f"127.0.0.1:{port}"
-    stop.set()
+    with coordinator_thread() as port:
+        yield f"127.0.0.1:{port}"
 
 
 def _intruder(endpoint: str) -> dist.TCPStore:

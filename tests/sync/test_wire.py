@@ -10,7 +10,6 @@ import torch
 
 from hogwild.config.schema import SyncConfig
 from hogwild.errors import ConfigError
-from hogwild.sync.base import SyncRule
 from hogwild.sync.comm import Comm
 from hogwild.sync.rounds import sync_round
 from hogwild.sync.rules import make_rule
