@@ -287,7 +287,7 @@ class Leader:
                     exit_after_final(self.env.rank)
                 hand_back_judged(crew)
                 positions, job = self._gather(crew)  # workers are stopped: final totals
-                sync_stats = crew.rounds.close()
+                sync_stats = crew.rounds.close(crew.tel.memory.peak_mb)
                 break
             except PeerLost as e:
                 self._recover(e)
@@ -322,8 +322,7 @@ class Leader:
                              timing=timing, sync=sync_stats, workers=crew.workers, threads=crew.specs[0].threads,
                              replicas=self.env.world_size, sync_mode=self.cfg.sync.mode,
                              schedule=crew.schedule, resumed=crew.restored, run_dir=crew.run_dir).metrics()
-        metrics.update(verdict=verdict.summary, target_held=crew.target.held(tel.scores),
-                       peak_memory_mb=tel.memory.peak_mb, **self.changes.report())
+        metrics.update(verdict=verdict.summary, target_held=crew.target.held(tel.scores), **self.changes.report())
         if crew.restored is not None and metrics["status"] != Status.OK:
             # A resumed run that failed keeps the report of the run it resumed, which told of a
             # model that still exists in the checkpoints: nothing already written is lost.

@@ -129,6 +129,8 @@ class SyncStats:
     """The final round's drift, which no later round carries."""
     link: LinkMeter = field(default_factory=LinkMeter)
     """A replica's rounds over the whole run, the mean over replicas."""
+    peak_memory_mb: list[Optional[float]] = field(default_factory=list)
+    """Each replica's peak memory as its leader measured it, by rank (None: not measured)."""
 
 
 class Rounds:
@@ -195,22 +197,24 @@ class Rounds:
         self.board.control["next_sync_at"] = self.schedule.after_round(pos)
         self.board.control["lag_limit"] = self.schedule.lag_limit
 
-    def close(self) -> SyncStats:
+    def close(self, peak_memory_mb: Optional[float] = None) -> SyncStats:
         """After the final round: record its drift (it has no later round to ride on) and
-        sum up every replica's rounds, in one small gather."""
+        sum up every replica's rounds, with each replica's ``peak_memory_mb``, in one small gather."""
         link = self.rule.meter
         mine = torch.tensor([self.last_drift, _mean(self.times), _mean(self.gaps),
-                             max(self.gaps, default=0.0), link.sent, link.received, link.seconds],
+                             max(self.gaps, default=0.0), link.sent, link.received, link.seconds,
+                             math.nan if peak_memory_mb is None else peak_memory_mb],
                             dtype=torch.float64)
         gathered = self.comm.all_gather(mine)
         if self.comm.world_size == 1:
-            return SyncStats()
+            return SyncStats(peak_memory_mb=[peak_memory_mb])
         final = RoundStats(step=int(self.board.replica_pos()), seconds=0.0,
                            drift=self.schedule.record_drift([float(g[0]) for g in gathered]))
         col = [[float(x) for x in g] for g in gathered]
         return SyncStats(mean_sync_s=_mean([g[1] for g in col]), steps_per_sync=_mean([g[2] for g in col]),
                          max_steps_per_sync=max(g[3] for g in col), final=final,
-                         link=LinkMeter(*(_mean([g[i] for g in col]) for i in (4, 5, 6))))
+                         link=LinkMeter(*(_mean([g[i] for g in col]) for i in (4, 5, 6))),
+                         peak_memory_mb=[g[7] if math.isfinite(g[7]) else None for g in col])
 
 
 def _mean(xs: list[float]) -> float:

@@ -34,6 +34,10 @@ def test_two_replicas_reach_bar_and_agree_bit_for_bit(tmp_path: Path) -> None:
     assert m["test_accuracy"] >= 0.95
     assert m["syncs"] > 0 and m["max_drift"] > 0
     assert torch.equal(finals[0], finals[1]), "replicas differ after the final sync"
+    # Each replica's leader measured its own tree (a leader and 2 workers, each with torch loaded).
+    per = m["peak_memory_mb_per_replica"]
+    assert len(per) == 2 and all(v is not None and 50 < v < 8192 for v in per), per
+    assert m["peak_memory_mb"] == max(per)
     acc = EventAccumulator(str(tmp_path / "avg" / "tb"))
     acc.Reload()
     assert {"sync/drift_mean", "sync/drift_max"} <= set(acc.Tags()["scalars"])
