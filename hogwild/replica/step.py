@@ -85,6 +85,10 @@ class Step:
 
     # -- calling the model -------------------------------------------------------------------
 
+    def where(self, model_call: str) -> str:
+        """The user call a failure names: the ``step._target_`` when set, else ``model_call``."""
+        return f"step._target_: {self.cfg._target_}(model, batch)" if self.fn is not None else model_call
+
     def call(self, model: Callable[..., Any], inputs: Inputs, y: Optional[Tensor]) -> Any:
         if isinstance(inputs, dict):
             kwargs = inputs if self.open_kw else {k: v for k, v in inputs.items() if k in self.names}

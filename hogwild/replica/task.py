@@ -84,7 +84,7 @@ class Task:
             self._step = Step(self.step_cfg, self.loss, model, self.user_loss)
         return self._step
 
-    @property
+    @functools.cached_property
     def of_kind(self) -> TaskKind:
         return kind_of(self.kind)
 
@@ -143,8 +143,7 @@ def evaluate(model: nn.Module, split: Split, device: torch.device, task: Task,
     model.eval()
     n = len(split) if max_batches is None else min(len(split), max_batches * batch_size)
     loss_sum, sums, kind = 0.0, Sums(), task.of_kind
-    where = f"step._target_: {step.cfg._target_}(model, batch)" if step.fn is not None else \
-        "model, loss: the forward pass and loss on the test set"
+    where = step.where("model, loss: the forward pass and loss on the test set")
     try:
         for start in range(0, n, batch_size):
             on_batch()
@@ -209,8 +208,7 @@ def _loss_key(task: Task, step: Step, out: Output) -> str:
 
 def _preflight_step(step: Step, model: nn.Module, inputs: Inputs, y: Optional[Tensor], n: int, task: Task
                     ) -> tuple[Tensor, Output]:
-    where = f"step._target_: {step.cfg._target_}(model, batch)" if step.fn is not None else \
-        f"model: a forward pass on {n} training samples"
+    where = step.where(f"model: a forward pass on {n} training samples")
     with user_call(where):
         out = step.forward(model, inputs, y)
     try:

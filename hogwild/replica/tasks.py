@@ -172,7 +172,7 @@ def _click_logit(out: Tensor, y: Tensor) -> Tensor:
     """One logit per sample, (B,) or (B, 1), in the labels' shape."""
     if out.numel() != y.numel():
         raise ValueError(f"binary needs one logit per sample, got output {tuple(out.shape)} for {len(y)} labels")
-    return out.reshape(y.shape)
+    return _as_target(out, y)
 
 
 def binary_cross_entropy(out: Tensor, y: Tensor) -> Tensor:
