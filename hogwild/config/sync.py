@@ -48,6 +48,10 @@ class SyncConfig:
     fragments: int = 1
     """Sync one of this many stretches of the model per round, in rotation (the final round
     syncs all): a round sends 1/fragments of the model."""
+    row_sparse: bool = False
+    """Send only the rows of embedding tables (parameters with sparse gradients) that some replica
+    wrote since they last travelled, with every dense value; every rule, fp32 or compressed
+    wires (docs/sync.md, "Row-sparse rounds")."""
     weighting: str = "equal"
     """average, diloco, slowmo: equal | steps (each replica's change weighs as many steps as it
     made since the last round; a slow replica pulls the consensus less)."""
@@ -81,6 +85,9 @@ class SyncConfig:
                  "must be >= sync.min_interval")
         WIRES.check(self.dtype)
         positive(self.fragments, "sync.fragments")
+        require(not (self.row_sparse and self.fragments > 1), "sync.fragments",
+                f"row-sparse rounds send what moved and do not split into fragments; with sync.row_sparse=true "
+                f"set sync.fragments=1, got {self.fragments}")
         choice(self.weighting, "sync.weighting", WEIGHTINGS)
         weighted = [name for name in SYNC_RULES.names() if SYNC_RULES.get(name).weighted]  # type: ignore[attr-defined]
         require(self.weighting == "equal" or self.mode in weighted, "sync.weighting",

@@ -78,7 +78,7 @@ class Leader:
         rep = build_replica(cfg, device, k, env.local_world_size)
         comm, run_dir = group.connect(cfg, self.run_dir, k, rep)
         self.run_dir = run_dir
-        rule = make_rule(cfg.sync, comm, rep.param_numel)
+        rule = make_rule(cfg.sync, comm, rep.param_numel, rep.marks)
         board_file = run_dir / "progress" / f"rank{env.rank}.board"
         previous = previous_attempt(board_file)  # read before this attempt overwrites it
         board = Board(k, board_file)

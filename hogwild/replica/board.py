@@ -50,6 +50,7 @@ CONTROL = np.dtype([(name, np.float64) for name in (
     "lag_limit",     # replica position at which workers wait for the pending round (inf: never)
     "base_steps",    # job steps restored from the checkpoint this attempt started from
     "go_at",         # time.monotonic() when training started (schedules under train.max_time)
+    "row_epoch",     # sync.row_sparse: the stamp workers give the rows they write (replica/rows.py)
 )])
 
 

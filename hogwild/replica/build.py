@@ -18,6 +18,7 @@ from hogwild.replica.lr_schedule import check_schedule
 from hogwild.replica.models import build_model
 from hogwild.replica import resources
 from hogwild.replica.optim import new_shared_state, state_names, torch_state_probe
+from hogwild.replica.rows import RowMarks, check_row_sparse
 from hogwild.replica.shared import alloc, layout, param_slots, share_model
 from hogwild.replica.task import Task, build_task, preflight
 
@@ -34,6 +35,8 @@ class Replica:
     """Optimizer state in shared memory (``optim.state=shared``), else None (per worker)."""
     task: Task
     """The loss, the test metrics and the baseline (replica/task.py)."""
+    marks: Optional[RowMarks] = None
+    """``sync.row_sparse``: the stamps of the embedding tables' rows the workers write."""
 
     @property
     def shapes(self) -> list[tuple[int, ...]]:
@@ -101,6 +104,7 @@ def build_replica(cfg: Config, device: torch.device, workers: int = 1, replicas_
     # does not fit fails here in one line.
     sparse = preflight(model, ds, task, cfg.train.batch_size, torch.device("cpu"))
     check_schedule(cfg.sched, cfg.optim.lr)
+    tables = check_row_sparse(cfg, model, sparse) if cfg.sync.row_sparse else None
     copies = len(state_names(cfg.optim))
     if cfg.optim._target_:  # built and stepped once on copies: a bad one fails here in one line
         probe = torch_state_probe(cfg.optim, list(model.parameters()), key="optim._target_", sparse=sparse)
@@ -112,4 +116,5 @@ def build_replica(cfg: Config, device: torch.device, workers: int = 1, replicas_
     if cfg.optim.state == "shared":
         params = list(model.parameters())
         opt_state = new_shared_state(cfg.optim, params, param_slots(model), flat.numel(), alloc, device.type)
-    return Replica(ds, model, flat, opt_state, task)
+    marks = RowMarks(tables, device.type) if tables else None
+    return Replica(ds, model, flat, opt_state, task, marks)

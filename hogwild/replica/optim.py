@@ -102,6 +102,10 @@ class FlatRule:
     def state(self, cfg: OptimConfig) -> tuple[str, ...]:
         return ()
 
+    def rows_only(self, cfg: OptimConfig) -> bool:
+        """A sparse gradient's step writes its rows alone (:meth:`sparse_update` takes it)."""
+        return False
+
     def sparse_update(self, opt: FlatOptimizer, i: int, p: Tensor, g: Tensor) -> bool:
         """Step on a sparse gradient's rows alone, without weight decay; False: densify it first."""
         return False
@@ -115,8 +119,11 @@ class SGD(FlatRule):
     def state(self, cfg: OptimConfig) -> tuple[str, ...]:
         return ("momentum",) if cfg.momentum > 0 else ()
 
+    def rows_only(self, cfg: OptimConfig) -> bool:
+        return cfg.momentum == 0
+
     def sparse_update(self, opt: FlatOptimizer, i: int, p: Tensor, g: Tensor) -> bool:
-        if opt.cfg.momentum > 0:
+        if not self.rows_only(opt.cfg):
             return False
         p.add_(g, alpha=-opt.lr)
         return True
@@ -158,6 +165,9 @@ class AdamW(Adam):
 class Adagrad(FlatRule):
     def state(self, cfg: OptimConfig) -> tuple[str, ...]:
         return ("sum",)
+
+    def rows_only(self, cfg: OptimConfig) -> bool:
+        return True
 
     def sparse_update(self, opt: FlatOptimizer, i: int, p: Tensor, g: Tensor) -> bool:
         g = g.coalesce()

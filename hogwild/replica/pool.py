@@ -69,7 +69,7 @@ class WorkerPool:
             # ends them on every exit path.
             target=worker_main, name=f"hogwild-worker-{self.specs[i].global_index}", daemon=False,
             args=(self.cfg, self.specs[i], self.rep.ds, self.rep.flat, self.rep.opt_state, self.board,
-                  self._wake_w, kick_r, environment(), self._life_r))
+                  self._wake_w, kick_r, environment(), self._life_r), kwargs={"marks": self.rep.marks})
         p.start()
         self.procs[i] = p
 

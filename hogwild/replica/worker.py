@@ -31,6 +31,7 @@ from hogwild.replica.faults import StepFn, inject_faults, startup_faults
 from hogwild.replica.lr_schedule import LRSchedule
 from hogwild.replica.models import build_model
 from hogwild.replica.optim import FlatOptimizer, Optimizer, clip_grad_norm, grads_finite, make_optimizer
+from hogwild.replica.rows import RowMarks
 from hogwild.replica.shared import bind, param_slots
 from hogwild.replica.start import adopt_environment, leader_watch
 from hogwild.config.train import StepConfig
@@ -67,14 +68,14 @@ class WorkerSpec:
 def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
                 opt_state: Optional[dict[str, Tensor]], board: Board, wake: Connection,
                 kick: Connection, environ: Optional[dict[str, str]] = None,
-                life: Optional[Connection] = None) -> None:
+                life: Optional[Connection] = None, marks: Optional[RowMarks] = None) -> None:
     """A spawned worker. An exception ends it with one line and its traceback in a file of the
     run directory (the leader then respawns it or stops the run); without this, each death
     printed a full traceback, four or five times over for a bug that every respawn hits."""
     if environ is not None:
         adopt_environment(environ)
     try:
-        _work(cfg, spec, ds, flat, opt_state, board, wake, kick, life)
+        _work(cfg, spec, ds, flat, opt_state, board, wake, kick, life, marks)
     except (SystemExit, KeyboardInterrupt) as e:
         # The user's code (a dataset item, a forward, a loss) left: workers ignore SIGINT and
         # SIGTERM and never call sys.exit, so this ends a worker that did not finish, never as 0.
@@ -91,7 +92,8 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
 
 
 def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor, opt_state: Optional[dict[str, Tensor]],
-          board: Board, wake: Connection, kick: Connection, life: Optional[Connection]) -> None:
+          board: Board, wake: Connection, kick: Connection, life: Optional[Connection],
+          marks: Optional[RowMarks] = None) -> None:
     # Oversubscribed intra-op threads make Hogwild slower than one process (design rule 4
     # in docs/design.md).
     torch.set_num_threads(spec.threads)
@@ -127,7 +129,7 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor, opt_state: O
     step_fn(int(board.row(spec.local_index)["pos"]))
     model.train()
     run_loop(inject_faults(step_fn, params, spec.global_index), opt, params, spec, board, wake, kick,
-             sched, cfg.optim.clip_grad_norm, leader_watch(life), cfg.train.max_time)
+             sched, cfg.optim.clip_grad_norm, leader_watch(life), cfg.train.max_time, marks)
 
 
 def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, sampler: ShardSampler,
@@ -187,7 +189,8 @@ def schedule_length(pos: int, ctrl: np.void, total: int, time_budget_s: Optional
 def run_loop(step_fn: StepFn, opt: Optimizer, params: list[Tensor], spec: WorkerSpec,
              board: Board, wake: Optional[Connection], kick: Optional[Connection] = None,
              sched: Optional[LRSchedule] = None, clip: Optional[float] = None,
-             leader_alive: Optional[Callable[[], bool]] = None, time_budget_s: Optional[float] = None) -> None:
+             leader_alive: Optional[Callable[[], bool]] = None, time_budget_s: Optional[float] = None,
+             marks: Optional[RowMarks] = None) -> None:
     stats, ctrl = board.stats, board.control
     row = stats[spec.local_index]
     leader_alive = leader_alive or leader_watch(None)
@@ -223,6 +226,8 @@ def run_loop(step_fn: StepFn, opt: Optimizer, params: list[Tensor], spec: Worker
                 clip_grad_norm(grads, clip)
             _phase[0] = OPTIM
             opt.step(grads)
+            if marks is not None:  # after the write: a round that misses the stamp still sees the row
+                marks.mark(grads, int(ctrl["row_epoch"]))
             row["applied"] += 1
             loss_ema = lval if loss_ema == 0.0 else 0.98 * loss_ema + 0.02 * lval
             row["loss"] = loss_ema

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from hogwild.config.registry import SYNC_RULES
 from hogwild.config.schema import SyncConfig
+from hogwild.replica.board import Board
 from hogwild.sync.comm import SYNC_ROUND, Comm, LinkMeter, Metered
 from hogwild.sync.wire import make_wire
 
@@ -91,6 +92,9 @@ class SyncRule(ABC):
     """Takes ``sync.weighting=steps``: its consensus is a weighted mean of the replicas."""
     keeps_state: ClassVar[bool] = False
     """Keeps a model-sized state between rounds (an outer momentum): counted by the memory estimate."""
+    POSITIONAL: ClassVar[tuple[str, ...]] = ()
+    """The attributes holding model-sized state, one value per synced position (row-sparse
+    rounds cut them to the round's rows: sync/rows.py)."""
 
     def __init__(self, cfg: SyncConfig, comm: Comm, params: Optional[int] = None) -> None:
         self.cfg = cfg
@@ -126,6 +130,27 @@ class SyncRule(ABC):
     def prime(self, flat: Tensor) -> None:
         """Called once with the replica's parameters before training starts."""
         del flat
+
+    def attach(self, board: Board) -> None:
+        """The replica's board, once, before its workers start (row-sparse rounds publish their
+        epoch there)."""
+        del board
+
+    def positional(self) -> dict[str, Tensor]:
+        """The model-sized state as it stands, by name (the wire's error-feedback residual too)."""
+        state = {name: getattr(self, name) for name in self.POSITIONAL if getattr(self, name) is not None}
+        residual = getattr(self.wire, "residual", None)
+        if residual is not None:
+            state["wire.residual"] = residual
+        return state
+
+    def set_positional(self, state: dict[str, Tensor]) -> None:
+        """Point the model-sized state at ``state``'s tensors (the names :meth:`positional` gives)."""
+        for name, t in state.items():
+            if name == "wire.residual":
+                setattr(self.wire, "residual", t)
+            else:
+                setattr(self, name, t)
 
     def plan(self, numel: int, final: bool) -> list[slice]:
         """The stretches of the flat buffer this round syncs, one :meth:`exchange` each, in

@@ -26,6 +26,7 @@ class OuterRule(SyncRule):
     default_lr: float
     weighted = True
     keeps_state = True
+    POSITIONAL = ("global_params", "momentum")
 
     def __init__(self, cfg: SyncConfig, comm: Comm, params: Optional[int] = None) -> None:
         super().__init__(cfg, comm, params)

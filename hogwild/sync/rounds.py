@@ -7,7 +7,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
@@ -15,6 +15,7 @@ from torch import Tensor
 from hogwild.errors import Fault
 from hogwild.replica.board import Board
 from hogwild.sync.comm import Comm, LinkMeter
+from hogwild.sync.rows import Gathered
 from hogwild.sync.rules import RoundVector, SyncRule, context
 from hogwild.sync.schedule import DriftRecord, SyncSchedule
 
@@ -70,7 +71,8 @@ def sync_round(flat: Tensor, rule: SyncRule, *, done: bool = False, stop: bool =
     """
     rank, world = rule.comm.rank, rule.comm.world_size
     regions = rule.plan(flat.numel(), final)
-    whole = len(regions) == 1 and regions[0] == slice(0, flat.numel())
+    # A gathered stretch (row-sparse rounds) holds every value that moved: the rest cannot be NaN.
+    whole = len(regions) == 1 and (isinstance(regions[0], Gathered) or regions[0] == slice(0, flat.numel()))
     # Health covers the whole model even when one fragment travels: a NaN elsewhere would
     # otherwise wait F rounds for its fragment while the workers train on it.
     healthy = True if whole else math.isfinite(float(flat.norm()))
@@ -82,8 +84,7 @@ def sync_round(flat: Tensor, rule: SyncRule, *, done: bool = False, stop: bool =
     red: Optional[Tensor] = None
     gaps, scales = 0.0, 0.0
     for region in regions:
-        live = flat[region]
-        snap = rule.scratch("snapshot", live.numel(), flat).copy_(live)
+        snap = _read(flat, region, rule)
         # One reduction instead of an isfinite mask: NaN/Inf anywhere make the norm non-finite. The
         # same pass gives the scale of the drift, so the round reads the buffer once less.
         scale = float(snap.norm())
@@ -101,10 +102,7 @@ def sync_round(flat: Tensor, rule: SyncRule, *, done: bool = False, stop: bool =
             # past the replicas' mean (outer momentum) measured it to that mean on the way.
             gap = rule.spread if rule.spread is not None else float(delta.norm())
             gaps, scales = gaps + gap * gap, scales + scale * scale
-            if final or not healthy:
-                live.copy_(target)
-            else:
-                live.add_(delta)
+            _apply(flat, region, target if final or not healthy else delta, exact=final or not healthy)
     assert red is not None
     drift = math.sqrt(gaps) / max(math.sqrt(scales), 1e-12) if healthy else math.inf
     f = red.cpu()
@@ -113,6 +111,24 @@ def sync_round(flat: Tensor, rule: SyncRule, *, done: bool = False, stop: bool =
                         checkpoint=bool(f[R.WANT_CKPT] > 0), reached=bool(f[R.REACHED] > 0),
                         reform=bool(f[R.REFORM] > 0), healthy=healthy, drift=drift,
                         last_drifts=[float(x) for x in f[d0:d0 + world]])
+
+
+def _read(flat: Tensor, region: Union[slice, Gathered], rule: SyncRule) -> Tensor:
+    """The round's snapshot of ``region``, in a buffer the rule keeps across rounds."""
+    if isinstance(region, Gathered):
+        return region.read(flat, rule.scratch("snapshot", region.numel, flat))
+    live = flat[region]
+    return rule.scratch("snapshot", live.numel(), flat).copy_(live)
+
+
+def _apply(flat: Tensor, region: Union[slice, Gathered], values: Tensor, exact: bool) -> None:
+    """Land ``region`` on ``values`` (``exact``), or move it by them while workers write."""
+    if isinstance(region, Gathered):
+        (region.write if exact else region.add)(flat, values)
+    elif exact:
+        flat[region].copy_(values)
+    else:
+        flat[region].add_(values)
 
 
 @dataclass
@@ -144,6 +160,7 @@ class Rounds:
         self.gaps: list[float] = []  # replica steps between consecutive snapshots
         self._last_snap = board.replica_pos()
         rule.prime(flat)
+        rule.attach(board)
         board.control["next_sync_at"] = schedule.next_sync_at
         board.control["lag_limit"] = schedule.lag_limit
 

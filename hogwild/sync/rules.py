@@ -18,7 +18,9 @@ from hogwild.errors import ConfigError
 from hogwild.sync import outer
 from hogwild.sync.base import RoundVector, SyncContext, SyncRule, context, register
 from hogwild.sync.comm import Comm
+from hogwild.replica.rows import RowMarks
 from hogwild.sync.fragments import Fragmented
+from hogwild.sync.rows import RowSparse
 
 __all__ = ["Average", "Broadcast", "Median", "RoundVector", "SyncContext", "SyncRule", "TrimmedMean",
            "context", "make_rule", "outer"]
@@ -26,10 +28,13 @@ __all__ = ["Average", "Broadcast", "Median", "RoundVector", "SyncContext", "Sync
 logger = logging.getLogger(__name__)
 
 
-def make_rule(cfg: SyncConfig, comm: Comm, params: Optional[int] = None) -> SyncRule:
+def make_rule(cfg: SyncConfig, comm: Comm, params: Optional[int] = None,
+              marks: Optional[RowMarks] = None) -> SyncRule:
     """The rule ``sync.mode`` names; ``params``: the flat buffer's parameter prefix (the rest
-    are float buffers)."""
+    are float buffers); ``marks``: the replica's row marks under ``sync.row_sparse``."""
     rule: type[SyncRule] = SYNC_RULES.get(cfg.mode)
+    if marks is not None:
+        return RowSparse(cfg, comm, params, rule(cfg, comm, params), marks)
     if cfg.fragments > 1 and params is not None and cfg.fragments > params:
         # Each fragment keeps a rule of its own: a count past the model's values only costs memory
         # (a replica grew past 3 GiB before anything said no).
@@ -47,6 +52,7 @@ class Average(SyncRule):
 
     name = "average"
     weighted = True
+    POSITIONAL = ("_base",)
 
     def __init__(self, cfg: SyncConfig, comm: Comm, params: Optional[int] = None) -> None:
         super().__init__(cfg, comm, params)
