@@ -100,7 +100,7 @@ def check_row_sparse(cfg: Config, model: nn.Module, sparse: list[bool]) -> list[
         for t in tables:
             # Weight decay and momentum move every row at every step: no row would stay put.
             if wd[t.param] or not rule.rows_only(cfg.optim):
-                why = "optim.weight_decay" if wd[t.param] else f"optim.name={cfg.optim.name}"
+                why = f"optim.weight_decay={wd[t.param]:g}" if wd[t.param] else f"optim.name={cfg.optim.name}"
                 raise ConfigError(f"sync.row_sparse: {why} moves every row of an embedding table at every step, "
                                   "so every row would travel; use optim.name=adagrad, or sgd without momentum, "
                                   "and optim.weight_decay=0")
