@@ -36,27 +36,55 @@ from hogwild.sync.outer import OuterRule
 
 logger = logging.getLogger(__name__)
 
+CHUNK_VALUES = 1 << 24
+"""Most values one exchange of a round carries (64 MB in fp32). A round whose rows are more
+(the final one sends every row ever written) makes several exchanges, so its snapshot, reduce
+buffer and cut state stay this size however large the tables are."""
+
 
 class Gathered:
     """One round's stretch of the flat buffer: every dense value, then the union's rows of each
     table, in that order, as one compact vector."""
 
-    def __init__(self, numel: int, tables: list[Table], rows: list[Tensor]) -> None:
-        self.tables, self.rows = tables, rows
-        self.dense: list[slice] = []
-        at = 0
-        for t in sorted(tables, key=lambda t: t.offset):
-            if t.offset > at:
-                self.dense.append(slice(at, t.offset))
-            at = t.offset + t.rows * t.dim
-        if at < numel:
-            self.dense.append(slice(at, numel))
+    def __init__(self, dense: list[slice], tables: list[Table], rows: list[Tensor]) -> None:
+        self.tables, self.rows, self.dense = tables, rows, dense
         self.dense_numel = sum(s.stop - s.start for s in self.dense)
         self.numel = self.dense_numel + sum(len(r) * t.dim for t, r in zip(tables, rows))
 
     @property
     def row_count(self) -> int:
         return sum(len(r) for r in self.rows)
+
+    @staticmethod
+    def plan(numel: int, tables: list[Table], union: Tensor, chunk: int = CHUNK_VALUES) -> list["Gathered"]:
+        """The round's stretches: the dense values and the union's rows (sorted global row
+        numbers), cut into pieces of at most about ``chunk`` values, dense values first."""
+        dense: list[slice] = []
+        at = 0
+        for t in sorted(tables, key=lambda t: t.offset):
+            if t.offset > at:
+                dense.append(slice(at, t.offset))
+            at = t.offset + t.rows * t.dim
+        if at < numel:
+            dense.append(slice(at, numel))
+        empty = union[:0]
+        pieces: list[Gathered] = []
+        part, rows_of, room = dense, [empty for _ in tables], chunk - sum(s.stop - s.start for s in dense)
+        for i, t in enumerate(tables):
+            rows = union[(union >= t.first) & (union < t.first + t.rows)] - t.first
+            while len(rows):
+                take = room // t.dim
+                if take <= 0:
+                    if part or any(len(r) for r in rows_of):
+                        pieces.append(Gathered(part, tables, rows_of))
+                        part, rows_of, room = [], [empty for _ in tables], chunk
+                        continue
+                    take = 1  # a row longer than a chunk travels alone
+                rows_of[i] = torch.cat([rows_of[i], rows[:take]])
+                room -= len(rows[:take]) * t.dim
+                rows = rows[take:]
+        pieces.append(Gathered(part, tables, rows_of))
+        return pieces
 
     def _parts(self, compact: Tensor) -> tuple[list[Tensor], list[Tensor]]:
         """``compact`` cut into its dense stretches and its tables' (rows, dim) blocks."""
@@ -125,9 +153,12 @@ class RowSparse(SyncRule):
         """Per row: the epoch whose round last sent it (0: never)."""
         self.whole: dict[str, Tensor] = {}
         """The inner rule's model-sized state, whole (it holds cut copies during a round)."""
-        self.gathered: Optional[Gathered] = None
+        self.pending: list[Gathered] = []
+        """The stretches of the round being made, in the order exchange() meets them."""
         self._idle: Optional[Tensor] = None
         self._publish: Callable[[int], None] = lambda epoch: None
+        self._idle_at = 0
+        self.chunk = CHUNK_VALUES
         self.last_rows = 0
         """Rows the last round sent."""
 
@@ -143,7 +174,6 @@ class RowSparse(SyncRule):
         self.whole = self.inner.positional()
         if self.inner.compressed and "wire.residual" not in self.whole:
             self.whole["wire.residual"] = torch.zeros_like(flat)
-        self._numel = flat.numel()
 
     # ------------------------------------------------------------ the round
     def plan(self, numel: int, final: bool) -> list[slice]:
@@ -161,11 +191,10 @@ class RowSparse(SyncRule):
         self._idle = torch.where(last > 0, epoch - 1 - last, torch.zeros_like(last)).clamp_(min=0)
         self.synced.index_fill_(0, union, epoch)
         self.epoch = epoch + 1
-        tables = self.marks.tables
-        rows = [union[(union >= t.first) & (union < t.first + t.rows)] - t.first for t in tables]
-        self.gathered = Gathered(numel, tables, rows)
+        self.pending = Gathered.plan(numel, self.marks.tables, union, self.chunk)
+        self._idle_at = 0
         self.last_rows = len(union)
-        return [self.gathered]  # type: ignore[list-item]
+        return list(self.pending)  # type: ignore[arg-type]
 
     def _union(self, mine: Tensor) -> Tensor:
         """The sorted union of every replica's marked rows (int64)."""
@@ -181,11 +210,12 @@ class RowSparse(SyncRule):
 
     def exchange(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float,
                  final: bool = False) -> tuple[Tensor, Tensor]:
-        g = self.gathered
-        assert g is not None, "plan() makes the round's stretch first"
+        assert self.pending, "plan() makes the round's stretches first"
+        g = self.pending.pop(0)
         cut = {name: g.read(t) for name, t in self.whole.items()}
         if isinstance(self.inner, OuterRule) and "momentum" in cut and self._idle is not None:
-            idle = self._idle
+            idle = self._idle[self._idle_at:self._idle_at + g.row_count]
+            self._idle_at += g.row_count
             if bool((idle > 0).any()):
                 factors = torch.full(idle.shape, self.inner.mu, dtype=torch.float64).pow_(idle.double())
                 g.scale_rows(cut["momentum"], factors)

@@ -169,3 +169,24 @@ def test_state_round_trips_through_a_checkpoint() -> None:
 
     for straight, resumed in run_ranks(2, rank_fn):
         assert torch.equal(straight, resumed)
+
+
+def test_a_round_larger_than_a_chunk_makes_several_exchanges_with_the_same_result() -> None:
+    cfg = SyncConfig(mode="slowmo", outer_momentum=0.5)
+
+    def rank_fn(comm: Comm, chunk: int) -> torch.Tensor:
+        marks, board = RowMarks([TABLE]), Board(1)
+        rule = make_rule(cfg, comm, None, marks)
+        rule.chunk = chunk  # type: ignore[attr-defined]
+        flat = _start()
+        rule.prime(flat)
+        rule.attach(board)
+        for k in range(4):
+            _interval(flat, comm.rank, k, _touched(comm.rank, k, False), marks, board)
+            sync_round(flat, rule, final=k == 3)
+        return flat
+
+    whole = run_ranks(2, lambda c: rank_fn(c, 1 << 20))
+    pieces = run_ranks(2, lambda c: rank_fn(c, 3 * DIM))  # the dense values alone, then 3 rows a piece
+    for w, p in zip(whole, pieces):
+        assert torch.equal(w, p)
