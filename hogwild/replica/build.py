@@ -110,7 +110,8 @@ def build_replica(cfg: Config, device: torch.device, workers: int = 1, replicas_
         probe = torch_state_probe(cfg.optim, list(model.parameters()), key="optim._target_", sparse=sparse)
         copies = model_sized_state(probe, list(model.parameters()))
     numel = sum(t.numel() for t in [*model.parameters(), *model.buffers()] if t.is_floating_point())
-    resources.check(cfg, workers, replicas_here, model_bytes=4 * numel, state_copies=copies)
+    resources.check(cfg, workers, replicas_here, model_bytes=4 * numel, state_copies=copies,
+                    stamp_bytes=4 * sum(t.rows for t in tables or []))
     flat = share_model(model, device.type)
     opt_state = None
     if cfg.optim.state == "shared":

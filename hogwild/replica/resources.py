@@ -16,8 +16,9 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from hogwild.config.registry import SYNC_RULES
-from hogwild.config.schema import Config, DataConfig
+from hogwild.config.schema import Config, DataConfig, SyncConfig
 from hogwild.errors import ConfigError
+from hogwild.replica.rows import CHUNK_VALUES
 from hogwild.replica.shared import SHM_PATH
 
 logger = logging.getLogger(__name__)
@@ -154,17 +155,20 @@ def size(nbytes: float) -> str:
     return f"{nbytes / _GB:.1f} GB" if nbytes >= _GB else f"{nbytes / 2**20:.1f} MiB"
 
 
-def check(cfg: Config, workers: int, replicas_here: int = 1, model_bytes: int = 0, state_copies: int = 0) -> None:
+def check(cfg: Config, workers: int, replicas_here: int = 1, model_bytes: int = 0, state_copies: int = 0,
+          stamp_bytes: int = 0) -> None:
     """Refuse, with the numbers, a run whose data and model will not fit in shared memory or whose
     processes will not fit in RAM. ``replicas_here``: replicas on this machine. Called twice: before
     the data is loaded (``model_bytes=0``), and once the model is built but before it is shared or
     any worker spawns, with its size and the model-sized buffers its optimizer keeps
-    (``state_copies``: Adam's two moments)."""
+    (``state_copies``: Adam's two moments), and under ``sync.row_sparse`` its tables' row stamps
+    (``stamp_bytes``: shared, and as much again in the leader for the rows' last rounds)."""
     if cfg.force:
         return
     data = data_bytes(cfg.data) or 0
     shared_state = state_copies if cfg.optim.state == "shared" else 0
-    shm_parts = {"data": data * replicas_here, "model": model_bytes * (1 + shared_state) * replicas_here}
+    shm_parts = {"data": data * replicas_here,
+                 "model": (model_bytes * (1 + shared_state) + stamp_bytes) * replicas_here}
     shm = shm_free()
     if shm is not None and sum(shm_parts.values()) > shm:
         key = max(shm_parts, key=lambda k: shm_parts[k])
@@ -172,6 +176,7 @@ def check(cfg: Config, workers: int, replicas_here: int = 1, model_bytes: int = 
         raise ConfigError(f"{key}: {what} needs {size(sum(shm_parts.values()))} of shared memory, "
                           f"{SHM_PATH} has {size(shm)} free; shrink the {key}, enlarge /dev/shm, or pass force=true")
     parts = memory_parts(cfg, workers, model_bytes, state_copies - shared_state, data)
+    parts["model"] += stamp_bytes
     need = replicas_here * sum(parts.values())
     avail = mem_available()
     if avail is not None and need > avail:
@@ -187,7 +192,20 @@ def memory_parts(cfg: Config, workers: int, model_bytes: int, private_state: int
     buffers (a fragment's snapshot and reduce buffer, the outer rule's state) and the data (built
     once, then shared)."""
     per_worker = WORKER_RSS + model_bytes * (1 + private_state)
-    keeps_state = SYNC_RULES.get(cfg.sync.mode).keeps_state  # type: ignore[attr-defined]
-    rounds = model_bytes * (2 / cfg.sync.fragments + (1 if keeps_state else 0))
     return {"workers": workers * per_worker, "data.loader_workers": workers * cfg.data.loader_workers * WORKER_RSS,
-            "model": int(rounds), "data": 2 * data}
+            "model": int(round_bytes(cfg.sync, model_bytes)), "data": 2 * data}
+
+
+def round_bytes(sync: SyncConfig, model_bytes: int) -> float:
+    """The leader's round buffers: the snapshot and the reduce buffer of what one exchange carries
+    (a fragment of the model, or under ``sync.row_sparse`` at most a chunk of rows), and the rule's
+    model-sized state, which it keeps whole."""
+    kept = SYNC_RULES.get(sync.mode).state_copies  # type: ignore[attr-defined]
+    if sync.dtype != "fp32":
+        kept += 2 if sync.mode == "average" else 1  # the residual, and average's agreed base
+    exchange = model_bytes / sync.fragments
+    if sync.row_sparse:
+        # Each exchange also cuts the kept state to its rows: as many chunk-sized copies again.
+        return min(model_bytes, 4 * CHUNK_VALUES) * (2 + kept) + model_bytes * kept
+    return 2 * exchange + model_bytes * kept
+

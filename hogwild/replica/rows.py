@@ -29,6 +29,11 @@ from hogwild.replica.shared import alloc, param_slots
 
 logger = logging.getLogger(__name__)
 
+CHUNK_VALUES = 1 << 24
+"""Most values one exchange of a round carries (64 MB in fp32). A round whose rows are more
+(the final one sends every row ever written) makes several exchanges, so its snapshot, reduce
+buffer and cut state stay this size however large the tables are."""
+
 
 @dataclass(frozen=True)
 class Table:

@@ -90,8 +90,9 @@ class SyncRule(ABC):
     name: ClassVar[str]
     weighted: ClassVar[bool] = False
     """Takes ``sync.weighting=steps``: its consensus is a weighted mean of the replicas."""
-    keeps_state: ClassVar[bool] = False
-    """Keeps a model-sized state between rounds (an outer momentum): counted by the memory estimate."""
+    state_copies: ClassVar[int] = 0
+    """Model-sized buffers the rule keeps between rounds (the outer rules: θ_g and the momentum),
+    counted by the memory estimate; a compressed wire adds its residual, and average its base."""
     POSITIONAL: ClassVar[tuple[str, ...]] = ()
     """The attributes holding model-sized state, one value per synced position (row-sparse
     rounds cut them to the round's rows: sync/rows.py)."""

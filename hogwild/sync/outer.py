@@ -25,7 +25,7 @@ class OuterRule(SyncRule):
 
     default_lr: float
     weighted = True
-    keeps_state = True
+    state_copies = 2
     POSITIONAL = ("global_params", "momentum")
 
     def __init__(self, cfg: SyncConfig, comm: Comm, params: Optional[int] = None) -> None:

@@ -29,17 +29,13 @@ from torch import Tensor
 
 from hogwild.config.schema import SyncConfig
 from hogwild.replica.board import Board
-from hogwild.replica.rows import RowMarks, Table
+from hogwild.replica.rows import CHUNK_VALUES, RowMarks, Table
 from hogwild.sync.base import SyncContext, SyncRule
 from hogwild.sync.comm import Comm
 from hogwild.sync.outer import OuterRule
 
 logger = logging.getLogger(__name__)
 
-CHUNK_VALUES = 1 << 24
-"""Most values one exchange of a round carries (64 MB in fp32). A round whose rows are more
-(the final one sends every row ever written) makes several exchanges, so its snapshot, reduce
-buffer and cut state stay this size however large the tables are."""
 
 
 class Gathered:
@@ -145,7 +141,7 @@ class RowSparse(SyncRule):
                  marks: RowMarks) -> None:
         super().__init__(cfg, comm, params)
         self.inner, self.marks = inner, marks
-        self.weighted, self.keeps_state = inner.weighted, inner.keeps_state
+        self.weighted, self.state_copies = inner.weighted, inner.state_copies
         inner.comm = self.comm  # one meter counts the union's indices and the values alike
         self.epoch = 1
         """The interval in progress; workers stamp the rows they write with it."""

@@ -26,8 +26,9 @@ def test_a_model_whose_workers_copies_do_not_fit_is_refused_naming_workers(
         tmp_cwd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _memory(monkeypatch, 8 * GB)
     cfg = compose_cfg(["optim=adamw", "workers=8"])
-    # Eight workers, each with the gradients and two Adam moments of a 1 GB model: about 26 GB.
-    with pytest.raises(ConfigError, match=r"^workers: 8 workers x 1 replica\(s\) need about 2\d\.\d GB"):
+    # Eight workers, each with the gradients and two Adam moments of a 1 GB model (about 26 GB), and
+    # the leader's snapshot, reduce buffer and slowmo's θ_g and momentum (4 GB).
+    with pytest.raises(ConfigError, match=r"^workers: 8 workers x 1 replica\(s\) need about 30\.\d GB .*model 4\.0 GB"):
         resources.check(cfg, 8, 1, model_bytes=GB, state_copies=2)
     resources.check(cfg, 8, 1, model_bytes=0, state_copies=2)  # the data alone fits: the first check passes
     resources.check(compose_cfg(["optim=sgd", "workers=1"]), 1, 1, model_bytes=GB)  # one worker, plain SGD fits
@@ -64,3 +65,19 @@ def test_the_replica_is_refused_before_its_model_is_shared(tmp_cwd: Path, monkey
     with pytest.raises(ConfigError, match=r"^workers: 4 workers"):
         build.build_replica(cfg, torch.device("cpu"), 4, 1)
     assert not shared
+
+
+def test_the_round_buffers_count_the_rules_kept_state_and_a_row_sparse_rounds_chunks() -> None:
+    from hogwild.config.schema import SyncConfig
+    from hogwild.replica.rows import CHUNK_VALUES
+
+    model = 10 * GB
+    # The snapshot and the reduce buffer, plus what the rule keeps: slowmo's θ_g and momentum.
+    assert resources.round_bytes(SyncConfig(mode="slowmo"), model) == 4 * model
+    assert resources.round_bytes(SyncConfig(mode="average"), model) == 2 * model
+    assert resources.round_bytes(SyncConfig(mode="average", dtype="int8"), model) == 4 * model  # residual, base
+    assert resources.round_bytes(SyncConfig(mode="slowmo", fragments=4), model) == 2.5 * model
+    # Row-sparse exchanges carry at most a chunk: the kept state stays whole, the buffers do not.
+    chunk = 4 * CHUNK_VALUES
+    assert resources.round_bytes(SyncConfig(mode="average", row_sparse=True), model) == 2 * chunk
+    assert resources.round_bytes(SyncConfig(mode="slowmo", row_sparse=True), model) == 4 * chunk + 2 * model
