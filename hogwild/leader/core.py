@@ -36,6 +36,7 @@ from hogwild.replica.lr_schedule import check_schedule
 from hogwild.replica.models import model_id
 from hogwild.replica.pool import WorkerPool, worker_specs
 from hogwild.replica.resources import resolve_workers
+from hogwild.report.memory import PeakMemory
 from hogwild.report.metrics import flatten, strict
 from hogwild.report.rundir import record_config, set_aside_earlier_run
 from hogwild.report.summary import RunResult, RunSummary, Status, Timing, write_report
@@ -63,6 +64,9 @@ class Leader:
         self.changes: Changes = group.changes or Changes()
         self.env: DistEnv = self.group.env
         self.t_start = time.monotonic()
+        self.memory = PeakMemory()
+        """This replica's peak memory, sampled from start-up (building the model is a peak of its
+        own) to the final checkpoint."""
         self.t_train: Optional[float] = None
         self.out_of_time = False
         """``train.max_time`` was spent (this replica's clock)."""
@@ -95,7 +99,7 @@ class Leader:
         check_schedule(cfg.sched, cfg.optim.lr, specs[0].replica_quota or specs[0].quota)  # the real length
         target = Target(cfg.train.target, rep.task, rep.model, rep.flat)
         tel = Telemetry(cfg, run_dir, env.rank == 0, rep.model, rep.ds.test, device, rep.task, self.changes.alive,
-                        subject=target.subject, on_scores=target.saw)
+                        subject=target.subject, on_scores=target.saw, memory=self.memory)
         rounds = Rounds(rep.flat, rule, comm, board, schedule, base.syncs)
         pool = WorkerPool(cfg, specs, rep, board)
         crew = Crew(cfg=cfg, env=env, run_dir=run_dir, workers=k, rep=rep, comm=comm, rule=rule, board=board,
@@ -236,6 +240,7 @@ class Leader:
         ctl = self.ctl
         try:
             ctl.stopper.install()  # a SIGTERM during start-up stops it at once
+            self.memory.start()
             crew = self._setup()
             pool = crew.pool
             ctl.stopper.workers_started(pool.kill)
@@ -267,6 +272,7 @@ class Leader:
             ctl.why("stopped during start-up: nothing trained, no checkpoint written")
             return self._outcome()
         finally:
+            self.memory.stop()
             self.group.close(ctl.degraded)
             ctl.stopper.uninstall()
 
@@ -287,7 +293,7 @@ class Leader:
                     exit_after_final(self.env.rank)
                 hand_back_judged(crew)
                 positions, job = self._gather(crew)  # workers are stopped: final totals
-                sync_stats = crew.rounds.close(crew.tel.memory.peak_mb)
+                sync_stats = crew.rounds.close(self.memory.peak_mb)
                 break
             except PeerLost as e:
                 self._recover(e)
@@ -311,6 +317,10 @@ class Leader:
         tel.round(sync_stats.final)
         if not group.writer:
             return self._outcome()
+        # The writer's own figure also covers the final evaluation and checkpoint, after the gather.
+        self.memory.sample(force=True)
+        mine = crew.comm.rank if crew.comm.rank < len(sync_stats.peak_memory_mb) else 0
+        sync_stats.peak_memory_mb[mine] = self.memory.peak_mb
         status = Status.of(ctl.stopper.signal, ctl.fault, ctl.fault_code)
         assert self.t_train is not None
         timing = Timing(wall_s=time.monotonic() - self.t_start, train_s=train_s, startup_s=self.t_train - self.t_start,

@@ -1,5 +1,7 @@
 """This replica's peak memory: the proportional set size (PSS) of the leader and every process
-below it (its workers and their DataLoader processes), sampled about once a second.
+below it (its workers and their DataLoader processes), sampled by a thread of its own four times
+a second, so a peak inside a long blocking step (the final round, a checkpoint's write) is seen
+as well as one between them.
 
 PSS divides each shared page among the processes that map it, so the model in ``/dev/shm``,
 which the leader and every worker map, counts once, where RSS would count it once per process.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -53,11 +56,31 @@ def process_tree(root: int) -> list[int]:
 class PeakMemory:
     """The largest PSS of the process tree under ``root`` seen by :meth:`sample`."""
 
-    def __init__(self, root: Optional[int] = None, every_s: float = 1.0) -> None:
+    def __init__(self, root: Optional[int] = None, every_s: float = 0.25) -> None:
         self.root = root if root is not None else os.getpid()
         self.every_s = every_s
         self.peak: Optional[int] = None
         self._next = 0.0
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> None:
+        """Sample in the background until :meth:`stop` (a daemon thread: it never holds the
+        process up; reading ``/proc`` releases the GIL to the leader between lines)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="hogwild-peak-memory", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        self.sample(force=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.sample(force=True)
 
     def sample(self, force: bool = False) -> None:
         now = time.monotonic()

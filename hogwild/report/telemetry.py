@@ -33,7 +33,8 @@ LOSS_POINTS, EVAL_POINTS = 100, 30
 class Telemetry:
     def __init__(self, cfg: Config, run_dir: Path, is_rank0: bool, model: nn.Module, test: Split,
                  device: torch.device, task: Task, on_batch: Callable[[], None] = lambda: None,
-                 subject: Optional[Callable[[], nn.Module]] = None, on_scores: Optional[Scores] = None) -> None:
+                 subject: Optional[Callable[[], nn.Module]] = None, on_scores: Optional[Scores] = None,
+                 memory: Optional[PeakMemory] = None) -> None:
         self.cfg, self.run_dir, self.is_rank0 = cfg, run_dir, is_rank0
         self.on_batch = on_batch  # a long evaluation is progress of the leader's loop (elastic liveness)
         self.model, self.test, self.device, self.task = model, test, device, task
@@ -56,7 +57,7 @@ class Telemetry:
         self._eval_cost = 0.0  # the last evaluation's seconds: what the next one is expected to take
         self.progress: Optional[Progress] = None
         self.lr: Optional[LRSchedule] = None
-        self.memory = PeakMemory()
+        self.memory = memory or PeakMemory()
         """This replica's peak PSS (leader, workers, their loader processes), sampled each tick."""
 
     def warm_up(self, step: int) -> None:

@@ -204,7 +204,10 @@ class SyncRule(ABC):
 
     def state_dict(self) -> dict[str, Tensor]:
         """Every tensor in it has one value per element of the stretch the rule syncs, so a
-        fragmented rule can cut and join its fragments' states (sync/fragments.py)."""
+        fragmented rule can cut and join its fragments' states (sync/fragments.py). The rule's own
+        tensors, not copies: a model-sized state copied for every checkpoint was two more models
+        at the peak. Its callers (a checkpoint's write, a joiner's heal) use it before the next
+        round, which is the only thing that changes it."""
         return {}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:

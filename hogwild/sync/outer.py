@@ -102,7 +102,7 @@ class OuterRule(SyncRule):
     def state_dict(self) -> dict[str, Tensor]:
         if self.global_params is None or self.momentum is None:
             return {}
-        return {"global_params": self.global_params.clone(), "momentum": self.momentum.clone()}
+        return {"global_params": self.global_params, "momentum": self.momentum}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         if "global_params" in state:

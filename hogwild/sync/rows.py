@@ -234,7 +234,7 @@ class RowSparse(SyncRule):
 
     def state_dict(self) -> dict[str, Tensor]:
         state = self.inner.state_dict()
-        state["row_synced"] = self.synced.clone()
+        state["row_synced"] = self.synced
         state["row_epoch"] = torch.tensor([self.epoch], dtype=torch.int64)
         return state
 

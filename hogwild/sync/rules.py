@@ -82,7 +82,7 @@ class Average(SyncRule):
             self._base.copy_(flat)
 
     def state_dict(self) -> dict[str, Tensor]:
-        return {} if self._base is None else {"base": self._base.clone()}
+        return {} if self._base is None else {"base": self._base}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         if "base" in state and self.compressed:

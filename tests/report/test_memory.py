@@ -88,3 +88,21 @@ def test_a_process_that_is_gone_is_not_measured() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     assert pss_bytes(child.pid) is None
+
+
+def test_a_peak_held_only_inside_a_blocking_call_is_seen() -> None:
+    # The leader's loop is not sampling during the final round or a checkpoint's write: the
+    # meter's own thread must see memory that comes and goes inside such a call.
+    meter = PeakMemory(every_s=0.05)
+    meter.sample(force=True)
+    before = meter.peak
+    meter.start()
+    try:
+        held = bytearray(300 * MB)
+        held[::4096] = b"x" * len(held[::4096])
+        time.sleep(1.0)  # a blocking call, as a collective or torch.save is to the leader
+        del held
+    finally:
+        meter.stop()
+    assert before is not None and meter.peak is not None
+    assert meter.peak - before >= 250 * MB, (before, meter.peak)

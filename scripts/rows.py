@@ -1,0 +1,238 @@
+"""Embedding tables over slow links: row-sparse rounds against dense rounds (fp32, int8) and DDP
+(dense and sparse gradients) on the clicks DLRM (examples/clicks.py), side by side in one run.
+
+Each method trains one pass over the click log on N simulated machines (network namespaces with
+``tbf``-shaped links, one core each: scripts/link.py) and reports the time to a test log-loss,
+the bytes a replica sent per step, the final log-loss and each replica's peak memory (PSS of its
+process tree, the figure ``metrics.json`` gives). Needs root and iproute2 for shaped links;
+``--loopback`` runs the machines as processes on 127.0.0.1.
+
+    python scripts/rows.py --rows 1000000 --rate 1gbit --target 0.62 --out bench_results/rows
+    python scripts/rows.py --rows 10000000 --rate 100mbit --methods rows,dense_int8,ddp_sparse
+
+``--stop-at-target``: each run ends at the target (the time to it), otherwise it trains the
+whole pass and the time to the target is read off its evaluations (the final log-loss too).
+DDP with dense gradients all-reduces every table at every step: with ``--ddp-dense-steps K``
+it runs K steps and its time to the target is projected from that step time and the steps DDP
+with sparse gradients needed (the same updates: a sparse and a dense gradient of one batch
+step Adagrad alike).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+import link  # noqa: E402
+
+logger = logging.getLogger("rows")
+
+METHODS: dict[str, Optional[list[str]]] = {
+    "rows": ["sync.row_sparse=true"],
+    "rows_int8": ["sync.row_sparse=true", "sync.dtype=int8"],
+    "dense": [],
+    "dense_int8": ["sync.dtype=int8"],
+    "ddp_sparse": None,
+    "ddp_dense": None,
+}
+
+
+def workload(a: argparse.Namespace) -> list[str]:
+    return ["+experiment=clicks", f"data.kwargs.rows={a.rows}", f"data.kwargs.tables={a.tables}",
+            f"data.kwargs.lookups={a.lookups}", f"data.kwargs.samples={a.samples}", f"model.kwargs.dim={a.dim}"]
+
+
+def hogwild(a: argparse.Namespace, extra: list[str], root: Path) -> dict[str, Any]:
+    run_dir = Path(tempfile.mkdtemp(dir=root))
+    port = link._port()
+    target = ["train.target.metric=logloss", f"train.target.value={a.target}"] if a.stop_at_target else []
+    cmds = [[sys.executable, "-m", "torch.distributed.run", f"--nnodes={a.machines}", "--nproc-per-node=1",
+             f"--node-rank={i}", f"--master-addr={link.addr(0)}", f"--master-port={port}", "-m", "hogwild.cli.train",
+             *workload(a), "workers=1", f"sync.interval={a.interval}", f"eval.every_s={a.eval_every_s}",
+             "eval.max_fraction=0.5", "checkpoint.every_s=3600", *target, f"run_dir={run_dir}", *extra]
+            for i in range(a.machines)]
+    _, sent = link.on_machines(cmds, a.run_timeout_s)
+    m = json.loads((run_dir / "metrics.json").read_text())
+    steps = max(m["steps"], 1) / a.machines
+    reached = m["time_to_target_s"] if a.stop_at_target else first_below(run_dir, a.target)
+    return {"time_to_target_s": reached, "final_logloss": m["test_logloss"], "auc": m["test_auc"],
+            "bytes_per_step": m["sync_bytes_per_step"], "tx_bytes_per_step": sent / steps, "syncs": m["syncs"],
+            "bytes_per_round": m["sync_bytes_sent"] / max(m["syncs"], 1), "mean_sync_s": m["mean_sync_s"],
+            "peak_memory_mb": m["peak_memory_mb"], "wall_s": m["wall_s"], "train_s": m["train_s"]}
+
+
+def first_below(run_dir: Path, target: float) -> Optional[float]:
+    """Seconds of training at the first evaluation whose test log-loss met ``target`` (TensorBoard's
+    ``test/logloss`` against the first training point's wall time), or None."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tb"))
+    acc.Reload()
+    scalars = acc.Tags()["scalars"]
+    start = min(e.wall_time for tag in scalars if tag.startswith("train/") for e in acc.Scalars(tag))
+    hits = [e.wall_time for e in acc.Scalars("test/logloss") if e.value <= target]
+    return (min(hits) - start) if hits else None
+
+
+def ddp(a: argparse.Namespace, sparse: bool, steps: Optional[int]) -> dict[str, Any]:
+    port = link._port()
+    cmds = [[sys.executable, str(Path(__file__).resolve()), "--ddp-rank", str(i), "--machines", str(a.machines),
+             "--port", str(port), "--rows", str(a.rows), "--tables", str(a.tables), "--lookups", str(a.lookups),
+             "--samples", str(a.samples), "--dim", str(a.dim), "--target", str(a.target),
+             "--ddp-eval-every", str(a.ddp_eval_every), *(["--sparse"] if sparse else []),
+             *(["--max-steps", str(steps)] if steps else []), *(["--loopback"] if a.loopback else [])]
+            for i in range(a.machines)]
+    logs, sent = link.on_machines(cmds, a.run_timeout_s)
+    line = next(ln for ln in logs[0].splitlines() if ln.startswith("RESULT "))
+    r = json.loads(line[len("RESULT "):])
+    return {**r, "tx_bytes_per_step": sent / max(r["steps"], 1)}
+
+
+def ddp_rank(a: argparse.Namespace) -> None:
+    """One DDP rank: the same model, data shard, batch and Adagrad as a hogwild replica's worker.
+    Evaluation (rank 0, every ``--eval-every`` steps) is off the clock."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from examples.clicks import DLRM, click_log
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1" if a.loopback else link.addr(0), MASTER_PORT=str(a.port))
+    dist.init_process_group("gloo", rank=a.ddp_rank, world_size=a.machines)
+    train, test = click_log(samples=a.samples, tables=a.tables, rows=a.rows, lookups=a.lookups)
+    torch.manual_seed(0)
+    model = DLRM(dense=train.dense.shape[1], tables=a.tables, rows=a.rows, dim=a.dim)
+    for table in model.tables:
+        table.sparse = a.sparse
+    net = DDP(model)
+    opt = torch.optim.Adagrad(model.parameters(), lr=0.05)
+    mine = torch.arange(a.ddp_rank, len(train), a.machines)
+    mine = mine[torch.randperm(len(mine), generator=torch.Generator().manual_seed(a.ddp_rank))]
+    steps = len(mine) // 64 if not a.max_steps else a.max_steps
+    clock, reached, last = 0.0, None, math.nan
+
+    def logloss() -> float:
+        with torch.no_grad():
+            p = model(test.dense, test.ids)
+            return float(F.binary_cross_entropy_with_logits(p, test.clicks.float()))
+
+    for s in range(steps):
+        t0 = time.perf_counter()
+        b = mine[s * 64:(s + 1) * 64]
+        loss = F.binary_cross_entropy_with_logits(net(train.dense[b], train.ids[b]), train.clicks[b].float())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        clock += time.perf_counter() - t0
+        if (s + 1) % a.ddp_eval_every == 0 or s + 1 == steps:
+            flag = torch.zeros(1)
+            if a.ddp_rank == 0:
+                last = logloss()
+                flag[0] = float(last <= a.target)
+            dist.broadcast(flag, 0)  # off the clock; every rank stops at the same step
+            if flag[0] > 0 and reached is None:
+                reached = (clock, s + 1)
+                break
+    if a.ddp_rank == 0:
+        if math.isnan(last) or reached is None:
+            last = logloss()
+        grads = sum(p.numel() for p in model.parameters())
+        sys.stdout.write("RESULT " + json.dumps({
+            "time_to_target_s": reached[0] if reached else None, "steps_to_target": reached[1] if reached else None,
+            "steps": s + 1, "step_s": clock / (s + 1), "final_logloss": last,
+            # Ring all_reduce of the dense gradients; a sparse one all_gathers indices and rows.
+            "bytes_per_step": link.ring_all_reduce_bytes(4 * grads, a.machines) if not a.sparse else float("nan")}) + "\n")
+    sys.stdout.flush()
+    os._exit(0)  # torch's exit after a Gloo DDP run can abort in a destructor (scripts/link.py)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--machines", type=int, default=2)
+    ap.add_argument("--rate", default="1gbit")
+    ap.add_argument("--rows", type=int, default=1_000_000, help="rows per table")
+    ap.add_argument("--tables", type=int, default=2)
+    ap.add_argument("--lookups", type=int, default=20, help="per table and sample")
+    ap.add_argument("--dim", type=int, default=16)
+    ap.add_argument("--samples", type=int, default=200_000)
+    ap.add_argument("--interval", type=int, default=50)
+    ap.add_argument("--target", type=float, required=True, help="test log-loss to reach")
+    ap.add_argument("--stop-at-target", action="store_true")
+    ap.add_argument("--eval-every-s", type=float, default=2.0)
+    ap.add_argument("--ddp-eval-every", type=int, default=50)
+    ap.add_argument("--ddp-dense-steps", type=int, default=20)
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=OVERRIDE[,OVERRIDE...]",
+                    help="one more hogwild method, e.g. rows_avg=sync.row_sparse=true,sync.mode=average")
+    ap.add_argument("--loopback", action="store_true")
+    ap.add_argument("--run-timeout-s", type=float, default=3600.0)
+    ap.add_argument("--out", type=Path, default=Path("bench_results/rows"))
+    ap.add_argument("--ddp-rank", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--sparse", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--max-steps", type=int, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="[rows] %(message)s")
+    os.chdir(REPO)  # +experiment=clicks imports examples/ from the working directory
+    link.LOOPBACK, link.RUN_TIMEOUT_S = a.loopback, a.run_timeout_s
+    if a.ddp_rank is not None:
+        ddp_rank(a)
+        return
+    why = None if a.loopback else link.available()
+    if why:
+        logger.warning("skipping: %s", why)
+        return
+    for v in a.variant:
+        name, _, overrides = v.partition("=")
+        METHODS[name] = [o for o in overrides.split(",") if o]
+    methods = [m for m in a.methods.split(",") if m] + [v.partition("=")[0] for v in a.variant]
+    a.out.mkdir(parents=True, exist_ok=True)
+    root = a.out / "runs"
+    root.mkdir(exist_ok=True)
+    shaping = "loopback" if a.loopback else link.setup(a.machines, a.rate, 0)
+    label = f"clicks_{a.tables}x{a.rows}_{a.machines}x_{'loopback' if a.loopback else a.rate}"
+    res: dict[str, Any] = {"shaping": shaping, "args": {k: str(v) for k, v in vars(a).items()}, "methods": {}}
+    try:
+        for m in methods:
+            logger.info("%s: %s", label, m)
+            try:
+                if m == "ddp_sparse":
+                    r = ddp(a, True, None)
+                elif m == "ddp_dense":
+                    r = ddp(a, False, a.ddp_dense_steps)
+                    sparse = res["methods"].get("ddp_sparse", {})
+                    if sparse.get("steps_to_target"):
+                        r["time_to_target_s"] = r["step_s"] * sparse["steps_to_target"]
+                        r["projected"] = True
+                    else:
+                        r["time_to_target_s"] = None
+                else:
+                    r = hogwild(a, METHODS[m] or [], root)
+            except Exception as e:  # noqa: BLE001 - one failed method must not lose the others' figures
+                logger.error("%s failed: %s", m, str(e)[-1500:])
+                r = {"error": str(e)[-1500:]}
+            res["methods"][m] = r
+            logger.info("%s: %s", m, json.dumps(r))
+            (a.out / f"{label}.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
+    finally:
+        if not a.loopback:
+            link.teardown(a.machines)
+    logger.info("results in %s", a.out / f"{label}.json")
+
+
+if __name__ == "__main__":
+    main()
