@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from hogwild.config.schema import Config
 from hogwild.errors import ConfigError
-from hogwild.replica.optim import decays, flat_rule
+from hogwild.replica.optim import decays, flat_rule, torch_optimizer
 from hogwild.replica.shared import alloc, param_slots
 
 logger = logging.getLogger(__name__)
@@ -98,7 +98,12 @@ def check_row_sparse(cfg: Config, model: nn.Module, sparse: list[bool]) -> list[
     if not tables:
         raise ConfigError("sync.row_sparse: the model has no parameter with a sparse gradient; row-sparse "
                           "rounds need embedding tables built with sparse=True (nn.EmbeddingBag, nn.Embedding)")
-    if not cfg.optim._target_:
+    if cfg.optim._target_:
+        if not _steps_rows_alone(cfg, tables[0]):
+            raise ConfigError(f"sync.row_sparse: optim._target_={cfg.optim._target_} moves rows of an embedding table "
+                              "that its sparse gradient did not name, so every row would travel; use "
+                              "torch.optim.SparseAdam, Adagrad, or SGD without momentum or weight decay")
+    else:
         rule = flat_rule(cfg.optim.name)
         shapes = [s.shape for s in param_slots(model)]
         wd = decays(cfg.optim, shapes)
@@ -111,3 +116,25 @@ def check_row_sparse(cfg: Config, model: nn.Module, sparse: list[bool]) -> list[
                                   "and optim.weight_decay=0")
     return tables
 
+
+
+def _steps_rows_alone(cfg: Config, table: Table) -> bool:
+    """Whether ``optim._target_`` moves only the rows a sparse gradient names: two steps on a small
+    stand-in of the table (its row length is all the optimizer sees of it), the first with a
+    gradient on row 0, the second on row 1. A momentum kept per row moves row 0 again in the
+    second; weight decay moves every row in both."""
+    stand_in = torch.nn.Parameter(torch.ones(4, table.dim))
+    opt = torch_optimizer(cfg.optim, [stand_in]).opt
+    moved = torch.zeros(4, dtype=torch.bool)
+    for row in (0, 1):
+        before = stand_in.detach().clone()
+        stand_in.grad = torch.sparse_coo_tensor(torch.tensor([[row]]), torch.ones(1, table.dim), (4, table.dim),
+                                                check_invariants=True)
+        try:
+            opt.step()
+        except Exception:  # noqa: BLE001 - one that refuses sparse gradients is refused where it is probed
+            return True
+        changed = (stand_in.detach() != before).any(1)
+        changed[row] = False
+        moved |= changed
+    return not bool(moved.any())
