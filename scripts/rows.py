@@ -204,6 +204,9 @@ def main() -> None:
     root = a.out / "runs"
     root.mkdir(exist_ok=True)
     shaping = "loopback" if a.loopback else link.setup(a.machines, a.rate, 0)
+    shares = link.cpu_shares(a.machines)  # more machines than cores: an equal share of them each
+    if shares:
+        shaping += f"; CPU: {shares}"
     label = f"clicks_{a.tables}x{a.rows}_{a.machines}x_{'loopback' if a.loopback else a.rate}"
     res: dict[str, Any] = {"shaping": shaping, "args": {k: str(v) for k, v in vars(a).items()}, "methods": {}}
     try:
@@ -231,6 +234,7 @@ def main() -> None:
     finally:
         if not a.loopback:
             link.teardown(a.machines)
+        link.drop_cpu_shares(a.machines)
     logger.info("results in %s", a.out / f"{label}.json")
 
 
