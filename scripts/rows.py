@@ -42,8 +42,8 @@ logger = logging.getLogger("rows")
 METHODS: dict[str, Optional[list[str]]] = {
     "rows": ["sync.row_sparse=true"],
     "rows_int8": ["sync.row_sparse=true", "sync.dtype=int8"],
-    "dense": [],
-    "dense_int8": ["sync.dtype=int8"],
+    "dense": ["sync.row_sparse=false"],  # +experiment=clicks sets it true
+    "dense_int8": ["sync.row_sparse=false", "sync.dtype=int8"],
     "ddp_sparse": None,
     "ddp_dense": None,
 }
