@@ -31,7 +31,7 @@ from hogwild.leader.target import Target
 from hogwild.replica import resources
 from hogwild.replica.board import Board, Counts, previous_attempt
 from hogwild.replica.build import build_replica, replica_device
-from hogwild.replica.faults import dump_final, exit_after_final
+from hogwild.replica.faults import dump_final, exit_after_final, late_to_final
 from hogwild.replica.lr_schedule import check_schedule
 from hogwild.replica.models import model_id
 from hogwild.replica.pool import WorkerPool, worker_specs
@@ -112,8 +112,12 @@ class Leader:
     def _round(self, crew: Crew, done: bool, stop: bool, final: bool = False) -> tuple[bool, bool]:
         ctl, group = self.ctl, self.group
         self.changes.before_round()
-        # A stopping leader may have a dead peer (torchrun SIGTERMs survivors): bound the wait.
-        wait_s = min(self.cfg.fault.shutdown_timeout_s, 10.0) if stop else self.cfg.sync.timeout_s
+        # A leader stopped by a signal or a fault may have a dead peer (torchrun SIGTERMs
+        # survivors): bound the wait. A job that simply ended is not stopping, and its final round
+        # may take as long as any round: a dense 128 MB round needs 11 s at 100 Mbit/s, and a
+        # 10 s bound failed such a job at its very end with exit 3.
+        bounded = stop and ctl.stopping
+        wait_s = min(self.cfg.fault.shutdown_timeout_s, 10.0) if bounded else self.cfg.sync.timeout_s
         out = crew.rounds.run(done=done, stop=stop, final=final, timeout_s=wait_s,
                               want_checkpoint=group.writer and time.monotonic() >= ctl.next_ckpt,
                               reached=self._reached(crew), reform=self.changes.wants_reform())
@@ -289,6 +293,7 @@ class Leader:
         while not ctl.degraded:  # degraded: a peer is gone and no collective can run
             try:
                 if self.env.distributed:
+                    late_to_final(self.env.rank)
                     self._round(crew, True, True, final=True)
                     exit_after_final(self.env.rank)
                 hand_back_judged(crew)

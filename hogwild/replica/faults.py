@@ -11,7 +11,9 @@ Kinds: ``nan`` poisons the first gradient of that step, ``crash`` raises in that
 ``HOGWILD_LEADER_FAULT`` does the same for a leader (kind:slot:n): ``lose:S:N`` makes slot S's
 N-th sync round fail there after its collective completed everywhere (the others apply the
 round, S does not: each member decides a peer's loss on its own), and ``exit:S:0`` kills slot
-S's leader (exit 137, no cleanup) right after the job's final round.
+S's leader (exit 137, no cleanup) right after the job's final round, and ``late:S:SECONDS`` makes
+slot S's leader come SECONDS late to the job's final round (a final round whose payload takes that
+long on a slow link, as seen from its peers).
 
 ``HOGWILD_SLOW_WHILE=FILE`` limits ``slow`` to while FILE exists: a test keeps a job slow for
 as long as its faults need live training, then removes the file, and the rest runs at speed.
@@ -90,6 +92,11 @@ def startup_faults(global_index: int, leader_pid: int) -> None:
 def leader_faults(rank: int) -> dict[str, set[int]]:
     """What ``HOGWILD_LEADER_FAULT`` plans for the leader of replica (or slot) ``rank``."""
     return planned_faults(rank, os.environ.get(LEADER_FAULT_ENV, ""))
+
+
+def late_to_final(rank: int) -> None:
+    for seconds in leader_faults(rank).get("late", ()):
+        time.sleep(seconds)
 
 
 def exit_after_final(rank: int) -> None:
