@@ -153,10 +153,11 @@ class SyncRule(ABC):
             else:
                 setattr(self, name, t)
 
-    def plan(self, numel: int, final: bool) -> list[slice]:
+    def plan(self, numel: int, final: bool, timeout_s: Optional[float] = None) -> list[slice]:
         """The stretches of the flat buffer this round syncs, one :meth:`exchange` each, in
-        order: all of it, unless the rule syncs a fragment per round."""
-        del final
+        order: all of it, unless the rule syncs a fragment per round. ``timeout_s``: the round's bound
+        on waiting for a peer, for a rule that must agree on its plan first."""
+        del final, timeout_s
         return [slice(0, numel)]
 
     @abstractmethod

@@ -61,7 +61,7 @@ class Fragmented(SyncRule):
         for part, r in zip(self.parts, self._bind(flat.numel())):
             part.prime(flat[r])
 
-    def plan(self, numel: int, final: bool) -> list[slice]:
+    def plan(self, numel: int, final: bool, timeout_s: Optional[float] = None) -> list[slice]:
         regions = self._bind(numel)
         if not final:
             return [regions[self.cursor]]

@@ -70,7 +70,7 @@ def sync_round(flat: Tensor, rule: SyncRule, *, done: bool = False, stop: bool =
     ``weight``: this replica's share of the consensus (``sync.weighting``).
     """
     rank, world = rule.comm.rank, rule.comm.world_size
-    regions = rule.plan(flat.numel(), final)
+    regions = rule.plan(flat.numel(), final, timeout_s)
     # A gathered stretch (row-sparse rounds) holds every value that moved: the rest cannot be NaN.
     whole = len(regions) == 1 and (isinstance(regions[0], Gathered) or regions[0] == slice(0, flat.numel()))
     # Health covers the whole model even when one fragment travels: a NaN elsewhere would

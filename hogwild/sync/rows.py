@@ -31,7 +31,7 @@ from hogwild.config.schema import SyncConfig
 from hogwild.replica.board import Board
 from hogwild.replica.rows import CHUNK_VALUES, RowMarks, Table
 from hogwild.sync.base import SyncContext, SyncRule
-from hogwild.sync.comm import Comm
+from hogwild.sync.comm import SYNC_ROUND, Comm
 from hogwild.sync.outer import OuterRule
 
 logger = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ class RowSparse(SyncRule):
             self.whole["wire.residual"] = torch.zeros_like(flat)
 
     # ------------------------------------------------------------ the round
-    def plan(self, numel: int, final: bool) -> list[slice]:
+    def plan(self, numel: int, final: bool, timeout_s: Optional[float] = None) -> list[slice]:
         epoch = self.epoch
         # From here on a worker's write belongs to the next round; a stamp of this epoch written
         # after the scan below is still newer than ``synced`` and travels then (replica/rows.py).
@@ -182,7 +182,7 @@ class RowSparse(SyncRule):
             mine = (stamps > 0) | (self.synced > 0)
         else:
             mine = stamps > self.synced
-        union = self._union(mine.nonzero().view(-1))
+        union = self._union(mine.nonzero().view(-1), timeout_s)
         last = self.synced.index_select(0, union)
         self._idle = torch.where(last > 0, epoch - 1 - last, torch.zeros_like(last)).clamp_(min=0)
         self.synced.index_fill_(0, union, epoch)
@@ -192,12 +192,17 @@ class RowSparse(SyncRule):
         self.last_rows = len(union)
         return list(self.pending)  # type: ignore[arg-type]
 
-    def _union(self, mine: Tensor) -> Tensor:
+    def _union(self, mine: Tensor, timeout_s: Optional[float] = None) -> Tensor:
         """The sorted union of every replica's marked rows (int64)."""
-        if self.comm.world_size == 1:
+        world = self.comm.world_size
+        if world == 1:
             return mine
-        counts = self.comm.all_gather(torch.tensor([mine.numel()], dtype=torch.int64))
-        longest = max(int(c) for c in counts)
+        # The counts travel in a SUM all_reduce, which takes the round's bound on waiting (a
+        # stopping leader's 10 s): the first collective of a round is where a dead peer shows.
+        counts = torch.zeros(world, dtype=torch.float64)
+        counts[self.comm.rank] = mine.numel()
+        counts = self.comm.all_reduce(counts, timeout_s, SYNC_ROUND).long().tolist()
+        longest = max(counts)
         padded = torch.full((longest,), -1, dtype=torch.int32, device=mine.device)
         padded[:mine.numel()] = mine.to(torch.int32)
         parts = self.comm.all_gather(padded)
