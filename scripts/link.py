@@ -64,6 +64,15 @@ METHODS: dict[str, Optional[list[str]]] = {
 }
 
 
+def chosen_methods(names: str, variants: list[str], table: dict[str, Optional[list[str]]]) -> list[str]:
+    """``--methods`` (comma-separated) and each ``--variant NAME=OVERRIDE[,OVERRIDE...]``, which
+    becomes a hogwild method of ``table`` with those overrides, in that order."""
+    for v in variants:
+        name, _, overrides = v.partition("=")
+        table[name] = [o for o in overrides.split(",") if o]
+    return [m for m in names.split(",") if m] + [v.partition("=")[0] for v in variants]
+
+
 def ns(i: int) -> str:
     return f"hwlink{i}"
 
@@ -374,10 +383,7 @@ def main() -> None:
     if why:
         logger.warning("skipping the link benchmark: %s", why)
         return
-    for v in args.variant:
-        name, _, overrides = v.partition("=")
-        METHODS[name] = [o for o in overrides.split(",") if o]
-    methods = [m for m in args.methods.split(",") if m] + [v.partition("=")[0] for v in args.variant]
+    methods = chosen_methods(args.methods, args.variant, METHODS)
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise SystemExit(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")

@@ -196,10 +196,7 @@ def main() -> None:
     if why:
         logger.warning("skipping: %s", why)
         return
-    for v in a.variant:
-        name, _, overrides = v.partition("=")
-        METHODS[name] = [o for o in overrides.split(",") if o]
-    methods = [m for m in a.methods.split(",") if m] + [v.partition("=")[0] for v in a.variant]
+    methods = link.chosen_methods(a.methods, a.variant, METHODS)
     a.out.mkdir(parents=True, exist_ok=True)
     root = a.out / "runs"
     root.mkdir(exist_ok=True)

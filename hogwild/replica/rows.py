@@ -87,8 +87,6 @@ class RowMarks:
                 continue
             self.stamps.index_fill_(0, g._indices()[0] + t.first, epoch)
 
-    def table_nbytes(self) -> int:
-        return 4 * sum(t.rows * t.dim for t in self.tables)
 
 
 def check_row_sparse(cfg: Config, model: nn.Module, sparse: list[bool]) -> list[Table]:

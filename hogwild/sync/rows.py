@@ -44,8 +44,7 @@ class Gathered:
 
     def __init__(self, dense: list[slice], tables: list[Table], rows: list[Tensor]) -> None:
         self.tables, self.rows, self.dense = tables, rows, dense
-        self.dense_numel = sum(s.stop - s.start for s in self.dense)
-        self.numel = self.dense_numel + sum(len(r) * t.dim for t, r in zip(tables, rows))
+        self.numel = sum(s.stop - s.start for s in dense) + sum(len(r) * t.dim for t, r in zip(tables, rows))
 
     @property
     def row_count(self) -> int:
@@ -107,19 +106,19 @@ class Gathered:
 
     def add(self, dst: Tensor, delta: Tensor) -> None:
         """``dst[positions] += delta``: a worker's write in between survives (design rule 2)."""
-        dense, blocks = self._parts(delta)
-        for s, part in zip(self.dense, dense):
-            dst[s].add_(part)
-        for t, r, block in zip(self.tables, self.rows, blocks):
-            t.view(dst).index_add_(0, r, block)
+        self._scatter(dst, delta, Tensor.add_, Tensor.index_add_)
 
     def write(self, dst: Tensor, values: Tensor) -> None:
         """``dst[positions] = values``."""
-        dense, blocks = self._parts(values)
+        self._scatter(dst, values, Tensor.copy_, Tensor.index_copy_)
+
+    def _scatter(self, dst: Tensor, compact: Tensor, onto_dense: Callable[..., Tensor],
+                 onto_rows: Callable[..., Tensor]) -> None:
+        dense, blocks = self._parts(compact)
         for s, part in zip(self.dense, dense):
-            dst[s].copy_(part)
+            onto_dense(dst[s], part)
         for t, r, block in zip(self.tables, self.rows, blocks):
-            t.view(dst).index_copy_(0, r, block)
+            onto_rows(t.view(dst), 0, r, block)
 
     def scale_rows(self, compact: Tensor, factors: Tensor) -> None:
         """Multiply each table row of ``compact`` by its factor (``factors``: one per union row,
@@ -155,8 +154,6 @@ class RowSparse(SyncRule):
         self._publish: Callable[[int], None] = lambda epoch: None
         self._idle_at = 0
         self.chunk = CHUNK_VALUES
-        self.last_rows = 0
-        """Rows the last round sent."""
 
     # ------------------------------------------------------------ wiring
     def attach(self, board: Board) -> None:
@@ -189,7 +186,6 @@ class RowSparse(SyncRule):
         self.epoch = epoch + 1
         self.pending = Gathered.plan(numel, self.marks.tables, union, self.chunk)
         self._idle_at = 0
-        self.last_rows = len(union)
         return list(self.pending)  # type: ignore[arg-type]
 
     def _union(self, mine: Tensor, timeout_s: Optional[float] = None) -> Tensor:
