@@ -147,6 +147,18 @@ def tx_bytes(i: int) -> float:
     return float(out.stdout.strip())
 
 
+def own_tx_bytes(i: int) -> float:
+    """What machine i has sent, read from inside it: ``/proc/self/net/dev`` is the reading
+    process's network namespace (its ``/sys`` is the host's, under ``nsenter --net``)."""
+    if LOOPBACK:
+        return float("nan")
+    for line in Path("/proc/self/net/dev").read_text().splitlines():
+        name, _, counters = line.partition(":")
+        if name.strip() == iface(i):
+            return float(counters.split()[8])  # 8 receive counters, then transmitted bytes
+    return float("nan")
+
+
 def _env(i: int) -> dict[str, str]:
     return {**os.environ, "GLOO_SOCKET_IFNAME": "lo" if LOOPBACK else iface(i), "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1", "RUST_LOG": "error"}
