@@ -190,7 +190,9 @@ def main() -> None:
     runs = args.out / "runs"
     runs.mkdir(exist_ok=True)
     cores = available_cores()
-    procs, reps = min(2, cores), (1 if args.tiny else args.repeats)
+    # Two processes whatever the cores: with one core, 1 x 1 against "2 x 1" of one replica would
+    # compare a method with itself; on one core the two processes take turns, alike for every method.
+    procs, reps = 2, (1 if args.tiny else args.repeats)
     res: dict[str, Any] = {"cores": cores, "processes": procs, "repeats": reps, "torch": torch.__version__,
                            "device": "cpu"}
     workloads = [TINY] if args.tiny else [MLP, CONVNET]

@@ -16,6 +16,32 @@ REPO = Path(__file__).resolve().parent.parent
 FAST = ["train.epochs=40", "eval.every_s=1", "train.log_every_s=1"]
 
 
+def cores_of_this_test_process() -> list[int]:
+    """The cores a pytest-xdist test process keeps to: an equal share of the machine's, or one
+    core round robin when there are more test processes than cores; all of them outside xdist."""
+    cores = sorted(os.sched_getaffinity(0))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or count < 2:
+        return cores
+    i = int(worker[2:])
+    if len(cores) < count:
+        return [cores[i % len(cores)]]
+    share = len(cores) // count
+    return cores[i * share:(i + 1) * share]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A job sizes its threads to the cores it may use (replica/resources.py), and every process a
+    # test starts inherits the test process's affinity. Unpinned, N test processes run N jobs that
+    # each size their intra-op threads to the whole machine; those threads then wait on peers the
+    # scheduler has preempted, and a test that takes 7 s alone took 50 s at -n 2 on 2 cores and
+    # timed out at -n 6 there, and at -n 15 on a 16-core GPU machine. Pinned, each test runs on a
+    # machine of its share of the cores.
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores_of_this_test_process())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

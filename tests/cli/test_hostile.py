@@ -227,10 +227,18 @@ def test_hostile_case(tmp_path: Path, good_run: Path, case: Case) -> None:
 
 
 def test_a_second_job_on_a_live_run_dir_is_refused_and_the_first_finishes(tmp_path: Path) -> None:
+    # The first job is held slow until the second has been answered: a fast machine reached the
+    # target and ended the first job before the second one had imported torch.
+    held = tmp_path / "hold"
+    held.touch()
     proc = subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", *QUICK, "train.max_steps=20000",
                              "train.target_accuracy=0.95", f"run_dir={tmp_path / 'first'}"], cwd=tmp_path,
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
-    _second_job(proc, tmp_path)
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=clean_env(HOGWILD_FAULT="slow:0:50", HOGWILD_SLOW_WHILE=str(held)))
+    try:
+        _second_job(proc, tmp_path)
+    finally:
+        held.unlink()
     out, err = proc.communicate(timeout=150)
     second = json.loads((tmp_path / "second.json").read_text())
     assert second["code"] == 2 and "Traceback" not in second["stderr"], second["stderr"][-2000:]
