@@ -34,11 +34,16 @@ PROBE_SAMPLES = 64
 def payload(*, model_name: str, shapes: list[tuple[int, ...]], flat: Tensor,
             opt_state: Optional[dict[str, Tensor]], positions: Tensor, counters: Counts,
             sync_state: dict[str, Tensor], config: dict[str, Any], lineage: str,
-            model: Optional[nn.Module] = None) -> dict[str, Any]:
+            model: Optional[nn.Module] = None, copy_state: bool = True) -> dict[str, Any]:
     """A checkpoint: tensors and plain values only, so it loads with ``weights_only=True``.
     ``state_dict`` (the module's names, views of the same ``flat`` copy, stored once) is the
-    part that leaves hogwild: ``torch.load(path, weights_only=True)["state_dict"]`` (design rule 22)."""
-    cpu = flat.detach().to("cpu", copy=True)
+    part that leaves hogwild: ``torch.load(path, weights_only=True)["state_dict"]`` (design rule 22).
+
+    ``flat`` is held as it is when it is on the CPU: it must be values nobody writes while they are
+    saved (a snapshot, or the buffer once the workers have stopped); a second copy of a model of
+    embedding tables is hundreds of MB. ``copy_state=False`` holds the optimizer state as it is
+    too, for a replica whose workers have stopped."""
+    cpu = flat.detach().to("cpu")
     return {
         "format": checkpoint.FORMAT,
         "lineage": lineage,
@@ -47,7 +52,7 @@ def payload(*, model_name: str, shapes: list[tuple[int, ...]], flat: Tensor,
         "shapes": [list(s) for s in shapes],
         "flat": cpu,
         "state_dict": state_dict_of(model, cpu) if model is not None else {},
-        "opt_state": {k: v.detach().to("cpu", copy=True) for k, v in (opt_state or {}).items()},
+        "opt_state": {k: v.detach().to("cpu", copy=copy_state) for k, v in (opt_state or {}).items()},
         "positions": positions,
         "counters": counters.lineage(),
         "sync_state": sync_state,
@@ -115,10 +120,12 @@ class Saver:
         return f"kept the last good checkpoint {self.last_good}" if self.last_good else "no good checkpoint to keep"
 
     def write(self, rep: Replica, *, positions: torch.Tensor, counters: Counts, sync_state: dict[str, Any],
-              config: dict[str, Any], loss: float) -> Optional[tuple[str, int]]:
+              config: dict[str, Any], loss: float, stopped: bool = False) -> Optional[tuple[str, int]]:
         """Write a checkpoint of ``rep`` if it is good. Returns (why not, exit code) when the
-        run must stop: the model went bad, or the disk refused the file twice."""
-        snap = rep.flat.detach().clone()  # judged and written as one: the workers write on meanwhile
+        run must stop: the model went bad, or the disk refused the file twice. ``stopped``: the
+        workers have stopped, so the buffer itself is judged and written, without a snapshot."""
+        # Judged and written as one: while the workers write on, that takes a snapshot.
+        snap = rep.flat.detach() if stopped else rep.flat.detach().clone()
         slots = layout(rep.model)
         bad = model_trouble(snap, slots, loss, self.loss_bar)
         if bad is None:  # finite: the snapshot's own loss needs no second pass over it
@@ -130,7 +137,7 @@ class Saver:
             return f"{bad}: not checkpointed; {self.kept()}", EXIT_FAILED
         data = payload(model_name=self.model_name, shapes=rep.shapes, flat=snap, opt_state=rep.opt_state,
                        positions=positions, counters=counters, sync_state=sync_state, config=config,
-                       lineage=self.lineage, model=rep.model)
+                       lineage=self.lineage, model=rep.model, copy_state=not stopped)
         try:
             self.last_good = str(checkpoint.save(self.run_dir, data, self.keep))
         except checkpoint.CheckpointWriteError as e:

@@ -79,7 +79,7 @@ class Leader:
         k = resolve_workers(cfg.workers, env.local_world_size)
         resources.check(cfg, k, env.local_world_size)  # before anything is allocated
         device = replica_device(cfg.device, env.local_rank)
-        rep = build_replica(cfg, device, k, env.local_world_size)
+        rep = build_replica(cfg, device, k, env.local_world_size, syncs=env.distributed)
         comm, run_dir = group.connect(cfg, self.run_dir, k, rep)
         self.run_dir = run_dir
         rule = make_rule(cfg.sync, comm, rep.param_numel, rep.marks)
@@ -152,18 +152,18 @@ class Leader:
         crew.saver.gathered(positions, job, own)
         return positions, job
 
-    def _store(self, crew: Crew, positions: torch.Tensor, job: Counts) -> None:
+    def _store(self, crew: Crew, positions: torch.Tensor, job: Counts, stopped: bool = False) -> None:
         if self.changes.may_write():
-            self._write(crew, positions, job)
+            self._write(crew, positions, job, stopped)
         else:
             self.ctl.checkpoint_in(self.cfg.checkpoint.every_s)
 
-    def _write(self, crew: Crew, positions: torch.Tensor, job: Counts) -> None:
+    def _write(self, crew: Crew, positions: torch.Tensor, job: Counts, stopped: bool = False) -> None:
         self.ctl.checkpoint_in(self.cfg.checkpoint.every_s)
         if self.group.writer:
             failed = crew.saver.write(crew.rep, positions=positions, counters=crew.base.plus(job, crew.rounds.syncs),
                                       sync_state=crew.rule.state_dict(), config=self._config_dict(),
-                                      loss=crew.board.loss())
+                                      loss=crew.board.loss(), stopped=stopped)
             if failed is not None:
                 self.ctl.fail(*failed)
 
@@ -318,7 +318,7 @@ class Leader:
             if verdict.failure:
                 ctl.fail(f"{verdict.failure}; {crew.saver.kept()}", EXIT_FAILED)
             if ctl.fault_code != EXIT_FAILED:
-                self._store(crew, positions, job)
+                self._store(crew, positions, job, stopped=True)  # the final round is done: no snapshot
         tel.round(sync_stats.final)
         if not group.writer:
             return self._outcome()

@@ -93,9 +93,10 @@ def model_sized_state(probe: list[dict[str, object]], params: list[Tensor]) -> i
     return -(-held // n)
 
 
-def build_replica(cfg: Config, device: torch.device, workers: int = 1, replicas_here: int = 1) -> Replica:
-    """``device`` comes from :func:`replica_device`, which has made it current; ``workers`` and
-    ``replicas_here`` size the memory check."""
+def build_replica(cfg: Config, device: torch.device, workers: int = 1, replicas_here: int = 1,
+                  syncs: bool = True) -> Replica:
+    """``device`` comes from :func:`replica_device`, which has made it current; ``workers``,
+    ``replicas_here`` and ``syncs`` (the replica meets others in rounds) size the memory check."""
     warn_slow_bf16(cfg, device)
     ds = load_dataset(cfg.data).share_memory_()
     model = build_model(cfg.model, ds, cfg.train.seed)
@@ -111,7 +112,7 @@ def build_replica(cfg: Config, device: torch.device, workers: int = 1, replicas_
         copies = model_sized_state(probe, list(model.parameters()))
     numel = sum(t.numel() for t in [*model.parameters(), *model.buffers()] if t.is_floating_point())
     resources.check(cfg, workers, replicas_here, model_bytes=4 * numel, state_copies=copies,
-                    stamp_bytes=4 * sum(t.rows for t in tables or []))
+                    stamp_bytes=4 * sum(t.rows for t in tables or []), syncs=syncs)
     flat = share_model(model, device.type)
     opt_state = None
     if cfg.optim.state == "shared":

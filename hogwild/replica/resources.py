@@ -156,13 +156,14 @@ def size(nbytes: float) -> str:
 
 
 def check(cfg: Config, workers: int, replicas_here: int = 1, model_bytes: int = 0, state_copies: int = 0,
-          stamp_bytes: int = 0) -> None:
+          stamp_bytes: int = 0, syncs: bool = True) -> None:
     """Refuse, with the numbers, a run whose data and model will not fit in shared memory or whose
     processes will not fit in RAM. ``replicas_here``: replicas on this machine. Called twice: before
     the data is loaded (``model_bytes=0``), and once the model is built but before it is shared or
     any worker spawns, with its size and the model-sized buffers its optimizer keeps
     (``state_copies``: Adam's two moments), and under ``sync.row_sparse`` its tables' row stamps
-    (``stamp_bytes``: shared, and as much again in the leader for the rows' last rounds)."""
+    (``stamp_bytes``: shared, and as much again in the leader for the rows' last rounds).
+    ``syncs``: the replica will meet others in rounds (a lone replica keeps no round buffers)."""
     if cfg.force:
         return
     data = data_bytes(cfg.data) or 0
@@ -175,7 +176,7 @@ def check(cfg: Config, workers: int, replicas_here: int = 1, model_bytes: int = 
         what = f"{cfg.data.name}" if key == "data" else "the model" + (" and its shared optimizer state" if shared_state else "")
         raise ConfigError(f"{key}: {what} needs {size(sum(shm_parts.values()))} of shared memory, "
                           f"{SHM_PATH} has {size(shm)} free; shrink the {key}, enlarge /dev/shm, or pass force=true")
-    parts = memory_parts(cfg, workers, model_bytes, state_copies - shared_state, data)
+    parts = memory_parts(cfg, workers, model_bytes, state_copies - shared_state, data, syncs)
     parts["model"] += stamp_bytes
     need = replicas_here * sum(parts.values())
     avail = mem_available()
@@ -186,14 +187,15 @@ def check(cfg: Config, workers: int, replicas_here: int = 1, model_bytes: int = 
                           f"memory ({detail}), {size(avail)} is available; lower {key}, or pass force=true")
 
 
-def memory_parts(cfg: Config, workers: int, model_bytes: int, private_state: int, data: int) -> dict[str, int]:
+def memory_parts(cfg: Config, workers: int, model_bytes: int, private_state: int, data: int,
+                 syncs: bool = True) -> dict[str, int]:
     """One replica's RAM by the key that sizes it: its worker processes (each with the model's
     gradients and its private optimizer state), their DataLoader processes, the leader's round
     buffers (a fragment's snapshot and reduce buffer, the outer rule's state) and the data (built
     once, then shared)."""
     per_worker = WORKER_RSS + model_bytes * (1 + private_state)
     return {"workers": workers * per_worker, "data.loader_workers": workers * cfg.data.loader_workers * WORKER_RSS,
-            "model": int(round_bytes(cfg.sync, model_bytes)), "data": 2 * data}
+            "model": int(round_bytes(cfg.sync, model_bytes)) if syncs else 0, "data": 2 * data}
 
 
 def round_bytes(sync: SyncConfig, model_bytes: int) -> float:

@@ -159,7 +159,13 @@ class Rounds:
         self.last_drift = 0.0
         self.gaps: list[float] = []  # replica steps between consecutive snapshots
         self._last_snap = board.replica_pos()
-        rule.prime(flat)
+        # A replica that never meets another (no torchrun, no coordinator) has no round due, ever:
+        # an outer rule primed anyway held two more models (θ_g and its momentum, 1.2 GB beside a
+        # 10M-row table) for nothing, and its checkpoints carried the initial model as θ_g, which
+        # a run resumed on several replicas took for its outer state. Unprimed, such a resume
+        # primes from the model it restored.
+        if math.isfinite(schedule.next_sync_at):
+            rule.prime(flat)
         rule.attach(board)
         board.control["next_sync_at"] = schedule.next_sync_at
         board.control["lag_limit"] = schedule.lag_limit
