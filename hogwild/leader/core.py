@@ -99,7 +99,7 @@ class Leader:
         check_schedule(cfg.sched, cfg.optim.lr, specs[0].replica_quota or specs[0].quota)  # the real length
         target = Target(cfg.train.target, rep.task, rep.model, rep.flat)
         tel = Telemetry(cfg, run_dir, env.rank == 0, rep.model, rep.ds.test, device, rep.task, self.changes.alive,
-                        subject=target.subject, on_scores=target.saw, memory=self.memory)
+                        subject=target.subject, on_scores=target.saw)
         rounds = Rounds(rep.flat, rule, comm, board, schedule, base.syncs)
         pool = WorkerPool(cfg, specs, rep, board)
         crew = Crew(cfg=cfg, env=env, run_dir=run_dir, workers=k, rep=rep, comm=comm, rule=rule, board=board,
@@ -323,7 +323,7 @@ class Leader:
         if not group.writer:
             return self._outcome()
         # The writer's own figure also covers the final evaluation and checkpoint, after the gather.
-        self.memory.sample(force=True)
+        self.memory.sample()
         mine = crew.comm.rank if crew.comm.rank < len(sync_stats.peak_memory_mb) else 0
         sync_stats.peak_memory_mb[mine] = self.memory.peak_mb
         status = Status.of(ctl.stopper.signal, ctl.fault, ctl.fault_code)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -60,7 +59,6 @@ class PeakMemory:
         self.root = root if root is not None else os.getpid()
         self.every_s = every_s
         self.peak: Optional[int] = None
-        self._next = 0.0
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -76,17 +74,13 @@ class PeakMemory:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
-        self.sample(force=True)
+        self.sample()
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
-            self.sample(force=True)
+            self.sample()
 
-    def sample(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now < self._next:
-            return
-        self._next = now + self.every_s
+    def sample(self) -> None:
         sizes = [s for s in (pss_bytes(pid) for pid in process_tree(self.root)) if s is not None]
         if sizes:
             self.peak = max(self.peak or 0, sum(sizes))

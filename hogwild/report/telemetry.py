@@ -17,7 +17,6 @@ from hogwild.data.datasets import Split
 from hogwild.replica.board import Board
 from hogwild.replica.lr_schedule import LRSchedule
 from hogwild.replica.task import Task, evaluate
-from hogwild.report.memory import PeakMemory
 from hogwild.report.metrics import Metrics, Progress
 from hogwild.sync.rounds import RoundStats
 
@@ -33,8 +32,7 @@ LOSS_POINTS, EVAL_POINTS = 100, 30
 class Telemetry:
     def __init__(self, cfg: Config, run_dir: Path, is_rank0: bool, model: nn.Module, test: Split,
                  device: torch.device, task: Task, on_batch: Callable[[], None] = lambda: None,
-                 subject: Optional[Callable[[], nn.Module]] = None, on_scores: Optional[Scores] = None,
-                 memory: Optional[PeakMemory] = None) -> None:
+                 subject: Optional[Callable[[], nn.Module]] = None, on_scores: Optional[Scores] = None) -> None:
         self.cfg, self.run_dir, self.is_rank0 = cfg, run_dir, is_rank0
         self.on_batch = on_batch  # a long evaluation is progress of the leader's loop (elastic liveness)
         self.model, self.test, self.device, self.task = model, test, device, task
@@ -57,8 +55,6 @@ class Telemetry:
         self._eval_cost = 0.0  # the last evaluation's seconds: what the next one is expected to take
         self.progress: Optional[Progress] = None
         self.lr: Optional[LRSchedule] = None
-        self.memory = memory or PeakMemory()
-        """This replica's peak PSS (leader, workers, their loader processes), sampled each tick."""
 
     def warm_up(self, step: int) -> None:
         """The accuracy before training, during startup: the first evaluation's one-off costs
@@ -77,7 +73,6 @@ class Telemetry:
         self._loss_every = max(1.0, (total_steps - initial) / LOSS_POINTS)
         self._eval_every = max(1.0, (total_steps - initial) / EVAL_POINTS)
         self._next_eval = self._t0 + self.cfg.eval.every_s
-        self.memory.sample(force=True)
         self._eval_ok_at = self._budget_allows()
         self.progress = Progress(total_steps, self.cfg.train.log_every_s, self.is_rank0, int(initial))
         self.lr = LRSchedule(self.cfg.sched, self.cfg.optim.lr, total_steps)  # what the workers follow
@@ -133,7 +128,6 @@ class Telemetry:
                 self.metrics.scalar("sync/interval", rec.interval, stats.step)
 
     def tick(self, board: Board, base_steps: int, syncs: int) -> None:
-        self.memory.sample()
         now = time.monotonic()
         elapsed = max(now - self._t0, 1e-9)
         pos = board.replica_pos()

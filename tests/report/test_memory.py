@@ -42,7 +42,7 @@ def test_the_peak_counts_every_process_below_the_leader() -> None:
         assert len(tree) == 2, tree
         own = pss_bytes(parent.pid)
         meter = PeakMemory(root=parent.pid)
-        meter.sample(force=True)
+        meter.sample()
     finally:
         for pid in tree[1:]:
             os.kill(pid, signal.SIGKILL)
@@ -50,7 +50,7 @@ def test_the_peak_counts_every_process_below_the_leader() -> None:
         parent.wait()
     assert own is not None and meter.peak is not None
     assert meter.peak - own >= 290 * MB, (own, meter.peak)
-    meter.sample(force=True)  # the tree is gone: nothing measured, the peak stays
+    meter.sample()  # the tree is gone: nothing measured, the peak stays
     assert meter.peak - own >= 290 * MB
 
 
@@ -65,11 +65,11 @@ def test_shared_pages_count_once_however_many_processes_map_them(tmp_path: Path)
             shared = mmap.mmap(f.fileno(), 0)
             shared[::4096] = b"y" * len(shared[::4096])  # resident, mapped by this process
             meter = PeakMemory()
-            meter.sample(force=True)
+            meter.sample()
             alone = meter.peak
             children = [_start(MAPPER, str(path)) for _ in range(3)]
             try:
-                meter.sample(force=True)
+                meter.sample()
                 rss_view = sum(pss_bytes(c.pid) or 0 for c in children)
             finally:
                 for c in children:
@@ -94,7 +94,7 @@ def test_a_peak_held_only_inside_a_blocking_call_is_seen() -> None:
     # The leader's loop is not sampling during the final round or a checkpoint's write: the
     # meter's own thread must see memory that comes and goes inside such a call.
     meter = PeakMemory(every_s=0.05)
-    meter.sample(force=True)
+    meter.sample()
     before = meter.peak
     meter.start()
     try:
