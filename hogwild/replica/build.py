@@ -106,17 +106,19 @@ def build_replica(cfg: Config, device: torch.device, workers: int = 1, replicas_
     sparse = preflight(model, ds, task, cfg.train.batch_size, torch.device("cpu"))
     check_schedule(cfg.sched, cfg.optim.lr)
     tables = check_row_sparse(cfg, model, sparse) if cfg.sync.row_sparse else None
+    # A replica that never meets another has no round to send rows in: its workers stamp none.
+    stamped = tables if syncs else None
     copies = len(state_names(cfg.optim))
     if cfg.optim._target_:  # built and stepped once on copies: a bad one fails here in one line
         probe = torch_state_probe(cfg.optim, list(model.parameters()), key="optim._target_", sparse=sparse)
         copies = model_sized_state(probe, list(model.parameters()))
     numel = sum(t.numel() for t in [*model.parameters(), *model.buffers()] if t.is_floating_point())
     resources.check(cfg, workers, replicas_here, model_bytes=4 * numel, state_copies=copies,
-                    stamp_bytes=4 * sum(t.rows for t in tables or []), syncs=syncs)
+                    stamp_bytes=4 * sum(t.rows for t in stamped or []), syncs=syncs)
     flat = share_model(model, device.type)
     opt_state = None
     if cfg.optim.state == "shared":
         params = list(model.parameters())
         opt_state = new_shared_state(cfg.optim, params, param_slots(model), flat.numel(), alloc, device.type)
-    marks = RowMarks(tables, device.type) if tables else None
+    marks = RowMarks(stamped, device.type) if stamped else None
     return Replica(ds, model, flat, opt_state, task, marks)

@@ -44,3 +44,14 @@ def test_a_lone_replicas_checkpoint_carries_no_outer_state(tmp_cwd: Path) -> Non
                 str(tmp_cwd / "run"))
     ckpt = checkpoint.load(tmp_cwd / "run" / "checkpoints" / "last.pt")
     assert "global_params" not in ckpt["sync_state"] and "momentum" not in ckpt["sync_state"], ckpt["sync_state"].keys()
+
+
+def test_a_lone_replicas_workers_stamp_no_rows() -> None:
+    # sync.row_sparse on one replica (+experiment=clicks run alone): the tables are still checked,
+    # but there is no round to send rows in, so no stamps and no stamping on the workers' step.
+    from hogwild.replica.build import build_replica
+
+    cfg = compose_cfg(["+experiment=clicks", "data.kwargs.samples=2000", "data.kwargs.rows=1000"])
+    assert build_replica(cfg, torch.device("cpu"), syncs=False).marks is None
+    marks = build_replica(cfg, torch.device("cpu"), syncs=True).marks
+    assert marks is not None and marks.rows == 4 * 1000
