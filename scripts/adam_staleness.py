@@ -16,17 +16,39 @@ clipping, decay on matrices), and report the test loss on the first 512 test blo
   ``g + λ·g²·(w_now − w_read)/sqrt(v)``. An exploration, not a hogwild option.
 
     python scripts/adam_staleness.py --steps 600 --lr 3e-3 --out bench_results/adam_staleness.json
+
+``--meet``: how W workers' gradients meet before one AdamW state steps, in virtual time (each
+gradient takes about one time unit, ``--jitter`` its spread, ``--slow`` a straggler's factor), for
+W = ``--workers``. A gradient is computed on the weights as they were when its worker read them and
+reaches the model when the way of meeting lets it:
+
+- ``ddp``: every step waits for every worker's fresh gradient and applies their mean (DDP, and a
+  barrier with no bound on waiting);
+- ``bound``: the same barrier with a bound on waiting, ``--bound`` time units after the step's
+  first gradient (Chen et al. 2016's backup workers); a late gradient joins the next step
+  (``bound_join``) or is dropped and its worker reads the new weights (``bound_drop``);
+- ``async``: asynchronous accumulation; every W gradients make a step, nobody waits (Aji and
+  Heafield 2019);
+- ``hogwild``: every gradient is a step of its worker's own AdamW state (hogwild's Hogwild path).
+
+    python scripts/adam_staleness.py --meet ddp bound_join bound_drop async hogwild --workers 2 4 8 \
+        --gradients-per-worker 600 --out bench_results/adam_meet.json
+    python scripts/adam_staleness.py --meet ddp bound_join bound_drop --workers 2 --slow 2 --until-time \
+        --out bench_results/adam_meet_straggler.json
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import logging
 import math
+import random
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -88,6 +110,151 @@ def run(variant: str, steps: int, lr: float, beta1: float, seed: int, dc_lambda:
         return float(model(x_test, y_test)[1])
 
 
+MEETS = ("ddp", "bound_join", "bound_drop", "async", "hogwild")
+
+
+@dataclass
+class Pending:
+    """A gradient on its way: its worker, its values, and the step count of the weights it read."""
+
+    worker: int
+    grads: list[torch.Tensor]
+    version: int
+
+
+def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound: float = 0.25,
+         jitter: float = 0.1, slow: float = 1.0, until_time: Optional[float] = None) -> dict[str, Any]:
+    """W workers whose gradients meet as ``kind`` says, in virtual time: each gradient takes
+    ``exp(jitter * N(0, 1))`` time units (``slow`` times that for worker 0). Stops once
+    ``gradients`` have been computed, or at virtual time ``until_time`` (a wall-clock budget: the
+    schedule's cosine then follows the clock and warm-up is 100 steps, as in the §15 race)."""
+    from examples.charlm import stdlib_text
+    from examples.gpt import GPT, GPTConfig
+
+    train, test = stdlib_text(test_chars=120_000)
+    x_all, y_all = torch.stack([train[i][0] for i in range(len(train))]), train.targets
+    x_test, y_test = torch.stack([test[i][0] for i in range(512)]), test.targets[:512]
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(n_layer=4))
+    ps = list(model.parameters())
+
+    def adamw() -> torch.optim.AdamW:
+        groups = [{"params": [p for p in ps if p.dim() > 1], "weight_decay": WD},
+                  {"params": [p for p in ps if p.dim() <= 1], "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=lr)
+
+    opts = [adamw() for _ in range(workers if kind == "hogwild" else 1)]
+    planned = max(1, gradients // (1 if kind == "hogwild" else workers))
+    warmup = WARMUP if until_time is not None else max(1, planned // 6)
+    batches = torch.Generator().manual_seed(seed + 1)
+    clock = random.Random(seed + 2)
+    events: list[tuple[float, int, str, Any]] = []
+    n = {"version": 0, "computed": 0, "applied": 0, "dropped": 0, "seq": 0, "step_id": 0}
+    acc: list[Pending] = []
+    waiting: set[int] = set()
+    late = kind in ("bound_join", "bound_drop")
+    wait_bound = bound if late else math.inf
+
+    def push(t: float, what: str, payload: Any) -> None:
+        n["seq"] += 1
+        heapq.heappush(events, (t, n["seq"], what, payload))
+
+    def start(w: int, t: float) -> None:
+        """Worker ``w`` reads the weights at ``t`` and computes a gradient on them."""
+        if (until_time is None and n["computed"] >= gradients) or (until_time is not None and t >= until_time):
+            return
+        idx = torch.randint(len(x_all), (BATCH,), generator=batches)
+        for p in ps:
+            p.grad = None
+        model(x_all[idx], y_all[idx])[1].backward()
+        n["computed"] += 1
+        d = (slow if w == 0 else 1.0) * math.exp(jitter * clock.gauss(0.0, 1.0))
+        push(t + d, "arrive", Pending(w, [p.grad.clone() for p in ps], n["version"]))
+
+    def step(pending: list[Pending], opt: torch.optim.Optimizer, t: float) -> None:
+        for i, p in enumerate(ps):
+            p.grad = torch.stack([q.grads[i] for q in pending]).mean(0)
+        torch.nn.utils.clip_grad_norm_(ps, CLIP)
+        s = n["version"]
+        cos = min(t / until_time, 1.0) if until_time is not None else min(s / planned, 1.0)
+        for group in opt.param_groups:
+            group["lr"] = lr * min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * cos))
+        opt.step()
+        n["version"] += 1
+        n["applied"] += len(pending)
+
+    def close(t: float) -> None:
+        members = sorted(waiting)
+        step(list(acc), opts[0], t)
+        acc.clear()
+        waiting.clear()
+        n["step_id"] += 1
+        for w in members:
+            start(w, t)
+
+    for w in range(workers):
+        start(w, 0.0)
+    t = 0.0
+    while events:
+        if until_time is not None and events[0][0] > until_time:
+            break  # the budget is spent: gradients still on their way never land
+        t, _, what, item = heapq.heappop(events)
+        if what == "timer":
+            if item == n["step_id"] and acc:
+                close(t)
+            continue
+        if kind == "hogwild":
+            step([item], opts[item.worker], t)
+            start(item.worker, t)
+            continue
+        if kind == "async":
+            acc.append(item)
+            if len(acc) >= workers:
+                step(list(acc), opts[0], t)
+                acc.clear()
+            start(item.worker, t)
+            continue
+        if item.version < n["version"] and kind == "bound_drop":
+            n["dropped"] += 1  # its step went without it: read the new weights
+            start(item.worker, t)
+            continue
+        fresh = item.version == n["version"]
+        if fresh and math.isfinite(wait_bound) and not any(q.version == n["version"] for q in acc):
+            # The bound runs from the step's first fresh gradient: a late one that joins does not
+            # start it, or two workers a little apart would keep missing each other's steps.
+            push(t + wait_bound, "timer", n["step_id"])
+        acc.append(item)
+        waiting.add(item.worker)
+        if len(waiting) == workers:
+            close(t)
+    if acc and until_time is None:  # the last gradients of a fixed count still land
+        step(list(acc), opts[0], t)
+    model.eval()
+    with torch.no_grad():
+        loss = float(model(x_test, y_test)[1])
+    return {"test_loss": loss, "steps": n["version"], "computed": n["computed"], "applied": n["applied"],
+            "dropped": n["dropped"], "virtual_time": t}
+
+
+def main_meet(args: argparse.Namespace) -> None:
+    rows = []
+    for workers in args.workers:
+        for kind in args.meet:
+            for lr in args.lr:
+                r = meet(kind, workers, args.gradients_per_worker * workers, lr, args.seed, bound=args.bound,
+                         jitter=args.jitter, slow=args.slow, until_time=args.until_time)
+                r.update(meet=kind, workers=workers, lr=lr, bound=args.bound, slow=args.slow)
+                logger.info("%s", json.dumps(r))
+                rows.append(r)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"command": sys.argv, "runs": rows}, indent=1))
+    sys.stdout.write("| workers | meeting | lr | test loss | steps | gradients applied / computed | virtual time |\n"
+                     "|---|---|---|---|---|---|---|\n")
+    for r in rows:
+        sys.stdout.write(f"| {r['workers']} | {r['meet']} | {r['lr']:g} | {r['test_loss']:.4f} | {r['steps']} | "
+                         f"{r['applied']} / {r['computed']} | {r['virtual_time']:.0f} |\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=600, help="updates per variant")
@@ -98,9 +265,21 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=REPO / "bench_results" / "adam_staleness.json")
+    ap.add_argument("--meet", nargs="+", choices=MEETS, default=None,
+                    help="model how W workers' gradients meet before one AdamW step (see the module's text)")
+    ap.add_argument("--workers", type=int, nargs="+", default=[2], help="--meet: W")
+    ap.add_argument("--gradients-per-worker", type=int, default=600, help="--meet: gradients computed = this x W")
+    ap.add_argument("--until-time", type=float, default=None,
+                    help="--meet: stop at this virtual time (a wall-clock budget) instead of a gradient count")
+    ap.add_argument("--bound", type=float, default=0.25, help="--meet bound_*: the bound on waiting, in time units")
+    ap.add_argument("--jitter", type=float, default=0.1, help="--meet: spread of a gradient's compute time")
+    ap.add_argument("--slow", type=float, default=1.0, help="--meet: worker 0 takes this many times as long")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(args.threads)
+    if args.meet:
+        main_meet(args)
+        return
     rows = []
     for lr in args.lr:
         for beta1 in args.beta1:
