@@ -169,3 +169,21 @@ class LateExitSGD(torch.optim.SGD):
         if self.calls >= 3:
             sys.exit(4)
         return super().step(closure)
+
+
+class RebindingMomentum(torch.optim.Optimizer):
+    """Momentum that keeps a new tensor at every step instead of updating the one it has: fine
+    for one process, but under optim.update=barrier its shared state would never move."""
+
+    def __init__(self, params, lr: float = 0.1) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[no-untyped-def, override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                state["buf"] = state.get("buf", torch.zeros_like(p)) * 0.9 + p.grad
+                p.add_(state["buf"], alpha=-group["lr"])

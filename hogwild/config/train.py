@@ -13,19 +13,32 @@ from hogwild.config.registry import OPTIMIZERS, SCHEDULES
 from hogwild.config.validate import at_most, choice, duration, positive, require
 
 PRECISIONS = ("fp32", "bf16")
-OPTIM_STATES = ("worker", "shared")
+OPTIM_STATES = ("auto", "worker", "shared")
+UPDATES = ("auto", "hogwild", "barrier")
+# A step's wait for its late workers is bounded by this many times a gradient's compute time: more
+# would let one stuck worker hold every step of its replica for longer than it takes to compute.
+MAX_WAIT_BOUND = 10.0
 TARGET_MODES = ("auto", "max", "min")
 
 
 @dataclass
 class OptimConfig:
     name: str = "sgd"
-    """Update rule applied in place by each worker: sgd | adam | adamw | adagrad (ignored when
-    _target_ is set)."""
+    """Update rule applied in place: sgd | adam | adamw | adagrad (ignored when _target_ is set)."""
     _target_: Optional[str] = None
-    """Import path of any torch.optim.Optimizer class (torch.optim.AdamW, torch.optim.RMSprop): each
-    worker builds one over its views of the shared parameters, with private state; its keyword
-    arguments are optim.lr, optim.weight_decay and further keys (+optim.alpha=0.9)."""
+    """Import path of any torch.optim.Optimizer class (torch.optim.AdamW, torch.optim.RMSprop,
+    torch.optim.Adafactor), built over views of the shared parameters; its keyword arguments are
+    optim.lr, optim.weight_decay and further keys (+optim.alpha=0.9)."""
+    update: str = "auto"
+    """How gradients reach the shared model. hogwild: each worker steps the weights itself as soon
+    as its gradient is ready, lock-free (mnist_hogwild). barrier: the workers' gradients meet in
+    shared memory and one optimizer state per replica steps on their mean, as DDP does, waiting for
+    a late worker at most optim.max_wait (a later gradient joins the next step). auto: hogwild for
+    SGD (optim=sgd, or a _target_ class named SGD) and SparseAdam, barrier for every other optimizer,
+    whose adaptive steps a stale gradient costs most (docs/models.md has the figures)."""
+    max_wait: float = 0.25
+    """barrier: how long a step waits for its other workers once its first fresh gradient has
+    arrived, as a multiple of that gradient's compute time (0: never wait)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """The optimizer _target_'s keyword arguments, gathered from the keys under optim."""
     lr: float = 0.1
@@ -41,10 +54,13 @@ class OptimConfig:
     """Adam's betas."""
     eps: float = 1e-8
     """Adam/Adagrad epsilon."""
-    state: str = "worker"
-    """Where momentum/Adam/Adagrad state lives: worker (private, as mnist_hogwild) or shared."""
+    state: str = "auto"
+    """Where momentum/Adam/Adagrad state lives under optim.update=hogwild: worker (private, as
+    mnist_hogwild) or shared (one copy every worker updates, as A3C's SharedAdam). auto: worker
+    under hogwild; barrier always keeps one shared state per replica (worker is refused there)."""
     clip_grad_norm: Optional[float] = None
-    """Scale each worker's gradient down to this total L2 norm before its update."""
+    """Scale each worker's gradient (its mean over train.accumulate batches) down to this total L2
+    norm before it is applied (hogwild) or before it meets the others (barrier)."""
 
     def __post_init__(self) -> None:
         OPTIMIZERS.check(self.name)
@@ -57,6 +73,12 @@ class OptimConfig:
                  f"must be two numbers in [0, 1), got {list(self.betas)}")
         positive(self.eps, "optim.eps")
         choice(self.state, "optim.state", OPTIM_STATES)
+        choice(self.update, "optim.update", UPDATES)
+        require(0.0 <= self.max_wait <= MAX_WAIT_BOUND, "optim.max_wait",
+                f"must be in [0, {MAX_WAIT_BOUND:g}] (times a gradient's compute time), got {self.max_wait}")
+        require(not (self.update == "barrier" and self.state == "worker"), "optim.state",
+                "worker cannot combine with optim.update=barrier, which keeps one state per replica in shared "
+                "memory; use optim.state=auto, or optim.update=hogwild")
 
 
 @dataclass
@@ -165,7 +187,9 @@ class TrainConfig:
     epochs: int = 40
     """Passes of each worker over its own shard (ignored when max_steps is set)."""
     max_steps: Optional[int] = None
-    """Total updates per replica, split evenly over its workers; overrides epochs."""
+    """Total batches per replica, split evenly over its workers; overrides epochs. Under
+    optim.update=hogwild each batch is an update (train.accumulate batches one, when set); under
+    barrier the workers' batches of one round of arrivals make one optimizer step."""
     max_time: Any = None
     """A wall-clock budget for this attempt's training, in seconds or ``[DD:]HH:MM:SS``: the job
     stops cleanly when it is spent (a final round and checkpoint), or at the end of its steps if
@@ -173,6 +197,10 @@ class TrainConfig:
     whichever comes first; a sched._target_ keeps its own length."""
     batch_size: int = 32
     """Per-worker mini-batch size."""
+    accumulate: int = 1
+    """Batches whose mean gradient makes one update (Hugging Face's gradient_accumulation_steps):
+    a larger batch without more memory. One optimizer step then takes batch_size x accumulate
+    samples per worker (x workers under optim.update=barrier)."""
     seed: int = 0
     """Model init seed; worker w of the job is seeded with seed + w."""
     target_accuracy: Optional[float] = None
@@ -196,6 +224,9 @@ class TrainConfig:
             at_most(self.max_steps, 2**62, "train.max_steps", " (step counters are 64-bit)")
         positive(self.batch_size, "train.batch_size")
         at_most(self.batch_size, 2**31 - 1, "train.batch_size")
+        require(isinstance(self.accumulate, int) and not isinstance(self.accumulate, bool) and self.accumulate > 0,
+                "train.accumulate", f"must be a positive integer, got {self.accumulate!r}")
+        at_most(self.accumulate, 2**31 - 1, "train.accumulate")
         positive(self.seed, "train.seed", allow_zero=True)
         # torch.manual_seed takes a signed 64-bit seed; each worker adds its index to it.
         require(self.seed < 2**63 - 2**20, "train.seed", f"must be below 2**63 - 2**20, got {self.seed}")

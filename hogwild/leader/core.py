@@ -33,6 +33,9 @@ from hogwild.replica.board import Board, Counts, previous_attempt
 from hogwild.replica.build import build_replica, replica_device
 from hogwild.replica.faults import dump_final, exit_after_final, late_to_final
 from hogwild.replica.lr_schedule import check_schedule
+from hogwild.replica.meeting import STEPS_KEY
+from hogwild.replica.optim import BARRIER, HOGWILD
+from hogwild.replica.update import batches_per_step
 from hogwild.replica.models import model_id
 from hogwild.replica.pool import WorkerPool, worker_specs
 from hogwild.replica.resources import resolve_workers
@@ -96,7 +99,8 @@ class Leader:
             # them: a checkpoint written alone before then must not put their shards back to zero.
             saver.gathered(restored.positions, Counts(), Counts())
         specs = worker_specs(cfg, env, k, len(rep.ds.train))
-        check_schedule(cfg.sched, cfg.optim.lr, specs[0].replica_quota or specs[0].quota)  # the real length
+        per_step = batches_per_step(cfg, k)
+        check_schedule(cfg.sched, cfg.optim.lr, -(-(specs[0].replica_quota or specs[0].quota) // per_step))  # the real length
         target = Target(cfg.train.target, rep.task, rep.model, rep.flat)
         tel = Telemetry(cfg, run_dir, env.rank == 0, rep.model, rep.ds.test, device, rep.task, self.changes.alive,
                         subject=target.subject, on_scores=target.saw)
@@ -266,7 +270,7 @@ class Leader:
                 self.t_train = time.monotonic()
                 pool.go(self.t_train)
                 ctl.checkpoint_in(self.cfg.checkpoint.every_s)
-                crew.tel.start(crew.board, sum(s.quota for s in crew.specs))
+                crew.tel.start(crew.board, sum(s.quota for s in crew.specs), batches_per_step(self.cfg, crew.workers))
                 self._loop(crew)
             finally:
                 pool.stop(self.cfg.fault.shutdown_timeout_s, self.changes.alive)
@@ -336,7 +340,8 @@ class Leader:
                              job=job, task=crew.rep.task, scores=tel.scores, train_loss=board.loss(),
                              timing=timing, sync=sync_stats, workers=crew.workers, threads=crew.specs[0].threads,
                              replicas=self.env.world_size, sync_mode=self.cfg.sync.mode,
-                             schedule=crew.schedule, resumed=crew.restored, run_dir=crew.run_dir).metrics()
+                             schedule=crew.schedule, resumed=crew.restored, run_dir=crew.run_dir,
+                             update=update_report(crew)).metrics()
         metrics.update(verdict=verdict.summary, target_held=crew.target.held(tel.scores), **self.changes.report())
         if crew.restored is not None and metrics["status"] != Status.OK:
             # A resumed run that failed keeps the report of the run it resumed, which told of a
@@ -347,6 +352,18 @@ class Leader:
         tel.metrics.close()
         return RunResult(status=Status(metrics["status"]), exit_code=metrics["exit_code"], error=metrics.get("error"),
                          run_dir=crew.run_dir, metrics=strict(metrics))  # as metrics.json holds it
+
+
+def update_report(crew: Crew) -> dict[str, Any]:
+    """``metrics.json``'s account of how gradients reached the model: the path, and under the
+    barrier the optimizer steps of this replica (its lineage's) and the gradients that came late
+    to their step and joined the next."""
+    rep = crew.rep
+    if rep.meeting is None:
+        return {"update": HOGWILD, "optimizer_steps": None, "late_gradients": None}
+    assert rep.opt_state is not None
+    return {"update": BARRIER, "optimizer_steps": int(rep.opt_state[STEPS_KEY][0]),
+            "late_gradients": int(rep.meeting.head["closed_late"])}
 
 
 def hand_back_judged(crew: Crew) -> None:

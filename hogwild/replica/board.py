@@ -39,6 +39,7 @@ STATS = np.dtype([(name, np.float64) for name in (
     "sync_steps",  # steps that overlapped a sync round
     "ready",       # 1 once warm-up is over
     "lag_wait_s",  # seconds spent waiting for a round (sync.max_lag)
+    "wait_s",      # seconds spent waiting for the other workers (optim.update=barrier)
 )])
 CONTROL = np.dtype([(name, np.float64) for name in (
     "stop",          # workers leave their loop
@@ -71,6 +72,8 @@ class Counts:
     sync_steps: float = 0.0
     pos: float = 0.0
     lag_wait_s: float = 0.0
+    wait_s: float = 0.0
+    """Seconds workers waited for each other (optim.update=barrier)."""
 
     LINEAGE: ClassVar[tuple[str, ...]] = ("steps", "samples", "skipped_nonfinite", "worker_restarts", "syncs")
 
@@ -192,7 +195,7 @@ class Board:
                       skipped_nonfinite=int(s["skipped"].sum()), worker_restarts=restarts,
                       step_s=float(s["step_s"].sum()), sync_s=float(s["sync_s"].sum()),
                       sync_steps=float(s["sync_steps"].sum()), pos=float(s["pos"].sum()),
-                      lag_wait_s=float(s["lag_wait_s"].sum()))
+                      lag_wait_s=float(s["lag_wait_s"].sum()), wait_s=float(s["wait_s"].sum()))
 
 
 def _typed(kind: Any, value: Any) -> Any:

@@ -17,7 +17,9 @@ from hogwild.errors import ConfigError
 from hogwild.replica.lr_schedule import check_schedule
 from hogwild.replica.models import build_model
 from hogwild.replica import resources
-from hogwild.replica.optim import new_shared_state, state_names, torch_state_probe
+from hogwild.replica.meeting import STEPS_KEY, Meeting
+from hogwild.replica.optim import (BARRIER, check_in_place, new_shared_state, shared_state, state_names,
+                                   torch_state_probe, update_path)
 from hogwild.replica.rows import RowMarks, check_row_sparse
 from hogwild.replica.shared import alloc, layout, param_slots, share_model
 from hogwild.replica.task import Task, build_task, preflight
@@ -32,11 +34,13 @@ class Replica:
     flat: Tensor
     """Every parameter of ``model``, in one shared tensor."""
     opt_state: Optional[dict[str, Tensor]]
-    """Optimizer state in shared memory (``optim.state=shared``), else None (per worker)."""
+    """Optimizer state in shared memory (the barrier's, or ``optim.state=shared``), else None (per worker)."""
     task: Task
     """The loss, the test metrics and the baseline (replica/task.py)."""
     marks: Optional[RowMarks] = None
     """``sync.row_sparse``: the stamps of the embedding tables' rows the workers write."""
+    meeting: Optional[Meeting] = None
+    """``optim.update=barrier``: where the workers' gradients meet (replica/meeting.py)."""
 
     @property
     def shapes(self) -> list[tuple[int, ...]]:
@@ -108,17 +112,27 @@ def build_replica(cfg: Config, device: torch.device, workers: int = 1, replicas_
     tables = check_row_sparse(cfg, model, sparse) if cfg.sync.row_sparse else None
     # A replica that never meets another has no round to send rows in: its workers stamp none.
     stamped = tables if syncs else None
+    barrier = update_path(cfg.optim) == BARRIER
     copies = len(state_names(cfg.optim))
     if cfg.optim._target_:  # built and stepped once on copies: a bad one fails here in one line
-        probe = torch_state_probe(cfg.optim, list(model.parameters()), key="optim._target_", sparse=sparse)
+        key = "optim.update" if barrier and cfg.optim.update == BARRIER else "optim._target_"
+        probe = torch_state_probe(cfg.optim, list(model.parameters()), key=key, sparse=sparse)
         copies = model_sized_state(probe, list(model.parameters()))
+        if barrier:
+            check_in_place(cfg.optim, list(model.parameters()), sparse)
     numel = sum(t.numel() for t in [*model.parameters(), *model.buffers()] if t.is_floating_point())
+    dense = sum(p.numel() for p, s in zip(model.parameters(), sparse) if not s)
     resources.check(cfg, workers, replicas_here, model_bytes=4 * numel, state_copies=copies,
-                    stamp_bytes=4 * sum(t.rows for t in stamped or []), syncs=syncs)
+                    stamp_bytes=4 * sum(t.rows for t in stamped or []), syncs=syncs,
+                    row_bytes=4 * dense * workers if barrier else 0)
     flat = share_model(model, device.type)
-    opt_state = None
-    if cfg.optim.state == "shared":
+    opt_state, meeting = None, None
+    if shared_state(cfg.optim):
         params = list(model.parameters())
         opt_state = new_shared_state(cfg.optim, params, param_slots(model), flat.numel(), alloc, device.type)
+    if barrier:
+        assert opt_state is not None
+        opt_state[STEPS_KEY] = torch.zeros(1, dtype=torch.float64).share_memory_()
+        meeting = Meeting(workers, param_slots(model), sparse, device.type, alloc)
     marks = RowMarks(stamped, device.type) if stamped else None
-    return Replica(ds, model, flat, opt_state, task, marks)
+    return Replica(ds, model, flat, opt_state, task, marks, meeting)

@@ -22,6 +22,33 @@ from hogwild.errors import ConfigError, first_line
 from hogwild.replica.shared import Slot
 
 
+HOGWILD, BARRIER = "hogwild", "barrier"
+# torch optimizers (and their subclasses) that auto leaves on the Hogwild path: SGD (staleness costs
+# it little, BENCHMARKS.md §17) and SparseAdam (it steps only on sparse gradients, which the barrier
+# does not gather).
+HOGWILD_TARGETS = (torch.optim.SGD, torch.optim.SparseAdam)
+
+
+def update_path(cfg: OptimConfig) -> str:
+    """``optim.update`` resolved: hogwild (each worker steps the shared weights) or barrier (the
+    workers' gradients meet and one state per replica steps on their mean; replica/meeting.py)."""
+    if cfg.update != "auto":
+        return cfg.update
+    if cfg._target_:
+        try:
+            cls = import_target(str(cfg._target_), "optim._target_")
+        except ConfigError:
+            return BARRIER  # torch_optimizer says what is wrong with it, in one line
+        return HOGWILD if isinstance(cls, type) and issubclass(cls, HOGWILD_TARGETS) else BARRIER
+    return HOGWILD if cfg.name == "sgd" else BARRIER
+
+
+def shared_state(cfg: OptimConfig) -> bool:
+    """Whether the optimizer state lives once per replica, in shared memory: always on the barrier
+    path, and under hogwild when ``optim.state=shared``."""
+    return update_path(cfg) == BARRIER or cfg.state == "shared"
+
+
 def state_names(cfg: OptimConfig) -> tuple[str, ...]:
     if cfg._target_:
         return ()  # a torch optimizer keeps its own state, per worker
@@ -56,13 +83,17 @@ def grads_finite(grads: list[Optional[Tensor]]) -> bool:
 
 class FlatOptimizer:
     def __init__(self, cfg: OptimConfig, flat: Tensor, slots: list[Slot],
-                 state: dict[str, Tensor]) -> None:
+                 state: dict[str, Tensor], decay: Optional[list[float]] = None, racing: bool = True) -> None:
+        """``decay``: each slot's weight decay, where ``slots`` are pieces of parameters (the
+        barrier's shards) whose own shapes no longer say which are biases. ``racing``: other workers
+        write the same state while this one reads it (shared state under hogwild)."""
         self.cfg, self.lr = cfg, cfg.lr
         self.params = [s.view(flat) for s in slots]
-        self.decay = decays(cfg, [s.shape for s in slots])
-        self.state = {k: [s.view(buf) for s in slots] for k, buf in state.items()}
+        self.decay = decay if decay is not None else decays(cfg, [s.shape for s in slots])
+        self.state = {k: [s.view(buf) for s in slots] for k in state_names(cfg) for buf in (state[k],)}
         self.rule = flat_rule(cfg.name)
-        self.t = 0  # Adam's bias-correction step counts this worker's own updates
+        self.racing = racing and cfg.state == "shared"
+        self.t = 0  # Adam's bias-correction step: this worker's own updates, or the replica's (barrier)
 
     def set_lr(self, lr: float) -> None:
         self.lr = lr
@@ -149,7 +180,7 @@ class Adam(FlatRule):
         # worker writes v before m, and reads m before v: any m we see has its v in place.
         v.mul_(b2).addcmul_(g, g, value=1 - b2)
         m.lerp_(g, 1 - b1)
-        m_seen = m.clone() if opt.cfg.state == "shared" else m
+        m_seen = m.clone() if opt.racing else m
         bc1 = 1 - b1 ** opt.t
         bc2 = 1 - b2 ** opt.t
         denom = (v.sqrt() / math.sqrt(bc2)).add_(opt.cfg.eps)
@@ -216,7 +247,7 @@ def torch_optimizer(cfg: OptimConfig, params: list[Tensor]) -> TorchOptimizer:
     groups = [{"params": [p for p, d in zip(params, wd) if d == w], "weight_decay": w} for w in sorted(set(wd))]
     # weight_decay goes in the groups; the clip and the state's place are hogwild's own.
     own = schema_kwargs(cfg, cls, path, "optim", handled=("lr", "weight_decay", "decay_norm_and_bias", "state",
-                                                           "clip_grad_norm"))
+                                                           "clip_grad_norm", "update", "max_wait"))
     kwargs = {"lr": cfg.lr, **own, **cfg.kwargs}
     given = {**own, **cfg.kwargs, "lr": cfg.lr}
     return TorchOptimizer(call_target(lambda **kw: cls(groups, **kw), path, "optim", kwargs, given))
@@ -226,8 +257,10 @@ Optimizer = Union[FlatOptimizer, TorchOptimizer]
 
 # A torch optimizer's state in shared memory: a key shaped as its parameter lives in a flat buffer
 # laid out as the parameters are ("torch:exp_avg"), a scalar one (Adam's "step") in a buffer of one
-# value per parameter, always on the CPU, where torch keeps step counts ("torch:step:scalar").
-TORCH_KEY, SCALAR = "torch:", ":scalar"
+# value per parameter, always on the CPU, where torch keeps step counts ("torch:step:scalar"), and a
+# key of any other shape (Adafactor's row and column variances) in a buffer of every parameter's
+# values of it, one after another ("torch:row_var:packed").
+TORCH_KEY, SCALAR, PACKED = "torch:", ":scalar", ":packed"
 
 
 def torch_state_probe(cfg: OptimConfig, params: list[Tensor], key: str = "optim.state",
@@ -248,7 +281,7 @@ def torch_state_probe(cfg: OptimConfig, params: list[Tensor], key: str = "optim.
     try:
         opt.step()
     except Exception as e:  # noqa: BLE001 - LBFGS wants a closure, SparseAdam sparse gradients
-        what = "shared state needs" if key == "optim.state" else "a Hogwild worker needs"
+        what = {"optim.state": "shared state needs", "optim.update": "the barrier needs"}.get(key, "a Hogwild worker needs")
         raise ConfigError(f"{key}: {what} an optimizer that steps on its own with the model's gradients; "
                           f"{cfg._target_}.step() raised {type(e).__name__}: {first_line(e)}") from None
     probe: list[dict[str, object]] = []
@@ -259,49 +292,126 @@ def torch_state_probe(cfg: OptimConfig, params: list[Tensor], key: str = "optim.
 
 
 def _shareable(value: object, param: Tensor) -> Optional[str]:
-    """Which shared buffer holds this state value: a parameter-shaped or a scalar one (None: private)."""
+    """Which shared buffer holds this state value: a parameter-shaped, a scalar or a packed one
+    (None: private, for a value that is not a float32 tensor)."""
     if not isinstance(value, Tensor) or value.dtype != torch.float32:
         return None
     if value.shape == param.shape:
         return ""
-    return SCALAR if value.numel() == 1 else None
+    return SCALAR if value.numel() == 1 else PACKED
 
 
-def new_shared_state(cfg: OptimConfig, params: list[Tensor], slots: list[Slot], n: int,
-                     alloc: Callable[[int, str], Tensor], device: str) -> dict[str, Tensor]:
-    """``optim.state=shared``: the buffers every worker's optimizer updates in place, for the flat
-    rules or for a torch optimizer, at its initial values."""
-    if not cfg._target_:
-        return {k: alloc(n, device) for k in state_names(cfg)}
-    state: dict[str, Tensor] = {}
-    for i, (p, values) in enumerate(zip(params, torch_state_probe(cfg, params))):
+def _state_views(params: list[Tensor], slots: list[Slot], probe: list[dict[str, object]],
+                 state: dict[str, Tensor]) -> list[dict[str, Tensor]]:
+    """Each parameter's shared state values as views of ``state``'s buffers (which must hold
+    every name the probe gives); a packed key's values follow each other in parameter order."""
+    packed_at: dict[str, int] = {}
+    views: list[dict[str, Tensor]] = []
+    for i, (p, values) in enumerate(zip(params, probe)):
+        own: dict[str, Tensor] = {}
         for key, value in values.items():
             kind = _shareable(value, p)
             if kind is None:
                 continue
-            name = f"{TORCH_KEY}{key}{kind}"
-            if name not in state:
-                state[name] = alloc(n, device) if kind == "" else alloc(len(params), "cpu")
-            view = slots[i].view(state[name]) if kind == "" else state[name][i]
-            view.copy_(value.reshape(view.shape))  # type: ignore[union-attr]
+            assert isinstance(value, Tensor)
+            buf = state[f"{TORCH_KEY}{key}{kind}"]
+            if kind == "":
+                own[key] = slots[i].view(buf)
+            elif kind == SCALAR:
+                own[key] = buf[i].view(value.shape)
+            else:
+                at = packed_at.get(key, 0)
+                own[key] = buf[at:at + value.numel()].view(value.shape)
+                packed_at[key] = at + value.numel()
+        views.append(own)
+    return views
+
+
+def new_shared_state(cfg: OptimConfig, params: list[Tensor], slots: list[Slot], n: int,
+                     alloc: Callable[[int, str], Tensor], device: str) -> dict[str, Tensor]:
+    """One state per replica in shared memory (the barrier path, or ``optim.state=shared``): the
+    buffers the optimizer updates in place, for the flat rules or for a torch optimizer, at its
+    initial values."""
+    if not cfg._target_:
+        return {k: alloc(n, device) for k in state_names(cfg)}
+    probe = torch_state_probe(cfg, params)
+    sizes: dict[str, int] = {}
+    for p, values in zip(params, probe):
+        for key, value in values.items():
+            kind = _shareable(value, p)
+            if kind == PACKED:
+                sizes[f"{TORCH_KEY}{key}{kind}"] = sizes.get(f"{TORCH_KEY}{key}{kind}", 0) + value.numel()  # type: ignore[union-attr]
+            elif kind is not None:
+                sizes[f"{TORCH_KEY}{key}{kind}"] = n if kind == "" else len(params)
+    state = {name: alloc(size, "cpu" if name.endswith(SCALAR) else device) for name, size in sizes.items()}
+    for own, values in zip(_state_views(params, slots, probe, state), probe):
+        for key, view in own.items():
+            view.copy_(values[key].reshape(view.shape))  # type: ignore[union-attr]
     return state
 
 
 def bind_shared_state(opt: torch.optim.Optimizer, params: list[Tensor], slots: list[Slot],
-                      state: dict[str, Tensor], probe: list[dict[str, object]]) -> None:
+                      state: dict[str, Tensor], probe: list[dict[str, object]]) -> dict[tuple[int, str], int]:
     """Give ``opt`` state tensors that are views of the shared buffers (the rest private, at their
     initial values): torch's update rules write state in place (``lerp_``, ``mul_``,
-    ``addcmul_``, ``step += 1``), so every worker's update lands in the same moments, Hogwild-style."""
-    for i, (p, values) in enumerate(zip(params, probe)):
-        own: dict[str, object] = {}
-        for key, value in values.items():
-            kind = _shareable(value, p)
-            name = f"{TORCH_KEY}{key}{kind}" if kind is not None else ""
-            if name in state:
-                own[key] = slots[i].view(state[name]) if kind == "" else state[name][i].view(value.shape)  # type: ignore[union-attr]
-            else:
-                own[key] = value.clone() if isinstance(value, Tensor) else value
-        opt.state[p] = own
+    ``addcmul_``, ``step += 1``), so every worker's update lands in the same moments, Hogwild-style.
+    Returns where each shared value lives, for :func:`rebound_state`."""
+    return bind_views(opt, params, probe, _state_views(params, slots, probe, state))
+
+
+def bind_views(opt: torch.optim.Optimizer, params: list[Tensor], probe: list[dict[str, object]],
+               views: list[dict[str, Tensor]]) -> dict[tuple[int, str], int]:
+    """:func:`bind_shared_state` for some of the model's parameters, with their entries of the
+    whole model's probe and state views (a packed key's place depends on every parameter before)."""
+    where: dict[tuple[int, str], int] = {}
+    for i, (p, values, shared) in enumerate(zip(params, probe, views)):
+        opt.state[p] = {key: shared[key] if key in shared else (value.clone() if isinstance(value, Tensor) else value)
+                        for key, value in values.items()}
+        where.update({(i, key): view.data_ptr() for key, view in shared.items()})
+    return where
+
+
+def state_views(cfg: OptimConfig, params: list[Tensor], slots: list[Slot], state: dict[str, Tensor]
+                ) -> tuple[list[dict[str, object]], list[dict[str, Tensor]]]:
+    """Every parameter's probe and its shared state views, probed one parameter at a time: a
+    worker then never holds a second copy of the whole model and its state, as a probe of all of
+    them at once would."""
+    probe = [torch_state_probe(cfg, [p])[0] for p in params]
+    return probe, _state_views(params, slots, probe, state)
+
+
+def check_in_place(cfg: OptimConfig, params: list[Tensor], sparse: list[bool]) -> None:
+    """Refuse, in one line naming ``optim._target_``, a torch optimizer that assigns new state
+    tensors instead of updating the ones it holds: under the barrier its state is views of the
+    replica's shared state, and such an optimizer's steps would never reach it. Two steps on copies
+    of the parameters, with state bound as a worker binds it, tell."""
+    copies = [p.detach().clone().requires_grad_(p.requires_grad) for p in params]
+    opt = torch_optimizer(cfg, copies).opt
+    probe = torch_state_probe(cfg, copies, sparse=sparse)
+    views = [{k: v.clone() for k, v in values.items() if isinstance(v, Tensor) and _shareable(v, c) is not None}
+             for c, values in zip(copies, probe)]
+    where = bind_views(opt, copies, probe, views)
+    for _ in range(2):
+        for c, is_sparse in zip(copies, sparse):
+            if c.requires_grad:
+                c.grad = torch.ones_like(c).to_sparse() if is_sparse else torch.ones_like(c)
+        opt.step()
+    key = rebound_state(opt, copies, where)
+    if key is not None:
+        raise ConfigError(f"optim._target_: {cfg._target_} replaces its state {key!r} with a new tensor at each step "
+                          "instead of updating it in place, so the replica's one shared state (optim.update=barrier) "
+                          "would never move; use optim.update=hogwild")
+
+
+def rebound_state(opt: torch.optim.Optimizer, params: list[Tensor], where: dict[tuple[int, str], int]) -> Optional[str]:
+    """The first shared state key that ``opt`` no longer keeps in the tensor it was given (an
+    optimizer that assigns new state tensors instead of updating them in place), or None: its
+    updates would stay in one process while the shared state never moved."""
+    for (i, key), ptr in where.items():
+        value = opt.state.get(params[i], {}).get(key)
+        if not isinstance(value, Tensor) or value.data_ptr() != ptr:
+            return key
+    return None
 
 
 def make_optimizer(cfg: OptimConfig, flat: Tensor, slots: list[Slot], params: list[Tensor],

@@ -19,6 +19,7 @@ from hogwild.data.datasets import shard
 from hogwild.errors import Fault
 from hogwild.replica.board import Board
 from hogwild.replica.build import Replica
+from hogwild.replica.meeting import STEPS_KEY, Chair
 from hogwild.replica.resources import available_cores
 from hogwild.replica.start import environment, worker_context
 from hogwild.replica.worker import WorkerSpec, worker_main
@@ -57,6 +58,15 @@ class WorkerPool:
         self._life_r, self._life_w = self._ctx.Pipe(duplex=False)
         self.procs: list[Any] = [None] * len(specs)
         self.restarts = 0
+        # optim.update=barrier with several workers: the thread that closes their steps, and the pipe
+        # on which they tell it they arrived or finished a shard (replica/meeting.py).
+        self.chair: Optional[Chair] = None
+        self._notices: Optional[tuple[Connection, Connection]] = None
+        if rep.meeting is not None and rep.meeting.workers > 1:
+            assert rep.opt_state is not None
+            self._notices = self._ctx.Pipe(duplex=False)
+            self.chair = Chair(rep.meeting, cfg.optim.max_wait, rep.opt_state[STEPS_KEY], self.release,
+                               *self._notices)
 
     def _spawn(self, i: int) -> None:
         self._close_kick(i)  # a respawn gets a fresh pipe: its predecessor's may hold stale kicks
@@ -69,11 +79,15 @@ class WorkerPool:
             # ends them on every exit path.
             target=worker_main, name=f"hogwild-worker-{self.specs[i].global_index}", daemon=False,
             args=(self.cfg, self.specs[i], self.rep.ds, self.rep.flat, self.rep.opt_state, self.board,
-                  self._wake_w, kick_r, environment(), self._life_r), kwargs={"marks": self.rep.marks})
+                  self._wake_w, kick_r, environment(), self._life_r),
+            kwargs={"marks": self.rep.marks, "meeting": self.rep.meeting,
+                    "notices": self._notices[1] if self._notices else None})
         p.start()
         self.procs[i] = p
 
     def start(self) -> None:
+        if self.chair is not None:
+            self.chair.start()
         for i in range(len(self.specs)):
             self._spawn(i)
 
@@ -120,8 +134,16 @@ class WorkerPool:
             logger.warning("worker %d died (exit code %s); respawning on the same shard "
                            "(restart %d of %d)", self.specs[i].global_index, p.exitcode,
                            self.restarts, max_restarts)
+            self._forget(i)
             self._spawn(i)
         return None
+
+    def _forget(self, i: int) -> None:
+        """A dead worker's place in the meeting: no step waits for it, and its successor starts clean."""
+        if self.chair is not None:
+            self.chair.gone(i)
+        elif self.rep.meeting is not None:
+            self.rep.meeting.forget_alone()
 
     def release(self) -> None:
         """Wake workers waiting for a round: the lag limit moved, or they must stop."""
@@ -148,6 +170,8 @@ class WorkerPool:
         seconds to exit on a loaded machine, and the leader is not stuck meanwhile."""
         self.board.control["stop"] = 1.0
         self.release()
+        if self.chair is not None:
+            self.chair.stop()  # before the pipes it kicks close
         deadline = time.monotonic() + timeout
         for p in self.procs:
             while p is not None and p.is_alive() and time.monotonic() < deadline:
@@ -162,7 +186,7 @@ class WorkerPool:
                 getattr(p, sig_name)()
             for p in alive:
                 p.join(1.0)
-        for conn in (self._wake_r, self._wake_w, self._life_r, self._life_w):
+        for conn in (self._wake_r, self._wake_w, self._life_r, self._life_w, *(self._notices or ())):
             conn.close()
         for i in range(len(self._kicks)):
             self._close_kick(i)

@@ -18,6 +18,7 @@ import numpy as np
 from hogwild.config.registry import SYNC_RULES
 from hogwild.config.schema import Config, DataConfig, SyncConfig
 from hogwild.errors import ConfigError
+from hogwild.replica.optim import shared_state
 from hogwild.replica.rows import CHUNK_VALUES
 from hogwild.replica.shared import SHM_PATH
 
@@ -156,27 +157,29 @@ def size(nbytes: float) -> str:
 
 
 def check(cfg: Config, workers: int, replicas_here: int = 1, model_bytes: int = 0, state_copies: int = 0,
-          stamp_bytes: int = 0, syncs: bool = True) -> None:
+          stamp_bytes: int = 0, syncs: bool = True, row_bytes: int = 0) -> None:
     """Refuse, with the numbers, a run whose data and model will not fit in shared memory or whose
     processes will not fit in RAM. ``replicas_here``: replicas on this machine. Called twice: before
     the data is loaded (``model_bytes=0``), and once the model is built but before it is shared or
     any worker spawns, with its size and the model-sized buffers its optimizer keeps
     (``state_copies``: Adam's two moments), and under ``sync.row_sparse`` its tables' row stamps
     (``stamp_bytes``: shared, and as much again in the leader for the rows' last rounds).
-    ``syncs``: the replica will meet others in rounds (a lone replica keeps no round buffers)."""
+    ``syncs``: the replica will meet others in rounds (a lone replica keeps no round buffers).
+    ``row_bytes``: under ``optim.update=barrier``, the workers' gradient rows, which live in shared
+    memory instead of in each worker."""
     if cfg.force:
         return
     data = data_bytes(cfg.data) or 0
-    shared_state = state_copies if cfg.optim.state == "shared" else 0
+    shared = state_copies if shared_state(cfg.optim) else 0
     shm_parts = {"data": data * replicas_here,
-                 "model": (model_bytes * (1 + shared_state) + stamp_bytes) * replicas_here}
+                 "model": (model_bytes * (1 + shared) + stamp_bytes + row_bytes) * replicas_here}
     shm = shm_free()
     if shm is not None and sum(shm_parts.values()) > shm:
         key = max(shm_parts, key=lambda k: shm_parts[k])
-        what = f"{cfg.data.name}" if key == "data" else "the model" + (" and its shared optimizer state" if shared_state else "")
+        what = f"{cfg.data.name}" if key == "data" else "the model" + (" and its shared optimizer state" if shared else "")
         raise ConfigError(f"{key}: {what} needs {size(sum(shm_parts.values()))} of shared memory, "
                           f"{SHM_PATH} has {size(shm)} free; shrink the {key}, enlarge /dev/shm, or pass force=true")
-    parts = memory_parts(cfg, workers, model_bytes, state_copies - shared_state, data, syncs)
+    parts = memory_parts(cfg, workers, model_bytes, state_copies - shared, data, syncs, private_grads=not row_bytes)
     parts["model"] += stamp_bytes
     need = replicas_here * sum(parts.values())
     avail = mem_available()
@@ -188,12 +191,12 @@ def check(cfg: Config, workers: int, replicas_here: int = 1, model_bytes: int = 
 
 
 def memory_parts(cfg: Config, workers: int, model_bytes: int, private_state: int, data: int,
-                 syncs: bool = True) -> dict[str, int]:
+                 syncs: bool = True, private_grads: bool = True) -> dict[str, int]:
     """One replica's RAM by the key that sizes it: its worker processes (each with the model's
-    gradients and its private optimizer state), their DataLoader processes, the leader's round
-    buffers (a fragment's snapshot and reduce buffer, the outer rule's state) and the data (built
-    once, then shared)."""
-    per_worker = WORKER_RSS + model_bytes * (1 + private_state)
+    gradients, unless they live in shared memory, and its private optimizer state), their
+    DataLoader processes, the leader's round buffers (a fragment's snapshot and reduce buffer, the
+    outer rule's state) and the data (built once, then shared)."""
+    per_worker = WORKER_RSS + model_bytes * (int(private_grads) + private_state)
     return {"workers": workers * per_worker, "data.loader_workers": workers * cfg.data.loader_workers * WORKER_RSS,
             "model": int(round_bytes(cfg.sync, model_bytes)) if syncs else 0, "data": 2 * data}
 

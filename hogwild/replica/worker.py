@@ -30,9 +30,12 @@ from hogwild.replica.board import Board
 from hogwild.replica.faults import StepFn, inject_faults, startup_faults
 from hogwild.replica.lr_schedule import LRSchedule
 from hogwild.replica.models import build_model
-from hogwild.replica.optim import FlatOptimizer, Optimizer, clip_grad_norm, grads_finite, make_optimizer
+from hogwild.replica.meeting import Meeting
+from hogwild.replica.optim import (FlatOptimizer, Optimizer, bind_views, clip_grad_norm, grads_finite, make_optimizer,
+                                   state_views, torch_optimizer)
 from hogwild.replica.rows import RowMarks
-from hogwild.replica.shared import bind, param_slots
+from hogwild.replica.shared import Slot, bind, param_slots
+from hogwild.replica.update import BarrierUpdate, HogwildUpdate, Updater
 from hogwild.replica.start import adopt_environment, leader_watch
 from hogwild.config.train import StepConfig
 from hogwild.replica.step import Step, batch_len, make_step, to_device
@@ -68,14 +71,15 @@ class WorkerSpec:
 def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
                 opt_state: Optional[dict[str, Tensor]], board: Board, wake: Connection,
                 kick: Connection, environ: Optional[dict[str, str]] = None,
-                life: Optional[Connection] = None, marks: Optional[RowMarks] = None) -> None:
+                life: Optional[Connection] = None, marks: Optional[RowMarks] = None,
+                meeting: Optional[Meeting] = None, notices: Optional[Connection] = None) -> None:
     """A spawned worker. An exception ends it with one line and its traceback in a file of the
     run directory (the leader then respawns it or stops the run); without this, each death
     printed a full traceback, four or five times over for a bug that every respawn hits."""
     if environ is not None:
         adopt_environment(environ)
     try:
-        _work(cfg, spec, ds, flat, opt_state, board, wake, kick, life, marks)
+        _work(cfg, spec, ds, flat, opt_state, board, wake, kick, life, marks, meeting, notices)
     except (SystemExit, KeyboardInterrupt) as e:
         # The user's code (a dataset item, a forward, a loss) left: workers ignore SIGINT and
         # SIGTERM and never call sys.exit, so this ends a worker that did not finish, never as 0.
@@ -93,7 +97,8 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
 
 def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor, opt_state: Optional[dict[str, Tensor]],
           board: Board, wake: Connection, kick: Connection, life: Optional[Connection],
-          marks: Optional[RowMarks] = None) -> None:
+          marks: Optional[RowMarks] = None, meeting: Optional[Meeting] = None,
+          notices: Optional[Connection] = None) -> None:
     # Oversubscribed intra-op threads make Hogwild slower than one process (design rule 4
     # in docs/design.md).
     torch.set_num_threads(spec.threads)
@@ -111,25 +116,46 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor, opt_state: O
 
     model = build_model(cfg.model, ds, cfg.train.seed)
     bind(model, flat)
-    if opt_state is None:
-        opt_state = FlatOptimizer.new_state(cfg.optim, flat.numel(),
-                                            lambda n: torch.zeros(n, device=flat.device))
     params = list(model.parameters())
-    opt = make_optimizer(cfg.optim, flat, param_slots(model), params, opt_state)
+    alive = leader_watch(life)
+    updater = make_updater(cfg, spec, flat, params, param_slots(model), opt_state, meeting, notices, kick,
+                           lambda: bool(board.control["stop"]) or not alive())
     sampler = ShardSampler(shard(len(ds.train), spec.num_global, spec.global_index, cfg.train.seed),
                            cfg.train.batch_size, cfg.train.seed + spec.global_index)
     step = make_step(cfg.step, cfg.loss, make_loss(cfg.loss, task_kind(cfg, ds)), model)
     step_fn = make_step_fn(model, params, ds, sampler, flat.device, step, cfg.data.loader_workers,
                            bf16=cfg.train.precision == "bf16")
-    sched = LRSchedule(cfg.sched, cfg.optim.lr, spec.replica_quota or spec.quota)
+    sched = LRSchedule(cfg.sched, cfg.optim.lr, -(-(spec.replica_quota or spec.quota) // updater.batches_per_step))
     # One throw-away forward/backward: the allocator's and autograd's first-call costs land
     # in startup (reported as such), not in the first training steps.
     startup_faults(spec.global_index, spec.leader_pid)
     model.eval()  # a training-mode forward would move BatchNorm's shared running statistics
     step_fn(int(board.row(spec.local_index)["pos"]))
     model.train()
-    run_loop(inject_faults(step_fn, params, spec.global_index), opt, params, spec, board, wake, kick,
-             sched, cfg.optim.clip_grad_norm, leader_watch(life), cfg.train.max_time, marks)
+    run_loop(inject_faults(step_fn, params, spec.global_index), updater, params, spec, board, wake, kick,
+             sched, cfg.optim.clip_grad_norm, alive, cfg.train.max_time, marks, cfg.train.accumulate)
+
+
+def make_updater(cfg: Config, spec: WorkerSpec, flat: Tensor, params: list[Tensor], slots: list[Slot],
+                 opt_state: Optional[dict[str, Tensor]], meeting: Optional[Meeting], notices: Optional[Connection],
+                 kick: Optional[Connection], stopping: Callable[[], bool]) -> Updater:
+    """How this worker's gradients reach the model (replica/update.py): under the barrier, its
+    meeting with the others, and the direct writes of a sparse table's rows; else its own optimizer."""
+    if opt_state is None:
+        opt_state = FlatOptimizer.new_state(cfg.optim, flat.numel(), lambda n: torch.zeros(n, device=flat.device))
+    if meeting is None:
+        return HogwildUpdate(make_optimizer(cfg.optim, flat, slots, params, opt_state), params, cfg.train.accumulate)
+    direct: Optional[Optimizer] = None
+    tables = [i for i in range(len(params)) if i not in meeting.offsets]
+    if tables:  # the rows of sparse tables are written directly, with the replica's one state
+        if cfg.optim._target_:
+            direct = torch_optimizer(cfg.optim, [params[i] for i in tables])
+            probe, views = state_views(cfg.optim, params, slots, opt_state)
+            bind_views(direct.opt, [params[i] for i in tables], [probe[i] for i in tables], [views[i] for i in tables])
+        else:
+            direct = FlatOptimizer(cfg.optim, flat, slots, opt_state)
+    return BarrierUpdate(cfg.optim, meeting, spec.local_index, flat, params, slots, opt_state, direct, notices, kick,
+                         stopping, cfg.train.accumulate)
 
 
 def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, sampler: ShardSampler,
@@ -142,11 +168,10 @@ def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, samp
     step = step or Step(StepConfig(), F.cross_entropy, model)
 
     def step_fn(index: int) -> tuple[Tensor, int]:
+        """Adds batch ``index``'s gradient into each ``.grad`` (the updater has set them)."""
         _phase[0] = DATA
         inputs, y = prefetch.batch(index) if prefetch else ds.train.batch(sampler.batch(index))
         inputs, y = to_device(inputs, y, device, non_blocking=True)
-        for p in params:
-            p.grad = None
         _phase[0] = FORWARD
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss, _ = step.run(model, inputs, y)
@@ -186,14 +211,27 @@ def schedule_length(pos: int, ctrl: np.void, total: int, time_budget_s: Optional
     return max(1, min(total, int(pos / min(spent, 1.0))))
 
 
-def run_loop(step_fn: StepFn, opt: Optimizer, params: list[Tensor], spec: WorkerSpec,
+def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: WorkerSpec,
              board: Board, wake: Optional[Connection], kick: Optional[Connection] = None,
              sched: Optional[LRSchedule] = None, clip: Optional[float] = None,
              leader_alive: Optional[Callable[[], bool]] = None, time_budget_s: Optional[float] = None,
-             marks: Optional[RowMarks] = None) -> None:
+             marks: Optional[RowMarks] = None, accumulate: int = 1) -> None:
     stats, ctrl = board.stats, board.control
     row = stats[spec.local_index]
     leader_alive = leader_alive or leader_watch(None)
+    per = updater.batches_per_step
+
+    def rate(t: int) -> float:
+        """The learning rate of the replica's optimizer step ``t``: every worker of a replica uses
+        one rate at one step, however many there are."""
+        assert sched is not None
+        caller, _phase[0] = _phase[0], SCHED
+        batches = schedule_length(int(stats["pos"].sum()), ctrl, sched.total * per, time_budget_s)
+        lr = sched.lr_at(t, max(1, -(-batches // per)))
+        _phase[0] = caller
+        return lr
+
+    updater.ready()
     row["ready"] = 1.0
     if wake is not None:
         wake.send_bytes(b"r")
@@ -214,30 +252,40 @@ def run_loop(step_fn: StepFn, opt: Optimizer, params: list[Tensor], spec: Worker
             continue  # stop may have been set while waiting
         t0 = time.perf_counter()
         syncing = bool(ctrl["syncing"])
-        loss, batch = step_fn(step)
-        lval = float(loss.detach())
+        waited = updater.wait_s
+        if not updater.begin():
+            break  # the run stops while a step is applied
+        # train.accumulate batches make one update; the last of a quota that does not divide may be short.
+        n = min(accumulate, spec.quota - step)
+        losses, batch = [], 0
+        for i in range(n):
+            loss, size = step_fn(step + i)
+            losses.append(float(loss.detach()))
+            batch += size
         grads = [p.grad for p in params]
-        if np.isfinite(lval) and grads_finite(grads):
-            if sched is not None:  # the replica's step: every worker of it uses one rate at one step
-                _phase[0] = SCHED
-                pos = int(stats["pos"].sum())
-                opt.set_lr(sched.lr_at(pos, schedule_length(pos, ctrl, sched.total, time_budget_s)))
-            if clip is not None:
-                clip_grad_norm(grads, clip)
-            _phase[0] = OPTIM
-            opt.step(grads)
+        if n > 1:
+            torch._foreach_mul_([g for g in grads if g is not None], 1.0 / n)  # the mean, as one batch n times larger
+        lval = sum(losses) / n
+        ok = bool(np.isfinite(lval)) and grads_finite(grads)
+        if ok and clip is not None:
+            clip_grad_norm(grads, clip)
+        _phase[0] = OPTIM
+        # A poisoned update never reaches the shared model (under the barrier it arrives to say so).
+        got = updater.apply(grads, ok, rate if sched is not None else None, int(stats["pos"].sum()))
+        if ok:
             if marks is not None:  # after the write: a round that misses the stamp still sees the row
                 marks.mark(grads, int(ctrl["row_epoch"]))
-            row["applied"] += 1
+            row["applied"] += got
             loss_ema = lval if loss_ema == 0.0 else 0.98 * loss_ema + 0.02 * lval
             row["loss"] = loss_ema
         else:
-            row["skipped"] += 1  # a poisoned update never reaches the shared model
-        step += 1
+            row["skipped"] += 1
+        step += n
         row["pos"] = step
         row["samples"] += batch
         dt = time.perf_counter() - t0
         row["step_s"] += dt
+        row["wait_s"] += updater.wait_s - waited
         if syncing:
             row["sync_s"] += dt
             row["sync_steps"] += 1
@@ -245,6 +293,7 @@ def run_loop(step_fn: StepFn, opt: Optimizer, params: list[Tensor], spec: Worker
         if wake is not None and ctrl["notified"] < target <= stats["pos"].sum():
             ctrl["notified"] = target
             wake.send_bytes(b"s")
+    updater.finish()
     row["done"] = 1.0
     if wake is not None:
         wake.send_bytes(b"d")

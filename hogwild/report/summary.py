@@ -120,6 +120,8 @@ class RunSummary:
     schedule: SyncSchedule
     resumed: Optional[Restored]
     run_dir: Path
+    update: Optional[dict[str, Any]] = None
+    """How gradients reached the model (:func:`hogwild.leader.core.update_report`)."""
 
     def metrics(self) -> dict[str, Any]:
         """The flat object ``metrics.json`` holds (keys documented in docs/outputs.md); a
@@ -158,6 +160,9 @@ class RunSummary:
             "peak_memory_mb": max((m for m in self.sync.peak_memory_mb if m is not None), default=None),
             "peak_memory_mb_per_replica": self.sync.peak_memory_mb,
             "lag_wait_s": self.job.lag_wait_s,
+            **(self.update or {}),
+            "barrier_wait_s": self.job.wait_s,
+            "barrier_wait_fraction": self.job.wait_s / max(self.job.step_s, 1e-9),
             "worker_stall_s": self.job.stall_s(),
             "worker_restarts": self.counters.worker_restarts,
             "skipped_nonfinite": self.counters.skipped_nonfinite,

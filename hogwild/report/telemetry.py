@@ -55,6 +55,7 @@ class Telemetry:
         self._eval_cost = 0.0  # the last evaluation's seconds: what the next one is expected to take
         self.progress: Optional[Progress] = None
         self.lr: Optional[LRSchedule] = None
+        self._per_step = 1
 
     def warm_up(self, step: int) -> None:
         """The accuracy before training, during startup: the first evaluation's one-off costs
@@ -64,8 +65,10 @@ class Telemetry:
             self.evaluate(step)
             self._eval_cost = time.monotonic() - t0
 
-    def start(self, board: Board, total_steps: int) -> None:
-        """Training starts now: clocks, curves and the progress display count from here."""
+    def start(self, board: Board, total_steps: int, batches_per_step: int = 1) -> None:
+        """Training starts now: clocks, curves and the progress display count from here.
+        ``total_steps``: the replica's batches; ``batches_per_step``: how many make one optimizer
+        step (the learning-rate schedule counts steps)."""
         self._t0 = self._next_tb = self._next_eval = self._eval_ok_at = time.monotonic()
         initial = board.replica_pos()
         self._initial = initial
@@ -75,7 +78,8 @@ class Telemetry:
         self._next_eval = self._t0 + self.cfg.eval.every_s
         self._eval_ok_at = self._budget_allows()
         self.progress = Progress(total_steps, self.cfg.train.log_every_s, self.is_rank0, int(initial))
-        self.lr = LRSchedule(self.cfg.sched, self.cfg.optim.lr, total_steps)  # what the workers follow
+        self._per_step = batches_per_step
+        self.lr = LRSchedule(self.cfg.sched, self.cfg.optim.lr, -(-total_steps // batches_per_step))  # as the workers
         board.control["next_report_at"] = initial
 
     def next_due(self) -> float:
@@ -138,7 +142,7 @@ class Telemetry:
                 self.metrics.scalar("train/loss", loss, step)
             self.metrics.scalar("perf/samples_per_s", rate, step)
             if self.lr is not None:
-                self.metrics.scalar("train/lr", self.lr.lr_at(int(pos)), step)
+                self.metrics.scalar("train/lr", self.lr.lr_at(int(pos) // self._per_step), step)
             self.metrics.scalar("sync/lag_wait_s", float(board.stats["lag_wait_s"].sum()), step)
             for i, row in enumerate(board.stats):
                 self.metrics.scalar(f"perf/samples_per_s_worker{i}", float(row["samples"]) / elapsed, step)

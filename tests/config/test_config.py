@@ -14,7 +14,15 @@ from tests.conftest import compose_cfg
 def test_defaults_compose_to_digits_mlp_sgd(tmp_cwd) -> None:
     cfg = compose_cfg([])
     assert (cfg.model.name, cfg.data.name, cfg.optim.name, cfg.sync.mode) == ("mlp", "digits", "sgd", "slowmo")
-    assert cfg.workers == "auto" and cfg.optim.state == "worker"
+    assert cfg.workers == "auto" and cfg.optim.state == "auto" and cfg.optim.update == "auto"
+    # SGD keeps lock-free Hogwild; an adaptive optimizer's gradients meet at the barrier.
+    from hogwild.replica.optim import shared_state, update_path
+
+    assert update_path(cfg.optim) == "hogwild" and not shared_state(cfg.optim)
+    adamw = compose_cfg(["optim=adamw"]).optim
+    assert update_path(adamw) == "barrier" and shared_state(adamw)
+    assert update_path(compose_cfg(["optim._target_=torch.optim.SGD"]).optim) == "hogwild"
+    assert update_path(compose_cfg(["optim._target_=torch.optim.RMSprop"]).optim) == "barrier"
 
 
 def test_each_groups_default_is_named_once(tmp_cwd) -> None:

@@ -126,8 +126,8 @@ def test_the_learning_rate_follows_the_replica_s_step_not_the_worker_s() -> None
     sched = LRSchedule(SchedConfig(name="cosine"), 0.5, 1000)
     run_loop(step_fn, opt, params, spec, board, wake=None, sched=sched)
     # This worker's 5th update happened at replica step 504: half-way through the cosine.
-    assert opt.lr == pytest.approx(sched.lr_at(504))
-    assert opt.lr < 0.5 * 0.6
+    assert opt.opt.lr == pytest.approx(sched.lr_at(504))
+    assert opt.opt.lr < 0.5 * 0.6
 
 
 def test_bf16_autocast_trains_with_float32_weights_and_gradients() -> None:

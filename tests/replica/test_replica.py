@@ -161,8 +161,8 @@ def test_multirun_sweeps_learning_rates(tmp_path: Path) -> None:
 @slow
 def test_shared_adam_state_trains(tmp_cwd: Path) -> None:
     out = tmp_cwd / "run"
-    m = run(compose_cfg(["optim=adam", "optim.lr=0.005", "optim.state=shared", "workers=2", "train.epochs=10",
-                         f"run_dir={out}"]), str(out))
+    m = run(compose_cfg(["optim=adam", "optim.lr=0.005", "optim.update=hogwild", "optim.state=shared", "workers=2",
+                         "train.epochs=10", f"run_dir={out}"]), str(out))
     assert m["test_accuracy"] > 0.9
     ck = checkpoint.load(out / "checkpoints" / "last.pt")
     assert set(ck["opt_state"]) == {"exp_avg", "exp_avg_sq"} and ck["opt_state"]["exp_avg_sq"].abs().sum() > 0

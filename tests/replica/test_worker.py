@@ -15,6 +15,7 @@ from hogwild.replica.board import Board
 from hogwild.replica.faults import FAULT_ENV, inject_faults, planned_faults
 from hogwild.replica.optim import FlatOptimizer
 from hogwild.replica.shared import layout, share_model
+from hogwild.replica.update import HogwildUpdate
 from hogwild.replica.worker import WorkerSpec, make_step_fn, run_loop
 
 pytestmark = pytest.mark.timeout(60)
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def tiny_worker(quota: int, fault: str = "", rows: int = 1, bf16: bool = False, replica_quota: int = 0) -> tuple:
     """Worker 0 of a replica with ``rows`` workers on a tiny linearly separable problem:
-    (step_fn, opt, params, spec, board, flat, ds, model)."""
+    (step_fn, updater, params, spec, board, flat, ds, model), the updater Hogwild's (SGD)."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(256, 4, generator=g)
     y = (x[:, 0] + x[:, 1] > 0).long()
@@ -31,7 +32,7 @@ def tiny_worker(quota: int, fault: str = "", rows: int = 1, bf16: bool = False, 
     model = nn.Linear(4, 2)
     flat = share_model(model, "cpu")
     params = list(model.parameters())
-    opt = FlatOptimizer(OptimConfig(lr=0.5), flat, layout(model), {})
+    opt = HogwildUpdate(FlatOptimizer(OptimConfig(lr=0.5), flat, layout(model), {}), params)
     step_fn = make_step_fn(model, params, ds, ShardSampler(torch.arange(256), 16, 0), torch.device("cpu"), bf16=bf16)
     if fault:
         import os

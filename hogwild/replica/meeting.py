@@ -1,0 +1,296 @@
+"""``optim.update=barrier``: the workers' gradients meet in shared memory, and one optimizer state
+per replica steps on their mean, as DDP's optimizer steps on its all-reduced mean.
+
+Why: an adaptive optimizer's step on a stale gradient costs far more than SGD's (docs/design.md,
+rule 20): one AdamW fed gradients one update old lost 0.78 in test loss on the GPT, and Hogwild
+workers' gradients are about one update old. Here every gradient of a step is computed on the
+weights that step moves, as DDP's are, and no worker waits long for a late one (Chen et al. 2016's
+backup workers): once a step's first fresh gradient has arrived, the step waits for the others at
+most ``optim.max_wait`` times that gradient's compute time, and a gradient later than that joins
+the next step. No allreduce and no copy of the model per worker: the gradients meet where they are.
+
+What lives in shared memory, and who writes what (every cell has one writer at a time, as on
+the board, so no lock is shared and a process killed at any moment holds nothing):
+
+- ``rows``: one gradient buffer per worker, the dense parameters packed one after another. A
+  worker's backward writes straight into its row (its ``.grad`` are views of it).
+- ``cells``: one record per worker. The worker writes where it is: the step it arrived for,
+  whether its gradient is finite, the step of the weights it read, what it took, and the last step
+  whose shard it applied. The chair writes which step it is a member of; the chair also clears
+  a dead worker's record.
+- ``head``: the chair's alone: the open step, the steps applied, the last closed step's numbers.
+
+The chair is a thread of the leader. It closes the open step (fixes its members) when every live
+worker has arrived or the bound has passed, and marks a step applied once every member has applied
+its shard. Each member then steps its share of the parameters (an equal slice of the dense values
+under the flat rules; whole parameters under a torch optimizer, whose rules may span a parameter,
+as Adafactor's factored moments do): the mean of the members' gradients, the optimizer's step,
+in parallel. A worker reads the weights only when no step is being applied, so a step's
+gradients are all computed on the weights it moves. A replica of one worker needs no chair: it
+closes and applies its own steps.
+
+The optimizer state lives in the replica's shared ``opt_state`` (checkpointed, restored, and
+sent to a healed peer like any shared state), and with it ``barrier:steps``, the replica's
+optimizer steps, which the learning-rate schedule and Adam's bias correction count.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from hogwild.replica.shared import Slot
+
+logger = logging.getLogger(__name__)
+
+STEPS_KEY = "barrier:steps"
+"""The replica's optimizer steps, in ``opt_state`` (float64: exact far beyond any run)."""
+
+HEAD = np.dtype([(name, np.float64) for name in (
+    "open",     # the step that gradients arrive for (steps closed so far)
+    "applied",  # steps whose every shard is applied; the weights are whole when applied == open
+    "count",    # finite gradients in the last closed step
+    "t",        # the replica's optimizer step number of the last closed step (from barrier:steps)
+    "closed_late",  # gradients that joined a step after the one they were computed for
+)])
+CELLS = np.dtype([(name, np.float64) for name in (
+    "arrived",    # worker: the step its gradient waits for (-1: none)
+    "finite",     # worker: 1 if that gradient is finite (0: it arrived to say so and brings nothing)
+    "read",       # worker: the step whose weights it computed that gradient on
+    "compute_s",  # worker: seconds that gradient took
+    "at",         # worker: time.monotonic() when it arrived
+    "done",       # worker: the last step whose shard it applied
+    "member_of",  # chair: the last step closed with this worker in it
+    "live",       # worker: 1 once its loop runs, 0 when it finished; chair: 0 when it died
+)])
+# Between two looks at the stop flag and the leader, a waiting worker or an idle chair sleeps at most
+# this long; a kick or a notice ends the sleep at once.
+POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A run of one dense parameter's values: its slot in the flat buffer, where the run starts in
+    the slot and in a row, and how long it is."""
+
+    slot: int
+    """Index among the parameters."""
+    start: int
+    row_offset: int
+    numel: int
+
+
+def balanced(sizes: list[int], parts: int) -> list[list[int]]:
+    """``sizes``' indices in ``parts`` groups of near-equal totals (largest first into the lightest
+    group, ties by index: the same in every process), each group in index order."""
+    groups: list[list[int]] = [[] for _ in range(parts)]
+    load = [0] * parts
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        g = min(range(parts), key=lambda g: (load[g], g))
+        groups[g].append(i)
+        load[g] += sizes[i]
+    return [sorted(g) for g in groups]
+
+
+class Meeting:
+    """The shared half: rows, cells and head, and how the dense parameters are cut into shards.
+    Built by the leader before any worker starts; workers receive it pickled (its tensors shared)."""
+
+    def __init__(self, workers: int, slots: list[Slot], sparse: list[bool], device: str,
+                 alloc: Callable[[int, str], Tensor]) -> None:
+        self.workers = workers
+        self.slots = slots
+        self.dense = [i for i, s in enumerate(sparse) if not s]
+        """The parameters whose gradients meet here (a sparse table's rows are written directly)."""
+        offsets, at = {}, 0
+        for i in self.dense:
+            offsets[i] = at
+            at += slots[i].numel
+        self.offsets = offsets
+        self.numel = at
+        self.rows = alloc(workers * max(at, 1), device).view(workers, max(at, 1))
+        self.block = torch.zeros(len(HEAD) + workers * len(CELLS), dtype=torch.float64).share_memory_()
+        cells = self.cells
+        cells["arrived"], cells["read"], cells["done"], cells["member_of"] = -1, -1, -1, -1
+
+    @property
+    def head(self) -> np.void:
+        return self.block[:len(HEAD)].numpy().view(HEAD)[0]
+
+    @property
+    def cells(self) -> np.ndarray:
+        return self.block[len(HEAD):].numpy().view(CELLS).reshape(-1)
+
+    def row_views(self, worker: int) -> dict[int, Tensor]:
+        """Worker ``worker``'s row as its dense parameters' shapes, by parameter index."""
+        row = self.rows[worker]
+        return {i: row[o:o + self.slots[i].numel].view(self.slots[i].shape) for i, o in self.offsets.items()}
+
+    def value_shard(self, rank: int, parts: int) -> list[Piece]:
+        """An equal slice of the dense values (flat rules: every element steps on its own)."""
+        lo, hi = self.numel * rank // parts, self.numel * (rank + 1) // parts
+        pieces = []
+        for i, o in self.offsets.items():
+            n = self.slots[i].numel
+            a, b = max(lo, o), min(hi, o + n)
+            if a < b:
+                pieces.append(Piece(i, a - o, a, b - a))
+        return pieces
+
+    def param_shard(self, rank: int, parts: int) -> list[Piece]:
+        """Whole dense parameters of near-equal total size (torch optimizers step whole parameters)."""
+        group = balanced([self.slots[i].numel for i in self.dense], parts)[rank]
+        return [Piece(self.dense[g], 0, self.offsets[self.dense[g]], self.slots[self.dense[g]].numel) for g in group]
+
+    def members(self, step: int) -> list[int]:
+        return [int(j) for j in np.flatnonzero(self.cells["member_of"] == step)]
+
+    def forget(self, worker: int) -> None:
+        """A dead worker's record: not live, arrived nowhere, and a step it was in no longer waits
+        for its shard (that shard skips the step). Only the chair calls it (or the pool, alone)."""
+        c = self.cells[worker]
+        c["live"], c["arrived"] = 0.0, -1.0
+        c["done"] = max(c["done"], c["member_of"])
+
+    def forget_alone(self) -> None:
+        """The one worker of a replica died, perhaps inside a step it closed itself: that step is over."""
+        self.forget(0)
+        head = self.head
+        head["applied"] = head["open"]
+
+
+class Chair:
+    """The leader's thread that closes steps and marks them applied (the module's text)."""
+
+    def __init__(self, meeting: Meeting, max_wait: float, steps: Tensor, kick: Callable[[], None],
+                 notices: Connection, tell: Connection) -> None:
+        """``notices``: where workers say they arrived or finished a shard; ``tell``: its other end,
+        for the leader's own notices (a worker died)."""
+        self.m, self.max_wait, self.steps, self.kick = meeting, max_wait, steps, kick
+        self._notices, self._tell = notices, tell
+        self._gone: "queue.Queue[tuple[int, threading.Event]]" = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hogwild-chair", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
+
+    def gone(self, worker: int) -> None:
+        """Worker ``worker`` died (the pool respawns it next): returns once the chair has cleared
+        its record, so its successor never finds a step waiting for it."""
+        if not self._thread.is_alive():
+            self.m.forget(worker)
+            return
+        done = threading.Event()
+        self._gone.put((worker, done))
+        try:
+            self._tell.send_bytes(b"g")
+        except OSError:
+            pass
+        done.wait(2.0)
+
+    def _run(self) -> None:
+        wait = POLL_S
+        while not self._stop.is_set():
+            try:
+                if self._notices.poll(wait):
+                    while self._notices.poll():
+                        self._notices.recv_bytes()
+            except (EOFError, OSError):
+                return
+            while not self._gone.empty():
+                worker, done = self._gone.get()
+                self.m.forget(worker)
+                done.set()
+            wait = self.tick(time.monotonic())
+
+    def tick(self, now: float) -> float:
+        """Close or finish what can be; the seconds until the bound of the open step (or a poll)."""
+        m, head, cells = self.m, self.m.head, self.m.cells
+        k = int(head["open"])
+        if head["applied"] < k:
+            pending = [j for j in m.members(k - 1) if cells[j]["done"] < k - 1]
+            if pending:
+                return POLL_S
+            head["applied"] = k
+            self.kick()
+        arrived = np.flatnonzero(cells["arrived"] == k)
+        if len(arrived) == 0:
+            return POLL_S
+        live = np.flatnonzero(cells["live"] > 0)
+        fresh = [j for j in arrived if cells[j]["read"] == k]
+        if set(live.tolist()) <= set(arrived.tolist()):
+            self._close(k, arrived)
+            return POLL_S
+        if not fresh:
+            return POLL_S  # late gradients alone wait for a fresh one
+        first = min(fresh, key=lambda j: cells[j]["at"])
+        deadline = cells[first]["at"] + self.max_wait * cells[first]["compute_s"]
+        if now >= deadline:
+            self._close(k, arrived)
+            return POLL_S
+        return max(0.0, min(POLL_S, deadline - now))
+
+    def _close(self, k: int, members: np.ndarray) -> None:
+        head, cells = self.m.head, self.m.cells
+        count = int((cells["finite"][members] > 0).sum())
+        head["count"] = count
+        head["t"] = float(self.steps[0])
+        head["closed_late"] += int((cells["read"][members] < k).sum())
+        if count:
+            self.steps += 1
+        for j in members:
+            cells[j]["member_of"] = k
+        head["open"] = k + 1  # last: a worker that sees the step closed finds its members written
+        self.kick()
+
+
+def wait_until(cond: Callable[[], bool], stopping: Callable[[], bool], kick: Optional[Connection]) -> bool:
+    """Block, without spinning, until ``cond()``; False if ``stopping()`` turned true first. A kick
+    only says "look again"; between kicks a look every :data:`POLL_S`."""
+    while not cond():
+        if stopping():
+            return False
+        if kick is None:
+            time.sleep(POLL_S / 50)
+            continue
+        try:
+            if kick.poll(POLL_S):
+                while kick.poll():
+                    kick.recv_bytes()
+        except EOFError:
+            return cond()  # its writer, the leader, is gone
+    return True
+
+
+def mean_into(rows: Tensor, mine: int, contributors: list[int], pieces: list[Piece]) -> bool:
+    """Row ``mine`` over ``pieces`` := the mean of the ``contributors``' rows there (only this worker
+    reads or writes those values of its own row now). Whether the mean is finite."""
+    finite = True
+    scale = 1.0 / len(contributors)
+    for piece in pieces:
+        a, b = piece.row_offset, piece.row_offset + piece.numel
+        out = rows[mine, a:b]
+        others = [j for j in contributors if j != mine]
+        if mine not in contributors:
+            out.copy_(rows[others[0], a:b])
+            others = others[1:]
+        for j in others:
+            out.add_(rows[j, a:b])
+        if len(contributors) > 1:
+            out.mul_(scale)
+        finite = finite and bool(torch.isfinite(out).all())
+    return finite

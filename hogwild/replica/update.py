@@ -1,0 +1,251 @@
+"""How a worker's gradient reaches the shared model (``optim.update``): two updaters with one face.
+
+- :class:`HogwildUpdate`: the worker steps the shared weights itself, at once, lock-free, with
+  its own optimizer (state private or shared): Hogwild!, as mnist_hogwild does.
+- :class:`BarrierUpdate`: the worker's gradient meets the others' in shared memory, and the members
+  of each step apply its mean to their shard of the parameters with the replica's one optimizer
+  state (replica/meeting.py). Rows of sparse embedding tables are still written directly, as under
+  Hogwild: their rows rarely collide, and a batch's rows are few.
+
+The worker loop (replica/worker.py) calls :meth:`begin` before it computes a gradient (its
+``.grad`` go where the updater wants them) and :meth:`apply` after, with the gradient's verdict.
+"""
+
+from __future__ import annotations
+
+import time
+from multiprocessing.connection import Connection
+from typing import Callable, Optional, Protocol
+
+import torch
+from torch import Tensor
+
+from hogwild.config.schema import Config, OptimConfig
+from hogwild.errors import UserError
+from hogwild.replica.meeting import STEPS_KEY, Meeting, Piece, mean_into, wait_until
+from hogwild.replica.optim import (BARRIER, FlatOptimizer, Optimizer, TorchOptimizer, bind_views, decays,
+                                   rebound_state, state_views, torch_optimizer, update_path)
+from hogwild.replica.shared import Slot
+
+# The learning rate of the replica's optimizer step number ``t`` (replica/worker.py makes it).
+Rate = Callable[[int], float]
+
+
+class Updater(Protocol):
+    batches_per_step: int
+    """Batches one optimizer step takes (the learning-rate schedule counts steps)."""
+    wait_s: float
+    """Seconds spent waiting for the other workers (none under Hogwild)."""
+
+    def ready(self) -> None:
+        """The worker's loop starts: steps may count on it from now."""
+
+    def begin(self) -> bool:
+        """Make ready for the next gradient; False when the run stops first."""
+
+    def apply(self, grads: list[Optional[Tensor]], ok: bool, rate: Optional[Rate], pos: int) -> int:
+        """Deliver the gradient just computed (``ok``: finite); ``pos``: the replica's position in
+        batches. How many of this worker's gradients reached the model (0 or 1)."""
+
+    def finish(self) -> None:
+        """The worker's loop ends: no step waits for it any more."""
+
+
+def batches_per_step(cfg: Config, workers: int) -> int:
+    """Batches one optimizer step of a replica takes: each worker's ``train.accumulate``, and under
+    the barrier every worker's."""
+    return cfg.train.accumulate * (workers if update_path(cfg.optim) == BARRIER else 1)
+
+
+class HogwildUpdate:
+    def __init__(self, opt: Optimizer, params: list[Tensor], accumulate: int = 1) -> None:
+        self.opt, self.params = opt, params
+        self.batches_per_step = accumulate
+        self.wait_s = 0.0
+
+    def ready(self) -> None:
+        pass
+
+    def begin(self) -> bool:
+        for p in self.params:
+            p.grad = None  # backward allocates each gradient afresh
+        return True
+
+    def finish(self) -> None:
+        pass
+
+    def apply(self, grads: list[Optional[Tensor]], ok: bool, rate: Optional[Rate], pos: int) -> int:
+        if not ok:
+            return 0
+        if rate is not None:
+            self.opt.set_lr(rate(pos // self.batches_per_step))
+        self.opt.step(grads)
+        return 1
+
+
+class BarrierUpdate:
+    """One worker's side of the meeting (replica/meeting.py has the protocol)."""
+
+    def __init__(self, cfg: OptimConfig, meeting: Meeting, index: int, flat: Tensor, params: list[Tensor],
+                 slots: list[Slot], opt_state: dict[str, Tensor], direct: Optional[Optimizer],
+                 notify: Optional[Connection], kick: Optional[Connection], stopping: Callable[[], bool],
+                 accumulate: int = 1) -> None:
+        """``direct``: the optimizer of the sparse tables' rows, which this worker writes itself."""
+        self.cfg, self.m, self.i, self.flat, self.params, self.slots = cfg, meeting, index, flat, params, slots
+        self.state, self.direct = opt_state, direct
+        self.notify, self.kick, self.stopping = notify, kick, stopping
+        self.batches_per_step = meeting.workers * accumulate
+        self.wait_s = 0.0
+        self.last_count = 0
+        """Finite gradients in the last step this worker applied a shard of (their mean's divisor)."""
+        self.views = meeting.row_views(index)
+        self.sparse = [i for i in range(len(params)) if i not in self.views]
+        self.cuda = flat.device.type == "cuda"
+        self._shards: dict[tuple[int, int], tuple[Optimizer, list[Piece], dict[tuple[int, str], int]]] = {}
+        self._torch_views: Optional[tuple[list[dict[str, object]], list[dict[str, Tensor]]]] = None
+        self._read, self._t0 = -1, 0.0
+
+    # ------------------------------------------------------------------ gradients
+    def ready(self) -> None:
+        self.m.cells[self.i]["live"] = 1.0
+        self._tell()
+
+    def finish(self) -> None:
+        self.m.cells[self.i]["live"] = 0.0
+        self._tell()
+
+    def begin(self) -> bool:
+        head = self.m.head
+        t0 = time.perf_counter()
+        # The weights are read only when no step is being applied: every gradient of a step is
+        # computed on the weights it moves, as DDP's are.
+        whole = wait_until(lambda: head["applied"] == head["open"], self.stopping, self.kick)
+        self.wait_s += time.perf_counter() - t0
+        if not whole:
+            return False
+        self._read, self._t0 = int(head["applied"]), time.perf_counter()
+        self.m.rows[self.i].zero_()
+        for i, p in enumerate(self.params):
+            p.grad = self.views.get(i)  # backward accumulates into the row; a table's gradient stays sparse
+        return True
+
+    def apply(self, grads: list[Optional[Tensor]], ok: bool, rate: Optional[Rate], pos: int) -> int:
+        if ok and self.direct is not None and self.sparse:
+            if rate is not None:
+                self.direct.set_lr(rate(int(self.m.head["t"])))
+            self.direct.step([g if i in self.sparse else None for i, g in enumerate(grads)])
+        if self.cuda:
+            torch.cuda.synchronize()  # the row is written before anyone is told so
+        cell = self.m.cells[self.i]
+        cell["finite"], cell["read"] = float(ok), self._read
+        cell["compute_s"], cell["at"] = time.perf_counter() - self._t0, time.monotonic()
+        if self.m.workers == 1:
+            return self._alone(ok, rate)
+        t0 = time.perf_counter()
+        try:
+            step = self._meet()
+            if step is None:
+                return 0
+            self._apply_shard(step, rate)
+            cell["done"] = step
+            self._tell()
+            wait_until(lambda: self.m.head["applied"] > step, self.stopping, self.kick)
+        finally:
+            self.wait_s += time.perf_counter() - t0
+        return int(ok)
+
+    def _tell(self) -> None:
+        if self.notify is not None:
+            try:
+                self.notify.send_bytes(b"m")
+            except OSError:
+                pass  # the leader is gone: the wait that follows sees it
+
+    def _meet(self) -> Optional[int]:
+        """Arrive, and wait for the step this gradient is in: the open one, or, when that closed
+        without it (later than the bound), the next. None when the run stops first."""
+        head, cell = self.m.head, self.m.cells[self.i]
+        while True:
+            step = int(head["open"])
+            cell["arrived"] = step
+            self._tell()
+            if not wait_until(lambda: head["open"] > step, self.stopping, self.kick):
+                return None
+            if int(cell["member_of"]) == step:
+                return step
+
+    def _alone(self, ok: bool, rate: Optional[Rate]) -> int:
+        """A replica of one worker: it closes and applies its own steps (no chair runs)."""
+        head, cell = self.m.head, self.m.cells[self.i]
+        step = int(head["open"])
+        cell["member_of"], head["count"] = step, float(ok)
+        head["t"] = float(self.state[STEPS_KEY][0])
+        if ok:
+            self.state[STEPS_KEY] += 1
+        head["open"] = step + 1
+        self._apply_shard(step, rate)
+        cell["done"] = step
+        head["applied"] = step + 1
+        return int(ok)
+
+    # ------------------------------------------------------------------ the shard
+    def _apply_shard(self, step: int, rate: Optional[Rate]) -> None:
+        members = self.m.members(step)
+        cells = self.m.cells
+        contributors = [j for j in members if cells[j]["finite"] > 0]
+        self.last_count = len(contributors)
+        if not contributors or self.i not in members:
+            return
+        opt, pieces, where = self._shard(members.index(self.i), len(members))
+        if not mean_into(self.m.rows, self.i, contributors, pieces):
+            return  # finite gradients whose mean overflows: this shard skips the step
+        t = int(self.m.head["t"])
+        if rate is not None:
+            opt.set_lr(rate(t))
+        if isinstance(opt, FlatOptimizer):
+            opt.t = t  # step() counts it up to this step's number: Adam's bias correction is the replica's
+            opt.step([self.m.rows[self.i, p.row_offset:p.row_offset + p.numel] for p in pieces])
+        else:
+            for p in pieces:
+                self.params[p.slot].grad = self.views[p.slot]  # a poisoned step may have put another there
+            opt.step([])
+            if where:
+                self._check_in_place(opt, [self.params[p.slot] for p in pieces], where)
+        if self.cuda:
+            torch.cuda.synchronize()  # the shard is written before the step is called applied
+
+    def _check_in_place(self, opt: Optimizer, params: list[Tensor], where: dict[tuple[int, str], int]) -> None:
+        assert isinstance(opt, TorchOptimizer)
+        key = rebound_state(opt.opt, params, where)
+        if key is not None:
+            raise UserError(f"optim._target_: {self.cfg._target_} replaced its state {key!r} with a new tensor instead "
+                            "of updating it in place, so the replica's one shared state would never move; use "
+                            "optim.update=hogwild (each worker then keeps its own state)")
+        where.clear()  # checked once: torch's rules either always rebind or never
+
+    def _shard(self, rank: int, parts: int) -> tuple[Optimizer, list[Piece], dict[tuple[int, str], int]]:
+        """This worker's share of a step of ``parts`` members, and the optimizer over it (built on
+        first use; its state is views of the replica's shared state)."""
+        key = (rank, parts)
+        if key not in self._shards:
+            if self.cfg._target_:
+                pieces = self.m.param_shard(rank, parts)
+                params = [self.params[p.slot] for p in pieces]
+                opt = torch_optimizer(self.cfg, params)
+                probe, views = self._all_views()
+                where = bind_views(opt.opt, params, [probe[p.slot] for p in pieces], [views[p.slot] for p in pieces])
+                self._shards[key] = (opt, pieces, where)
+            else:
+                pieces = self.m.value_shard(rank, parts)
+                slot_decay = decays(self.cfg, [s.shape for s in self.slots])
+                run_slots = [Slot(self.slots[p.slot].name, self.slots[p.slot].offset + p.start, (p.numel,))
+                             for p in pieces]
+                opt = FlatOptimizer(self.cfg, self.flat, run_slots, self.state,
+                                    decay=[slot_decay[p.slot] for p in pieces], racing=False)
+                self._shards[key] = (opt, pieces, {})
+        return self._shards[key]
+
+    def _all_views(self) -> tuple[list[dict[str, object]], list[dict[str, Tensor]]]:
+        if self._torch_views is None:
+            self._torch_views = state_views(self.cfg, self.params, self.slots, self.state)
+        return self._torch_views

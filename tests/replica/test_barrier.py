@@ -1,0 +1,119 @@
+"""optim.update=barrier end to end: real spawned workers meeting at one optimizer state per replica."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hogwild.checkpoint import store as checkpoint
+from hogwild.replica.meeting import STEPS_KEY
+from tests.conftest import clean_env, compose_cfg, metrics, run_cli, wait_training
+from tests.conftest import run_metrics as run
+
+pytestmark = pytest.mark.timeout(240)
+QUIET = ["eval.every_s=1000", "checkpoint.every_s=1000"]
+
+
+def test_two_adamw_workers_train_on_one_shared_state(tmp_cwd: Path) -> None:
+    out = tmp_cwd / "run"
+    m = run(compose_cfg(["optim=adamw", "optim.lr=0.005", "workers=2", "train.epochs=10", f"run_dir={out}"]), str(out))
+    assert m["update"] == "barrier" and m["test_accuracy"] > 0.9
+    # Each optimizer step took the gradients of one round of arrivals: two most of the time.
+    assert m["steps"] / 2 <= m["optimizer_steps"] < m["steps"]
+    state = checkpoint.load(out / "checkpoints" / "last.pt")["opt_state"]
+    assert set(state) == {"exp_avg", "exp_avg_sq", STEPS_KEY}  # one state for the replica, in the checkpoint
+    assert int(state[STEPS_KEY][0]) == m["optimizer_steps"] and state["exp_avg_sq"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("optim", [["optim=adamw"], ["optim._target_=torch.optim.AdamW", "optim.lr=0.001"]],
+                         ids=["flat adamw", "torch AdamW"])
+def test_a_resumed_run_takes_the_same_steps_as_an_uninterrupted_one(tmp_cwd: Path, optim: list[str]) -> None:
+    """The replica's one optimizer state, its step count and the data positions are all in the
+    checkpoint: stopping after 40 steps and resuming to 70 lands on the very weights and moments
+    of a run that never stopped (per-worker state, under hogwild, would restart its moments)."""
+    base = [*optim, "workers=1", *QUIET]
+    straight, split = tmp_cwd / "straight", tmp_cwd / "split"
+    run(compose_cfg([*base, "train.max_steps=70", f"run_dir={straight}"]), str(straight))
+    run(compose_cfg([*base, "train.max_steps=40", f"run_dir={split}"]), str(split))
+    again = run(compose_cfg([*base, "train.max_steps=70", f"run_dir={split}", "resume=true"]), str(split))
+    assert Path(again["resumed_from"]).name.startswith("step_000000040-") and again["optimizer_steps"] == 70
+    a, b = (checkpoint.load(d / "checkpoints" / "last.pt") for d in (straight, split))
+    assert torch.equal(a["flat"], b["flat"])
+    assert a["opt_state"].keys() == b["opt_state"].keys()
+    for key, value in a["opt_state"].items():
+        assert torch.equal(value, b["opt_state"][key]), key
+
+
+def test_a_poisoned_gradient_never_reaches_the_shared_state(tmp_cwd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOGWILD_FAULT", "nan:0:3,nan:1:3,nan:1:9")
+    out = tmp_cwd / "run"
+    m = run(compose_cfg(["optim=adamw", "workers=2", "train.max_steps=60", *QUIET, f"run_dir={out}"]), str(out))
+    assert m["skipped_nonfinite"] == 3 and m["steps"] == 57
+    ck = checkpoint.load(out / "checkpoints" / "last.pt")
+    assert torch.isfinite(ck["flat"]).all() and all(torch.isfinite(v).all() for v in ck["opt_state"].values())
+
+
+def test_accumulated_batches_make_one_step(tmp_cwd: Path) -> None:
+    out = tmp_cwd / "run"
+    m = run(compose_cfg(["optim=adamw", "workers=2", "train.max_steps=80", "train.accumulate=4", *QUIET,
+                         f"run_dir={out}"]), str(out))
+    # 80 batches, 4 to a worker's update and a step of two workers' updates: 10 steps when every
+    # step took both (a late update makes a step of its own).
+    assert m["steps"] == 20 and 10 <= m["optimizer_steps"] <= 20
+
+
+@pytest.mark.slow
+def test_a_slow_worker_holds_no_step_past_the_bound(tmp_path: Path) -> None:
+    """Worker 1 takes 400 ms a step, worker 0 a few: worker 0's steps wait for it at most
+    optim.max_wait times worker 0's own gradient's time, so worker 0 makes its steps alone instead
+    of one per 400 ms, and the workers' waits stay far below the 20 x 400 ms that waiting would take."""
+    out = tmp_path / "run"
+    proc = run_cli(["optim=adamw", "workers=2", "train.max_steps=40", *QUIET, f"run_dir={out}"], cwd=tmp_path,
+                   env=clean_env(HOGWILD_FAULT="slow:1:400"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = metrics(out)
+    assert m["steps"] == 40 and m["optimizer_steps"] >= 30  # paired, they would have made 20
+    assert m["barrier_wait_s"] < 1.5, m["barrier_wait_s"]
+
+
+@pytest.mark.slow
+def test_a_dead_worker_holds_no_step_while_it_is_respawned(tmp_path: Path) -> None:
+    """A worker killed with SIGKILL mid-run is respawned, which takes over 3 s here (its warm-up is
+    slowed): its peer's steps go on without it meanwhile, and the run ends with every step."""
+    from tests.leader.test_faults import _start, _wait_training
+
+    out = tmp_path / "run"
+    env = clean_env(HOGWILD_FAULT="slow:0:30,slow:1:30,warm:0:3000,warm:1:3000")
+    proc = _start(tmp_path, "optim=adamw", "workers=2", "train.max_steps=400", *QUIET, f"run_dir={out}", env=env)
+    victim = _wait_training(proc, 2)[1]
+    wait_training(out, proc)
+    time.sleep(0.5)
+    os.kill(victim, signal.SIGKILL)
+    log, _ = proc.communicate(timeout=200)
+    assert proc.returncode == 0, log[-3000:]
+    m = metrics(out)
+    assert m["worker_restarts"] == 1 and m["steps"] == 400
+    assert m["barrier_wait_s"] < 2.0, m["barrier_wait_s"]  # waiting for the respawn would take 3 s and more
+
+
+def _peak(tmp_path: Path, name: str, *args: str) -> float:
+    out = tmp_path / name
+    m = run(compose_cfg(["optim=adamw", "model.hidden=100000", "workers=4", "train.max_steps=24", *QUIET, *args,
+                         f"run_dir={out}"]), str(out))
+    return float(m["peak_memory_mb"])
+
+
+@pytest.mark.slow
+def test_four_workers_hold_one_optimizer_state_not_four(tmp_cwd: Path) -> None:
+    """A 7.4M-parameter MLP (29 MB; AdamW's moments 57 MB): four Hogwild workers keep four copies
+    of the moments, the barrier one. Measured side by side, the barrier's replica is smaller by
+    about the three copies it does not keep."""
+    per_worker = _peak(tmp_cwd, "hogwild", "optim.update=hogwild")
+    barrier = _peak(tmp_cwd, "barrier")
+    moments = 7.4e6 * 8 / 2**20
+    assert per_worker - barrier > 2 * moments, (per_worker, barrier)

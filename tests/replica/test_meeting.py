@@ -1,0 +1,236 @@
+"""optim.update=barrier: where the workers' gradients meet (replica/meeting.py, replica/update.py).
+
+The chair's decisions and the members' sharded step run in this process (fast tier); one test
+races real worker processes against the chair and checks that every gradient reached the model
+exactly once, however the steps fell."""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torch import Tensor, nn
+
+from hogwild.config.schema import OptimConfig
+from hogwild.config.targets import import_target
+from hogwild.replica.meeting import POLL_S, STEPS_KEY, Chair, Meeting, balanced
+from hogwild.replica.optim import decays, new_shared_state
+from hogwild.replica.shared import alloc, bind, param_slots, share_model
+from hogwild.replica.update import BarrierUpdate
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))
+
+
+def _replica(cfg: OptimConfig, workers: int, seed: int = 0) -> tuple[nn.Module, Tensor, Meeting, dict[str, Tensor]]:
+    model = _net(seed)
+    flat = share_model(model, "cpu")
+    params = list(model.parameters())
+    state = new_shared_state(cfg, params, param_slots(model), flat.numel(), alloc, "cpu")
+    state[STEPS_KEY] = torch.zeros(1, dtype=torch.float64).share_memory_()
+    return model, flat, Meeting(workers, param_slots(model), [False] * len(params), "cpu", alloc), state
+
+
+def _chair(meeting: Meeting, max_wait: float, kicks: list[int]) -> Chair:
+    r, w = mp.get_context("spawn").Pipe(duplex=False)
+    return Chair(meeting, max_wait, torch.zeros(1, dtype=torch.float64), lambda: kicks.append(1), r, w)
+
+
+def _arrive(m: Meeting, j: int, at: float, read: int = 0, finite: bool = True, compute_s: float = 1.0) -> None:
+    c = m.cells[j]
+    c["arrived"], c["read"], c["at"], c["compute_s"], c["finite"] = int(m.head["open"]), read, at, compute_s, finite
+
+
+def test_a_step_closes_when_every_live_worker_has_arrived_and_is_applied_when_every_member_is_done() -> None:
+    _, _, m, _ = _replica(OptimConfig(name="adamw"), 3)
+    kicks: list[int] = []
+    chair = _chair(m, 0.5, kicks)
+    m.cells["live"] = 1.0
+    _arrive(m, 0, at=10.0)
+    _arrive(m, 2, at=10.1, finite=False)
+    chair.tick(10.2)
+    assert m.head["open"] == 0  # worker 1 has not arrived, and the bound has not passed
+    _arrive(m, 1, at=10.3)
+    chair.tick(10.3)
+    assert (m.head["open"], m.head["applied"], m.head["count"], m.head["t"]) == (1, 0, 2, 0)
+    assert m.members(0) == [0, 1, 2] and float(chair.steps[0]) == 1 and kicks
+    # Weights are read again only once every member has applied its shard.
+    m.cells["done"][[0, 2]] = 0
+    chair.tick(10.4)
+    assert m.head["applied"] == 0
+    m.cells["done"][1] = 0
+    chair.tick(10.5)
+    assert m.head["applied"] == 1
+
+
+def test_a_late_worker_does_not_hold_the_step_past_the_bound() -> None:
+    _, _, m, _ = _replica(OptimConfig(name="adamw"), 2)
+    chair = _chair(m, 0.25, [])
+    m.cells["live"] = 1.0
+    _arrive(m, 0, at=50.0, compute_s=2.0)  # its gradient took 2 s: the step waits at most 0.5 s more
+    assert chair.tick(50.2) <= POLL_S and m.head["open"] == 0
+    chair.tick(50.5)
+    assert m.head["open"] == 1 and m.members(0) == [0]
+    m.cells["done"][0] = 0
+    chair.tick(50.6)
+    # Worker 1's gradient, computed on step 0's weights, arrives for step 1: alone it starts no bound
+    # (it waits for a fresh one), and with it the next step is stale-weighted no more than once.
+    _arrive(m, 1, at=51.0, read=0)
+    chair.tick(99.0)
+    assert m.head["open"] == 1
+    _arrive(m, 0, at=99.5, read=1)
+    chair.tick(99.5)
+    assert m.head["open"] == 2 and m.members(1) == [0, 1] and m.head["closed_late"] == 1
+
+
+def test_a_dead_member_no_longer_holds_its_step_and_a_step_of_no_finite_gradient_is_no_step() -> None:
+    _, _, m, _ = _replica(OptimConfig(name="adamw"), 2)
+    chair = _chair(m, 0.5, [])
+    m.cells["live"] = 1.0
+    _arrive(m, 0, at=1.0, finite=False)
+    _arrive(m, 1, at=1.0, finite=False)
+    chair.tick(1.0)
+    assert m.head["open"] == 1 and m.head["count"] == 0 and float(chair.steps[0]) == 0  # nothing to step on
+    m.cells["done"][0] = 0
+    chair.tick(1.1)
+    assert m.head["applied"] == 0  # worker 1 never applied its shard...
+    m.forget(1)  # ...and died: the pool tells the chair, which forgets it
+    chair.tick(1.2)
+    assert m.head["applied"] == 1 and m.cells["live"][1] == 0 and m.cells["arrived"][1] == -1
+
+
+def test_shards_cover_every_value_and_parameter_once() -> None:
+    _, _, m, _ = _replica(OptimConfig(name="adamw"), 3)
+    for parts in (1, 2, 3):
+        values = sorted((p.row_offset + i) for r in range(parts) for p in m.value_shard(r, parts) for i in range(p.numel))
+        assert values == list(range(m.numel))
+        params = sorted(p.slot for r in range(parts) for p in m.param_shard(r, parts))
+        assert params == list(range(len(m.slots)))
+    assert balanced([10, 1, 1, 8], 2) == [[0], [1, 2, 3]]
+
+
+def _reference(cfg: OptimConfig, model: nn.Module) -> torch.optim.Optimizer:
+    params = list(model.parameters())
+    wd = decays(cfg, [tuple(p.shape) for p in params])
+    groups = [{"params": [p for p, d in zip(params, wd) if d == w], "weight_decay": w} for w in sorted(set(wd))]
+    cls = import_target(cfg._target_, "optim._target_") if cfg._target_ else torch.optim.AdamW
+    return cls(groups, lr=cfg.lr)
+
+
+@pytest.mark.parametrize("cfg", [
+    OptimConfig(name="adamw", lr=0.01, weight_decay=0.1, decay_norm_and_bias=False),
+    OptimConfig(_target_="torch.optim.AdamW", lr=0.01, weight_decay=0.1, decay_norm_and_bias=False),
+    OptimConfig(_target_="torch.optim.Adafactor", lr=0.01),  # factored moments: not parameter-shaped
+], ids=["flat adamw", "torch AdamW", "torch Adafactor"])
+@pytest.mark.parametrize("members", [1, 3])
+def test_members_stepping_their_shards_are_one_optimizer_stepping_the_mean(cfg: OptimConfig, members: int) -> None:
+    model, flat, m, state = _replica(cfg, 3)
+    ref_model = copy.deepcopy(_net())
+    ref = _reference(cfg, ref_model)
+    params = list(model.parameters())
+    ups = [BarrierUpdate(cfg, m, j, flat, params, param_slots(model), state, None, None, None, lambda: False)
+           for j in range(3)]
+    gen = torch.Generator().manual_seed(1)
+    for step in range(6):
+        grads = [torch.randn(m.numel, generator=gen) for _ in range(members)]
+        # One member's gradient is poisoned on step 2: it arrives to say so, and never reaches the state.
+        poisoned = members > 1 and step == 2
+        for j, g in enumerate(grads):
+            m.rows[j].copy_(g)
+            m.cells[j]["finite"] = 0.0 if poisoned and j == 0 else 1.0
+            m.cells[j]["member_of"] = step
+        if poisoned:
+            m.rows[0].fill_(float("nan"))
+        m.head["t"] = step
+        for j in range(members):
+            ups[j]._apply_shard(step, None)
+        used = grads[1:] if poisoned else grads
+        mean = torch.stack(used).mean(0)
+        for i, p in enumerate(ref_model.parameters()):
+            p.grad = mean[m.offsets[i]:m.offsets[i] + p.numel()].view(p.shape).clone()
+        ref.step()
+    assert ups[members - 1].last_count == members  # the last step's divisor: every member's gradient
+    for ours, theirs in zip(model.parameters(), ref_model.parameters()):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    assert all(torch.isfinite(v).all() for v in state.values())
+
+
+# ---------------------------------------------------------------------- real processes
+
+D, UPDATES = 64, 25
+
+
+def _gradient(j: int, s: int) -> Tensor:
+    return torch.randn(D, generator=torch.Generator().manual_seed(1000 * j + s))
+
+
+def _racing_worker(j: int, meeting: Meeting, flat: Tensor, state: dict[str, Tensor], notices: Any, kick: Any,
+                   counts: Tensor, seed: int) -> None:
+    torch.set_num_threads(1)
+    model = nn.Linear(D, 1, bias=False)
+    bind(model, flat)
+    cfg = OptimConfig(name="sgd", lr=1.0, update="barrier")
+    up = BarrierUpdate(cfg, meeting, j, flat, list(model.parameters()), param_slots(model), state, None, notices,
+                       kick, lambda: False)
+    rng = random.Random(seed + j)
+    up.ready()
+    for s in range(UPDATES):
+        assert up.begin()
+        (model.weight * _gradient(j, s)).sum().backward()
+        time.sleep(rng.uniform(0.0, 0.02) + (0.03 if j == 2 else 0.0))  # worker 2 is slow: often late
+        ok = not (j == 1 and s == 7)
+        if not ok:
+            model.weight.grad.fill_(float("nan"))
+        assert up.apply([model.weight.grad], ok, None, 0) == int(ok)
+        counts[j, s] = up.last_count if ok else 0
+    up.finish()
+
+
+def test_every_gradient_reaches_the_model_once_however_the_steps_fall() -> None:
+    """Three worker processes with jittered compute times and a slow one, a bound that often
+    closes steps without it (its gradient then joins the next step), and one poisoned gradient:
+    the model moved by exactly the sum of each finite gradient over its step's count."""
+    ctx = mp.get_context("spawn")
+    model = nn.Linear(D, 1, bias=False)
+    flat = share_model(model, "cpu")
+    w0 = flat.clone()
+    cfg = OptimConfig(name="sgd", lr=1.0, update="barrier")
+    state = {STEPS_KEY: torch.zeros(1, dtype=torch.float64).share_memory_()}
+    m = Meeting(3, param_slots(model), [False], "cpu", alloc)
+    counts = torch.zeros(3, UPDATES, dtype=torch.float64).share_memory_()
+    notices_r, notices_w = ctx.Pipe(duplex=False)
+    kicks = [ctx.Pipe(duplex=False) for _ in range(3)]
+    chair = Chair(m, 0.2, state[STEPS_KEY], lambda: [w.send_bytes(b"k") for _, w in kicks], notices_r, notices_w)
+    chair.start()
+    procs = [ctx.Process(target=_racing_worker, args=(j, m, flat, state, notices_w, kicks[j][0], counts, 7))
+             for j in range(3)]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(90)
+        assert [p.exitcode for p in procs] == [0, 0, 0]
+    finally:
+        chair.stop()
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    expected = w0.double().clone()
+    for j in range(3):
+        for s in range(UPDATES):
+            if counts[j, s] > 0:
+                expected -= cfg.lr * _gradient(j, s).double() / counts[j, s]
+    assert counts[1, 7] == 0 and (counts > 0).sum() == 3 * UPDATES - 1
+    assert m.head["closed_late"] > 0  # the slow worker's gradients did join later steps
+    torch.testing.assert_close(flat.double(), expected, rtol=0, atol=1e-4)
+    # Every closed step but one whose only gradient was the poisoned one stepped the optimizer.
+    assert m.head["applied"] - 1 <= int(state[STEPS_KEY][0]) <= m.head["applied"] < 3 * UPDATES
