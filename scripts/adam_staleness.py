@@ -29,7 +29,9 @@ reaches the model when the way of meeting lets it:
   (``bound_join``) or is dropped and its worker reads the new weights (``bound_drop``);
 - ``async``: asynchronous accumulation; every W gradients make a step, nobody waits (Aji and
   Heafield 2019);
-- ``hogwild``: every gradient is a step of its worker's own AdamW state (hogwild's Hogwild path).
+- ``hogwild``: every gradient is a step of its worker's own AdamW state (hogwild's Hogwild path);
+- ``replicas_<rule>``: W replicas of one worker, each its own AdamW on fresh gradients, meeting
+  every ``--intervals`` steps through hogwild's sync rule (slowmo, diloco, average), in lockstep.
 
     python scripts/adam_staleness.py --meet ddp bound_join bound_drop async hogwild --workers 2 4 8 \
         --gradients-per-worker 600 --out bench_results/adam_meet.json
@@ -66,23 +68,41 @@ def _rms(opt: torch.optim.Optimizer, p: torch.Tensor, g: torch.Tensor) -> torch.
     return (v.sqrt() if v is not None else g.abs()) + 1e-8
 
 
-def run(variant: str, steps: int, lr: float, beta1: float, seed: int, dc_lambda: float = 32.0) -> float:
+def _data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The training windows and the first 512 test blocks of the standard library's characters."""
     from examples.charlm import stdlib_text
-    from examples.gpt import GPT, GPTConfig
 
     train, test = stdlib_text(test_chars=120_000)
     x_all, y_all = torch.stack([train[i][0] for i in range(len(train))]), train.targets
-    x_test, y_test = torch.stack([test[i][0] for i in range(512)]), test.targets[:512]
+    return x_all, y_all, torch.stack([test[i][0] for i in range(512)]), test.targets[:512]
+
+
+def _gpt(seed: int) -> torch.nn.Module:
+    from examples.gpt import GPT, GPTConfig
+
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(n_layer=4))
+    return GPT(GPTConfig(n_layer=4))
+
+
+def _adamw(model: torch.nn.Module, lr: float, beta1: float = 0.9) -> torch.optim.AdamW:
+    """The recipe's AdamW: decay on matrices only."""
     ps = list(model.parameters())
+    groups = [{"params": [p for p in ps if p.dim() > 1], "weight_decay": WD},
+              {"params": [p for p in ps if p.dim() <= 1], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(beta1, 0.999))
 
-    def adamw() -> torch.optim.AdamW:
-        groups = [{"params": [p for p in ps if p.dim() > 1], "weight_decay": WD},
-                  {"params": [p for p in ps if p.dim() <= 1], "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, lr=lr, betas=(beta1, 0.999))
 
-    opts = [adamw(), adamw()] if variant.startswith("two") else [adamw()]
+def _test_loss(model: torch.nn.Module, x_test: torch.Tensor, y_test: torch.Tensor) -> float:
+    model.eval()
+    with torch.no_grad():
+        return float(model(x_test, y_test)[1])
+
+
+def run(variant: str, steps: int, lr: float, beta1: float, seed: int, dc_lambda: float = 32.0) -> float:
+    x_all, y_all, x_test, y_test = _data()
+    model = _gpt(seed)
+    ps = list(model.parameters())
+    opts = [_adamw(model, lr, beta1) for _ in range(2 if variant.startswith("two") else 1)]
     gen = torch.Generator().manual_seed(seed + 1)
     previous: Any = None
     for t in range(steps):
@@ -105,12 +125,11 @@ def run(variant: str, steps: int, lr: float, beta1: float, seed: int, dc_lambda:
         for group in opt.param_groups:
             group["lr"] = rate
         opt.step()
-    model.eval()
-    with torch.no_grad():
-        return float(model(x_test, y_test)[1])
+    return _test_loss(model, x_test, y_test)
 
 
-MEETS = ("ddp", "bound_join", "bound_drop", "async", "hogwild")
+MEETS = ("ddp", "bound_join", "bound_drop", "async", "hogwild", "replicas_slowmo", "replicas_diloco",
+         "replicas_average")
 
 
 @dataclass
@@ -128,22 +147,10 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
     ``exp(jitter * N(0, 1))`` time units (``slow`` times that for worker 0). Stops once
     ``gradients`` have been computed, or at virtual time ``until_time`` (a wall-clock budget: the
     schedule's cosine then follows the clock and warm-up is 100 steps, as in the §15 race)."""
-    from examples.charlm import stdlib_text
-    from examples.gpt import GPT, GPTConfig
-
-    train, test = stdlib_text(test_chars=120_000)
-    x_all, y_all = torch.stack([train[i][0] for i in range(len(train))]), train.targets
-    x_test, y_test = torch.stack([test[i][0] for i in range(512)]), test.targets[:512]
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig(n_layer=4))
+    x_all, y_all, x_test, y_test = _data()
+    model = _gpt(seed)
     ps = list(model.parameters())
-
-    def adamw() -> torch.optim.AdamW:
-        groups = [{"params": [p for p in ps if p.dim() > 1], "weight_decay": WD},
-                  {"params": [p for p in ps if p.dim() <= 1], "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, lr=lr)
-
-    opts = [adamw() for _ in range(workers if kind == "hogwild" else 1)]
+    opts = [_adamw(model, lr) for _ in range(workers if kind == "hogwild" else 1)]
     planned = max(1, gradients // (1 if kind == "hogwild" else workers))
     warmup = WARMUP if until_time is not None else max(1, planned // 6)
     batches = torch.Generator().manual_seed(seed + 1)
@@ -229,11 +236,52 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
             close(t)
     if acc and until_time is None:  # the last gradients of a fixed count still land
         step(list(acc), opts[0], t)
-    model.eval()
-    with torch.no_grad():
-        loss = float(model(x_test, y_test)[1])
-    return {"test_loss": loss, "steps": n["version"], "computed": n["computed"], "applied": n["applied"],
+    return {"test_loss": _test_loss(model, x_test, y_test), "steps": n["version"], "computed": n["computed"], "applied": n["applied"],
             "dropped": n["dropped"], "virtual_time": t}
+
+
+def replicas_run(mode: str, replicas: int, interval: int, gradients: int, lr: float, seed: int,
+                 outer_lr: Optional[float] = None, outer_momentum: Optional[float] = None) -> dict[str, Any]:
+    """R replicas of one worker each, each with its own AdamW on fresh gradients, meeting every
+    ``interval`` steps through hogwild's own sync rule classes (R x 1 with the default slowmo, or
+    DiLoCo), in lockstep: the outer rule alone, at ``gradients`` in all."""
+    import dataclasses
+
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+    from hogwild.bench import LocalComm, OuterRule, SyncConfig, make_rule, sync_round
+
+    x_all, y_all, x_test, y_test = _data()
+    models = [_gpt(seed) for _ in range(replicas)]  # one seed: the same initial weights
+    opts = [_adamw(m, lr) for m in models]
+    rule = make_rule(SyncConfig(mode=mode, outer_lr=outer_lr, outer_momentum=outer_momentum), LocalComm())
+    if isinstance(rule, OuterRule) and outer_momentum is None:  # the default for R replicas, as a job gets it
+        rule.cfg = dataclasses.replace(rule.cfg, outer_momentum=rule.default_momentum(replicas))
+    synced = parameters_to_vector(models[0].parameters()).detach().clone()
+    rule.prime(synced)
+    gens = [torch.Generator().manual_seed(seed + 1 + r) for r in range(replicas)]
+    steps = gradients // replicas
+    warmup = max(1, steps // 6)
+    for t in range(steps):
+        rate = lr * min(1.0, (t + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * t / steps))
+        for m, opt, gen in zip(models, opts, gens):
+            idx = torch.randint(len(x_all), (BATCH,), generator=gen)
+            opt.zero_grad(set_to_none=True)
+            m(x_all[idx], y_all[idx])[1].backward()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), CLIP)
+            for group in opt.param_groups:
+                group["lr"] = rate
+            opt.step()
+        if (t + 1) % interval == 0 or t + 1 == steps:
+            mean = torch.stack([parameters_to_vector(m.parameters()).detach() for m in models]).mean(0)
+            if t + 1 == steps:
+                rule.ending = True  # the final round lands on the replicas' mean, as a job's does
+            sync_round(mean, rule)
+            with torch.no_grad():
+                for m in models:
+                    vector_to_parameters(mean.clone(), m.parameters())
+    return {"test_loss": _test_loss(models[0], x_test, y_test), "steps": steps, "computed": steps * replicas, "applied": steps * replicas,
+            "dropped": 0, "virtual_time": 0.0}
 
 
 def main_meet(args: argparse.Namespace) -> None:
@@ -241,11 +289,17 @@ def main_meet(args: argparse.Namespace) -> None:
     for workers in args.workers:
         for kind in args.meet:
             for lr in args.lr:
-                r = meet(kind, workers, args.gradients_per_worker * workers, lr, args.seed, bound=args.bound,
-                         jitter=args.jitter, slow=args.slow, until_time=args.until_time)
-                r.update(meet=kind, workers=workers, lr=lr, bound=args.bound, slow=args.slow)
-                logger.info("%s", json.dumps(r))
-                rows.append(r)
+                for interval in args.intervals if kind.startswith("replicas") else [0]:
+                    if kind.startswith("replicas"):  # "replicas_slowmo": W replicas x 1 worker, rule slowmo
+                        r = replicas_run(kind.split("_", 1)[1], workers, interval, args.gradients_per_worker * workers,
+                                         lr, args.seed, args.outer_lr, args.outer_momentum)
+                    else:
+                        r = meet(kind, workers, args.gradients_per_worker * workers, lr, args.seed, bound=args.bound,
+                                 jitter=args.jitter, slow=args.slow, until_time=args.until_time)
+                    r.update(meet=kind + (f"_every{interval}" if interval else ""), workers=workers, lr=lr,
+                             bound=args.bound, slow=args.slow)
+                    logger.info("%s", json.dumps(r))
+                    rows.append(r)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"command": sys.argv, "runs": rows}, indent=1))
     sys.stdout.write("| workers | meeting | lr | test loss | steps | gradients applied / computed | virtual time |\n"
@@ -274,6 +328,9 @@ def main() -> None:
     ap.add_argument("--bound", type=float, default=0.25, help="--meet bound_*: the bound on waiting, in time units")
     ap.add_argument("--jitter", type=float, default=0.1, help="--meet: spread of a gradient's compute time")
     ap.add_argument("--slow", type=float, default=1.0, help="--meet: worker 0 takes this many times as long")
+    ap.add_argument("--intervals", type=int, nargs="+", default=[50], help="--meet replicas_*: steps between rounds")
+    ap.add_argument("--outer-lr", type=float, default=None, help="--meet replicas_*: sync.outer_lr")
+    ap.add_argument("--outer-momentum", type=float, default=None, help="--meet replicas_*: sync.outer_momentum")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(args.threads)

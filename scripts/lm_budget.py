@@ -13,8 +13,12 @@ hogwild stopped by SIGTERM with evaluation off (the older table in BENCHMARKS.md
 
 The clock starts at each method's first training step (start-up is off the clock for all).
 Repeats are interleaved so a change in the machine's load hits every method alike.
+``--baseline-lrs`` runs DDP and the single process at each rate of a grid (hogwild stays on its
+defaults); ``--straggler`` keeps a busy process pinned to core 0 for every run.
 
     python scripts/lm_budget.py --workload gpt --budget 120 --repeats 3 --out bench_results
+    python scripts/lm_budget.py --baseline-lrs 1e-3 2e-3 3e-3 6e-3 --repeats 3 --name lm_budget_gpt_grid
+    python scripts/lm_budget.py --methods hogwild_1x2 ddp_2 --straggler --repeats 3
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -123,7 +127,9 @@ def _hogwild_gpt(replicas: int, budget: float, work: Path, extra: tuple[str, ...
     m = json.loads((run / "metrics.json").read_text())
     return {"loss": m["test_loss"], "perplexity": m["test_perplexity"], "steps": m["steps"],
             "tokens_per_s": m["samples_per_s"] * CONTEXT, "eval_fraction": m["eval_fraction"],
-            "train_s": m["train_s"]}
+            "train_s": m["train_s"], "peak_memory_mb": m["peak_memory_mb"], "update": m.get("update"),
+            "optimizer_steps": m.get("optimizer_steps"), "late_gradients": m.get("late_gradients"),
+            "barrier_wait_fraction": m.get("barrier_wait_fraction")}
 
 
 def _recipe(model: torch.nn.Module, world: int, rank: int, train: Any, lr: float = LR) -> tuple[Any, ...]:
@@ -241,6 +247,25 @@ def _baseline(world: int, budget: float, target: Any = None, lr: float = LR) -> 
     return dict(out["result"])
 
 
+class Hog:
+    """A busy process pinned to one core for as long as the block runs: that core is shared with
+    whatever else lands on it (a straggler for DDP, which waits for its slowest rank every step)."""
+
+    def __init__(self, core: Optional[int]) -> None:
+        self.core, self.proc = core, None
+
+    def __enter__(self) -> "Hog":
+        if self.core is not None:
+            self.proc = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{self.core}}})\n"
+                                          "while True: pass"])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", choices=("gpt", "charlm"), default="gpt")
@@ -252,41 +277,57 @@ def main() -> None:
                     help="a Hydra override added to hogwild's runs (gpt workload), to try a change")
     ap.add_argument("--lr", type=float, default=None,
                     help="peak learning rate of every method (gpt workload; default: the experiment's 3e-3)")
+    ap.add_argument("--baseline-lrs", type=float, nargs="+", default=None,
+                    help="gpt: DDP and the single process at each of these rates (hogwild stays on its own)")
+    ap.add_argument("--straggler", action="store_true",
+                    help="a busy process pinned to core 0 for every run: one core shared the whole run")
+    ap.add_argument("--name", default=None, help="the results' file name (default from the options)")
     args = ap.parse_args()
     overrides = [*([f"optim.lr={args.lr}"] if args.lr is not None else []), *args.override]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     gpt = args.workload == "gpt"
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in args.methods}
-    with tempfile.TemporaryDirectory() as tmp:
+    base_lr = args.lr if args.lr is not None else LR
+    configs = [(m, None if m.startswith("hogwild") or args.baseline_lrs is None else lr)
+               for m in args.methods for lr in (args.baseline_lrs or [base_lr])]
+    configs = list(dict.fromkeys(configs))  # hogwild once, whatever the baselines' rates
+    label = {c: c[0] + (f" lr {c[1]:g}" if c[1] is not None else "") for c in configs}
+    runs: dict[str, list[dict[str, Any]]] = {label[c]: [] for c in configs}
+    with tempfile.TemporaryDirectory() as tmp, Hog(0 if args.straggler else None):
         for rep in range(args.repeats):
-            for method in args.methods:
-                work = Path(tmp) / f"{method}_{rep}"
+            for c in configs:
+                method, lr = c
+                work = Path(tmp) / f"{method}_{lr}_{rep}"
                 work.mkdir()
                 if method.startswith("hogwild"):
                     r = (_hogwild_gpt(int(method[-3]), args.budget, work, tuple(overrides)) if gpt
                          else _hogwild(int(method[-3]), args.budget, work))
                 else:
                     r = _baseline(2 if method == "ddp_2" else 1, args.budget, _gpt_rank if gpt else None,
-                                  args.lr if args.lr is not None else LR)
-                logger.info("repeat %d %s: %s", rep, method, json.dumps(r))
-                runs[method].append(r)
+                                  lr if lr is not None else base_lr)
+                logger.info("repeat %d %s: %s", rep, label[c], json.dumps(r))
+                runs[label[c]].append(r)
     args.out.mkdir(parents=True, exist_ok=True)
-    name = ("lm_budget_gpt" + (f"_lr{args.lr:g}" if args.lr is not None else "")) if gpt else "lm_budget"
-    (args.out / f"{name}.json").write_text(json.dumps({"command": sys.argv, "budget_s": args.budget, "lr": args.lr, "runs": runs},
-                                                      indent=1))
+    name = args.name or (("lm_budget_gpt" + (f"_lr{args.lr:g}" if args.lr is not None else "")
+                          + ("_straggler" if args.straggler else "")) if gpt else "lm_budget")
+    (args.out / f"{name}.json").write_text(json.dumps({"command": sys.argv, "budget_s": args.budget, "lr": args.lr,
+                                                       "straggler": args.straggler, "runs": runs}, indent=1))
     if gpt:
         lines = [f"| method | median test loss after {args.budget:.0f} s | runs | median tokens/s | "
-                 "median steps (all processes) | median eval share |", "|---|---|---|---|---|---|"]
-        for method in args.methods:
-            rs = runs[method]
+                 "median steps (all processes) | median eval share | median peak memory (MiB) |",
+                 "|---|---|---|---|---|---|---|"]
+        for method, rs in runs.items():
             med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
             losses = ", ".join(f"{r['loss']:.4f}" for r in rs)
+            mem = [r["peak_memory_mb"] for r in rs if r.get("peak_memory_mb")]
             lines.append(f"| {method} | {med('loss'):.4f} | {losses} | "
-                         f"{med('tokens_per_s'):,.0f} | {med('steps'):.0f} | {med('eval_fraction'):.3f} |")
+                         f"{med('tokens_per_s'):,.0f} | {med('steps'):.0f} | {med('eval_fraction'):.3f} | "
+                         f"{statistics.median(mem):,.0f} |" if mem else
+                         f"| {method} | {med('loss'):.4f} | {losses} | "
+                         f"{med('tokens_per_s'):,.0f} | {med('steps'):.0f} | {med('eval_fraction'):.3f} | – |")
     else:
         lines = [f"| method | median test perplexity after {args.budget:.0f} s | runs | median steps (all processes) |",
                  "|---|---|---|---|"]
-        for method in args.methods:
+        for method in runs:
             ppl = [r["perplexity"] for r in runs[method]]
             steps = statistics.median(r["steps"] for r in runs[method])
             lines.append(f"| {method} | {statistics.median(ppl):.3f} | {', '.join(f'{p:.3f}' for p in ppl)} | {steps:.0f} |")

@@ -1,8 +1,10 @@
-"""Per-worker against shared optimizer state for Adam-type optimizers, side by side.
+"""Adam-type optimizers at one and two workers, side by side: the barrier (the default, one state
+per replica stepping on the workers' fresh gradients) against Hogwild with per-worker or shared state.
 
 The regression of the issue that asked (a BatchNorm MLP on scikit-learn's diabetes data, MSE,
-AdamW at lr 0.01, 30 epochs): test R² of one worker, and of two workers with per-worker moments
-(``optim.state=worker``) and with shared moments (``optim.state=shared``), for torch's AdamW
+AdamW at lr 0.01, 30 epochs): test R² of one worker, and of two workers under the barrier
+(``optim.update=barrier``) and under Hogwild with per-worker moments (``optim.update=hogwild
+optim.state=worker``) and with shared moments (``optim.state=shared``), for torch's AdamW
 (``optim._target_=torch.optim.AdamW``) and the flat rule (``optim=adamw``). Repeats interleave
 the configurations, one seed per repeat, so a change in the machine's load hits each alike.
 
@@ -26,8 +28,10 @@ logger = logging.getLogger("optim_state")
 BASE = ["+experiment=regression", "+model.batchnorm=true", "optim.lr=0.01", "optim.weight_decay=0.01",
         "train.epochs=30", "eval.every_s=60"]
 OPTIMIZERS = {"torch AdamW": ["optim._target_=torch.optim.AdamW"], "flat adamw": ["optim=adamw"]}
-SETUPS = {"1 worker": ["workers=1"], "2 workers, per-worker state": ["workers=2", "optim.state=worker"],
-          "2 workers, shared state": ["workers=2", "optim.state=shared"]}
+SETUPS = {"1 worker": ["workers=1"],
+          "2 workers, barrier (default)": ["workers=2"],
+          "2 workers, hogwild, per-worker state": ["workers=2", "optim.update=hogwild", "optim.state=worker"],
+          "2 workers, hogwild, shared state": ["workers=2", "optim.update=hogwild", "optim.state=shared"]}
 
 
 def r2(args: list[str], run_dir: Path) -> float:

@@ -42,6 +42,8 @@ from hogwild.replica.build import Replica
 from hogwild.replica.faults import leader_faults
 from hogwild.replica.models import model_id
 from hogwild.report.summary import RunResult, Status
+from hogwild.replica.meeting import STEPS_KEY
+from hogwild.replica.optim import shared_state, update_path
 from hogwild.sync.comm import Comm, PeerLost
 from hogwild.sync.group import destroy_group
 from hogwild.sync.rules import SyncRule
@@ -56,7 +58,10 @@ def job_fingerprint(cfg: Config, params: int, workers: int) -> str:
     the shards overlap, a different fragment count sent collectives of different sizes, and a
     replica without row-sparse rounds would answer a union of rows with a whole model."""
     data = cfg.data._target_ or cfg.data.name
-    optim = f"{cfg.optim._target_ or cfg.optim.name}/{cfg.optim.state}"
+    # The path decides the optimizer state a heal sends: one replica's barrier state means nothing
+    # to a Hogwild replica's per-worker one.
+    path = update_path(cfg.optim)
+    optim = f"{cfg.optim._target_ or cfg.optim.name}/{'shared' if shared_state(cfg.optim) else 'worker'}/{path}"
     sc = cfg.sync
     return (f"model={model_id(cfg.model)} params={params} data={data} optim={optim} sync.mode={sc.mode} "
             f"sync.dtype={sc.dtype} sync.fragments={sc.fragments} sync.row_sparse={sc.row_sparse} "
@@ -204,8 +209,9 @@ class ElasticGroup(Group, Changes):
             if done is not None:  # and count on from its earlier processes' totals at their last round
                 self.books.carry(torch.from_numpy(done))
         crew.rounds.rebase()
-        logger.info("healed from slot %d (step %d, %d syncs)", source,
-                    crew.base.steps, crew.rounds.syncs)
+        steps = (rep.opt_state or {}).get(STEPS_KEY)
+        logger.info("healed from slot %d (step %d, %d syncs%s)", source, crew.base.steps, crew.rounds.syncs,
+                    f", the replica's optimizer state at its step {int(steps[0])}" if steps is not None else "")
 
     def _reset_absent(self, ep: Epoch) -> None:
         """A group of joiners only goes back to the source's restore point. The slots outside it

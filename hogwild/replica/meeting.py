@@ -18,11 +18,13 @@ the board, so no lock is shared and a process killed at any moment holds nothing
   whether its gradient is finite, the step of the weights it read, what it took, and the last step
   whose shard it applied. The chair writes which step it is a member of; the chair also clears
   a dead worker's record.
-- ``head``: the chair's alone: the open step, the steps applied, the last closed step's numbers.
+- ``head``: the chair's: the open step and the last closed step's numbers; "applied" also by
+  the member that finishes a step last (one value, whoever writes it).
 
 The chair is a thread of the leader. It closes the open step (fixes its members) when every live
-worker has arrived or the bound has passed, and marks a step applied once every member has applied
-its shard. Each member then steps its share of the parameters (an equal slice of the dense values
+worker has arrived or the bound has passed; the step is applied once every member has applied its
+shard, which the member that finishes last marks (every member that sees it writes the same value,
+and so may the chair). Each member then steps its share of the parameters (an equal slice of the dense values
 under the flat rules; whole parameters under a torch optimizer, whose rules may span a parameter,
 as Adafactor's factored moments do): the mean of the members' gradients, the optimizer's step,
 in parallel. A worker reads the weights only when no step is being applied, so a step's
@@ -75,6 +77,8 @@ CELLS = np.dtype([(name, np.float64) for name in (
 # Between two looks at the stop flag and the leader, a waiting worker or an idle chair sleeps at most
 # this long; a kick or a notice ends the sleep at once.
 POLL_S = 0.05
+# How long a waiting worker looks before it sleeps (wait_until).
+SPIN_S = 0.0005
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,11 @@ class Meeting:
     def members(self, step: int) -> list[int]:
         return [int(j) for j in np.flatnonzero(self.cells["member_of"] == step)]
 
+    def all_done(self, step: int) -> bool:
+        """Whether every member of ``step`` has applied its shard (a dead one is excused: forget)."""
+        cells = self.cells
+        return bool((cells["done"][cells["member_of"] == step] >= step).all())
+
     def forget(self, worker: int) -> None:
         """A dead worker's record: not live, arrived nowhere, and a step it was in no longer waits
         for its shard (that shard skips the step). Only the chair calls it (or the pool, alone)."""
@@ -180,6 +189,7 @@ class Chair:
         self._gone: "queue.Queue[tuple[int, threading.Event]]" = queue.Queue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hogwild-chair", daemon=True)
+        self._applied = int(meeting.head["applied"])
 
     def start(self) -> None:
         self._thread.start()
@@ -222,10 +232,11 @@ class Chair:
         m, head, cells = self.m, self.m.head, self.m.cells
         k = int(head["open"])
         if head["applied"] < k:
-            pending = [j for j in m.members(k - 1) if cells[j]["done"] < k - 1]
-            if pending:
+            if not m.all_done(k - 1):
                 return POLL_S
             head["applied"] = k
+        if head["applied"] > self._applied:  # set here, or by the member that finished last
+            self._applied = int(head["applied"])
             self.kick()
         arrived = np.flatnonzero(cells["arrived"] == k)
         if len(arrived) == 0:
@@ -258,9 +269,15 @@ class Chair:
         self.kick()
 
 
-def wait_until(cond: Callable[[], bool], stopping: Callable[[], bool], kick: Optional[Connection]) -> bool:
-    """Block, without spinning, until ``cond()``; False if ``stopping()`` turned true first. A kick
-    only says "look again"; between kicks a look every :data:`POLL_S`."""
+def wait_until(cond: Callable[[], bool], stopping: Callable[[], bool], kick: Optional[Connection],
+               spin_s: float = SPIN_S) -> bool:
+    """Until ``cond()``; False if ``stopping()`` turned true first. It looks for ``spin_s`` first
+    (the other members of a step finish within a few hundred microseconds of each other, and a
+    sleeping process takes as long again to be woken), then blocks: a kick only says "look again";
+    between kicks a look every :data:`POLL_S`."""
+    spin_until = time.perf_counter() + spin_s
+    while not cond() and time.perf_counter() < spin_until:
+        pass
     while not cond():
         if stopping():
             return False

@@ -82,17 +82,17 @@ def grads_finite(grads: list[Optional[Tensor]]) -> bool:
 
 
 class FlatOptimizer:
-    def __init__(self, cfg: OptimConfig, flat: Tensor, slots: list[Slot],
-                 state: dict[str, Tensor], decay: Optional[list[float]] = None, racing: bool = True) -> None:
+    def __init__(self, cfg: OptimConfig, flat: Tensor, slots: list[Slot], state: dict[str, Tensor],
+                 decay: Optional[list[float]] = None, racing: Optional[bool] = None) -> None:
         """``decay``: each slot's weight decay, where ``slots`` are pieces of parameters (the
         barrier's shards) whose own shapes no longer say which are biases. ``racing``: other workers
-        write the same state while this one reads it (shared state under hogwild)."""
+        write the same state while this one reads it (None: when ``optim.state=shared``)."""
         self.cfg, self.lr = cfg, cfg.lr
         self.params = [s.view(flat) for s in slots]
         self.decay = decay if decay is not None else decays(cfg, [s.shape for s in slots])
         self.state = {k: [s.view(buf) for s in slots] for k in state_names(cfg) for buf in (state[k],)}
         self.rule = flat_rule(cfg.name)
-        self.racing = racing and cfg.state == "shared"
+        self.racing = cfg.state == "shared" if racing is None else racing
         self.t = 0  # Adam's bias-correction step: this worker's own updates, or the replica's (barrier)
 
     def set_lr(self, lr: float) -> None:

@@ -152,8 +152,8 @@ def make_updater(cfg: Config, spec: WorkerSpec, flat: Tensor, params: list[Tenso
             direct = torch_optimizer(cfg.optim, [params[i] for i in tables])
             probe, views = state_views(cfg.optim, params, slots, opt_state)
             bind_views(direct.opt, [params[i] for i in tables], [probe[i] for i in tables], [views[i] for i in tables])
-        else:
-            direct = FlatOptimizer(cfg.optim, flat, slots, opt_state)
+        else:  # every worker writes rows of the one state: racing, as optim.state=shared under hogwild
+            direct = FlatOptimizer(cfg.optim, flat, slots, opt_state, racing=True)
     return BarrierUpdate(cfg.optim, meeting, spec.local_index, flat, params, slots, opt_state, direct, notices, kick,
                          stopping, cfg.train.accumulate)
 

@@ -115,6 +115,17 @@ class Job:
             assert time.monotonic() < deadline, f"slot {slot} was not healed in {timeout}s"
             time.sleep(0.1)
 
+    def kill(self, slot: int) -> None:
+        """SIGKILL the slot's leader, as a machine that dies leaves it."""
+        self.procs[slot].send_signal(signal.SIGKILL)
+        assert self.procs[slot].wait(10) == -signal.SIGKILL
+
+    def restart(self, slot: int) -> None:
+        """Kill the slot, start it again, and wait until it has healed from a live peer."""
+        self.kill(slot)
+        self.start(slot)
+        self.wait_healed(slot)
+
     def hurry(self) -> None:
         """The faults are over: the remaining steps run at full speed."""
         self.slow_while.unlink(missing_ok=True)
@@ -210,8 +221,7 @@ def test_a_minority_waits_writes_nothing_and_stops_at_once_on_sigterm(job_factor
     # wait, after the kills, means it knows it is a minority (until then it is the majority's writer).
     waits_before = job.log(0).count("waiting (no writes)")
     for s in (1, 2):  # the writer, slot 0, is left alone: 1 of 3 is no majority
-        job.procs[s].send_signal(signal.SIGKILL)
-        assert job.procs[s].wait(10) == -signal.SIGKILL
+        job.kill(s)
     deadline = time.monotonic() + 60
     while job.log(0).count("waiting (no writes)") <= waits_before:
         assert job.procs[0].poll() is None and time.monotonic() < deadline, job.tail(0)
@@ -276,10 +286,7 @@ def test_a_coordinator_killed_and_restarted_mid_run_splits_nothing(job_factory) 
         time.sleep(0.1)
     # A membership change on the new coordinator: its epochs must go on from the old numbering.
     job.wait_applied(2, job.applied(2) + 20)
-    job.procs[2].send_signal(signal.SIGKILL)
-    assert job.procs[2].wait(10) == -signal.SIGKILL
-    job.start(2)
-    job.wait_healed(2)
+    job.restart(2)
     finish_in_consensus(job)
     formed = job.formed()
     numbers = [n for n, _ in formed]
@@ -335,10 +342,7 @@ def test_kills_at_random_replicas_one_after_another_lose_nothing(job_factory) ->
     for _ in range(4):
         slot = rng.randrange(SLOTS)
         job.wait_applied(slot, job.applied(slot) + rng.randint(10, 80))
-        job.procs[slot].send_signal(signal.SIGKILL)
-        assert job.procs[slot].wait(10) == -signal.SIGKILL
-        job.start(slot)
-        job.wait_healed(slot)
+        job.restart(slot)
     # Each restarted slot went on from where it last reported instead of dropping or restarting its
     # shard, and the survivors went on without the killed slot, each time.
     finish_in_consensus(job, lost=4)
@@ -347,6 +351,20 @@ def test_kills_at_random_replicas_one_after_another_lose_nothing(job_factory) ->
     members = tb_scalars(job.run_dir, "elastic/members")
     assert 2 in members and members[-1] == 3, members
     assert tb_scalars(job.run_dir, "elastic/replicas_lost")[-1] >= 4
+
+
+def test_a_killed_replica_heals_the_barriers_optimizer_state_from_a_peer(job_factory) -> None:  # type: ignore[no-untyped-def]
+    """Under optim.update=barrier a replica's AdamW moments and step count are one shared state:
+    a slot killed and restarted receives them from a live peer with the model, and the job ends in
+    consensus."""
+    job = job_factory("optim=adamw", "optim.lr=0.003", "train.epochs=100", fault="slow:0:25,slow:1:25,slow:2:25")
+    for s in range(SLOTS):
+        job.start(s)
+    job.wait_applied(1, 60)
+    job.restart(1)
+    healed = re.search(r"healed from slot \d.*the replica's optimizer state at its step (\d+)", job.logs[1][-1].read_text())
+    assert healed and int(healed.group(1)) >= 60, job.tail(1)
+    finish_in_consensus(job, lost=1)
 
 
 def test_a_round_that_completed_for_two_members_and_failed_for_one_splits_nothing(job_factory) -> None:  # type: ignore[no-untyped-def]
@@ -406,8 +424,7 @@ def test_every_replica_restarted_starts_from_one_restore_point(job_factory) -> N
         assert time.monotonic() < deadline, "the checkpoints never spanned 150 steps"
         time.sleep(0.2)
     for s in range(SLOTS):
-        job.procs[s].send_signal(signal.SIGKILL)
-        assert job.procs[s].wait(10) == -signal.SIGKILL
+        job.kill(s)
     steps = _checkpoint_steps(job.run_dir)
     newest = max(steps.values())
     older = max((p for p in steps if steps[p] <= newest - 150), key=steps.__getitem__)
@@ -450,10 +467,7 @@ def test_a_restarted_writer_never_writes_a_checkpoint_behind_the_last(job_factor
     for s in range(SLOTS):
         job.start(s)
     job.wait_applied(0, 150)
-    job.procs[0].send_signal(signal.SIGKILL)
-    assert job.procs[0].wait(10) == -signal.SIGKILL
-    job.start(0)
-    job.wait_healed(0)
+    job.restart(0)
     job.wait_applied(0, 100)  # checkpoint.every_s passes a few times before and between its rounds
     finish_in_consensus(job)
     paths = sorted(checkpoint.ckpt_dir(job.run_dir).glob("step_*.pt"), key=lambda p: checkpoint.load(p)["written_at"])

@@ -1,0 +1,100 @@
+"""The two update paths side by side (optim.update): what each holds in memory, and which trains
+plain SGD faster.
+
+``memory``: the GPT of ``+experiment=gpt`` (4 layers, 0.8M parameters) at 1, 2 and 4 workers,
+40 batches a worker: the replica's peak memory (metrics.json's ``peak_memory_mb``: leader and
+workers, the shared model once) under AdamW on the barrier (one state per replica, the default),
+AdamW under Hogwild with per-worker state, and SGD under Hogwild, which keeps no state at all, so
+its growth with the workers is the extra processes' own cost.
+
+``sgd``: the digits MLP with plain SGD (the default run), 2 workers, time to a test accuracy of 0.95
+under Hogwild (the default for SGD) and under the barrier, configurations interleaved, one seed per
+repeat.
+
+    python scripts/update_paths.py --repeats 3 --out bench_results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+logger = logging.getLogger("update_paths")
+
+GPT = ["+experiment=gpt", "model.kwargs.config.n_layer=4", "+data.test_chars=120000", "eval.every_s=1000",
+       "checkpoint.every_s=1000"]
+MEMORY = {"AdamW, barrier (default)": ["optim=adamw"],
+          "AdamW, hogwild, per-worker state": ["optim=adamw", "optim.update=hogwild"],
+          "SGD, hogwild (no state)": ["optim=sgd", "optim.lr=0.1", "sched.name=constant"]}
+SGD = {"hogwild (default)": [], "barrier": ["optim.update=barrier"]}
+
+
+def run(args: list[str], run_dir: Path) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-m", "hogwild.cli.train", *args, f"run_dir={run_dir}", "resume=false"],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-2000:])
+    return dict(json.loads((run_dir / "metrics.json").read_text()))
+
+
+def memory(repeats: int, tmp: Path) -> dict[str, dict[int, list[float]]]:
+    out: dict[str, dict[int, list[float]]] = {name: {w: [] for w in (1, 2, 4)} for name in MEMORY}
+    for rep in range(repeats):
+        for workers in (1, 2, 4):
+            for name, extra in MEMORY.items():
+                m = run([*GPT, *extra, f"workers={workers}", f"train.max_steps={40 * workers}", f"train.seed={rep}"],
+                        tmp / "run")
+                out[name][workers].append(float(m["peak_memory_mb"]))
+                logger.info("%s, %d workers: peak %.0f MiB", name, workers, m["peak_memory_mb"])
+    return out
+
+
+def sgd(repeats: int, tmp: Path) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {name: [] for name in SGD}
+    for rep in range(repeats):
+        for name, extra in SGD.items():
+            m = run(["workers=2", "train.target_accuracy=0.95", "eval.every_s=0.1", f"train.seed={rep}", *extra],
+                    tmp / "run")
+            t = m["time_to_target_s"]
+            out[name].append(float(t) if t is not None else float("inf"))
+            logger.info("SGD %s, seed %d: %.2f s to 0.95", name, rep, out[name][-1])
+    return out
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--parts", nargs="+", choices=("memory", "sgd"), default=["memory", "sgd"])
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args()
+    result: dict[str, Any] = {"command": sys.argv}
+    with tempfile.TemporaryDirectory() as tmp:
+        if "memory" in a.parts:
+            mem = memory(a.repeats, Path(tmp))
+            result["memory_mb"] = mem
+            print("| optimizer, path | 1 worker | 2 workers | 4 workers | 4 workers - 1 worker |\n|---|---|---|---|---|")
+            for name, by in mem.items():
+                med = {w: statistics.median(v) for w, v in by.items()}
+                print(f"| {name} | {med[1]:,.0f} | {med[2]:,.0f} | {med[4]:,.0f} | {med[4] - med[1]:,.0f} |")
+        if "sgd" in a.parts:
+            times = sgd(a.repeats, Path(tmp))
+            result["sgd_time_to_0.95_s"] = times
+            print("| SGD, 2 workers | median s to 0.95 | runs |\n|---|---|---|")
+            for name, ts in times.items():
+                print(f"| {name} | {statistics.median(ts):.2f} | {', '.join(f'{t:.2f}' for t in ts)} |")
+    if a.out:
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "update_paths.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
