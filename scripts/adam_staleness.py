@@ -241,10 +241,12 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
 
 
 def replicas_run(mode: str, replicas: int, interval: int, gradients: int, lr: float, seed: int,
-                 outer_lr: Optional[float] = None, outer_momentum: Optional[float] = None) -> dict[str, Any]:
+                 outer_lr: Optional[float] = None, outer_momentum: Optional[float] = None,
+                 sync_moments: bool = False) -> dict[str, Any]:
     """R replicas of one worker each, each with its own AdamW on fresh gradients, meeting every
     ``interval`` steps through hogwild's own sync rule classes (R x 1 with the default slowmo, or
-    DiLoCo), in lockstep: the outer rule alone, at ``gradients`` in all."""
+    DiLoCo), in lockstep: the outer rule alone, at ``gradients`` in all. ``sync_moments``: each round
+    also averages the replicas' AdamW moments (a design tried, not an option of hogwild's)."""
     import dataclasses
 
     from torch.nn.utils import parameters_to_vector, vector_to_parameters
@@ -280,6 +282,12 @@ def replicas_run(mode: str, replicas: int, interval: int, gradients: int, lr: fl
             with torch.no_grad():
                 for m in models:
                     vector_to_parameters(mean.clone(), m.parameters())
+                if sync_moments:
+                    for ps in zip(*(m.parameters() for m in models)):
+                        for key in ("exp_avg", "exp_avg_sq"):
+                            avg = torch.stack([o.state[p][key] for o, p in zip(opts, ps)]).mean(0)
+                            for o, p in zip(opts, ps):
+                                o.state[p][key].copy_(avg)
     return {"test_loss": _test_loss(models[0], x_test, y_test), "steps": steps, "computed": steps * replicas, "applied": steps * replicas,
             "dropped": 0, "virtual_time": 0.0}
 
@@ -292,7 +300,7 @@ def main_meet(args: argparse.Namespace) -> None:
                 for interval in args.intervals if kind.startswith("replicas") else [0]:
                     if kind.startswith("replicas"):  # "replicas_slowmo": W replicas x 1 worker, rule slowmo
                         r = replicas_run(kind.split("_", 1)[1], workers, interval, args.gradients_per_worker * workers,
-                                         lr, args.seed, args.outer_lr, args.outer_momentum)
+                                         lr, args.seed, args.outer_lr, args.outer_momentum, args.sync_moments)
                     else:
                         r = meet(kind, workers, args.gradients_per_worker * workers, lr, args.seed, bound=args.bound,
                                  jitter=args.jitter, slow=args.slow, until_time=args.until_time)
@@ -331,6 +339,7 @@ def main() -> None:
     ap.add_argument("--intervals", type=int, nargs="+", default=[50], help="--meet replicas_*: steps between rounds")
     ap.add_argument("--outer-lr", type=float, default=None, help="--meet replicas_*: sync.outer_lr")
     ap.add_argument("--outer-momentum", type=float, default=None, help="--meet replicas_*: sync.outer_momentum")
+    ap.add_argument("--sync-moments", action="store_true", help="--meet replicas_*: rounds also average AdamW's moments")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(args.threads)

@@ -109,12 +109,13 @@ def _hogwild(replicas: int, budget: float, work: Path) -> dict[str, Any]:
     return {"perplexity": scores["test_perplexity"], "steps": steps}
 
 
-def _hogwild_gpt(replicas: int, budget: float, work: Path, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+def _hogwild_gpt(replicas: int, budget: float, work: Path, extra: tuple[str, ...] = (),
+                 width: int = 2) -> dict[str, Any]:
     """``+experiment=gpt`` on hogwild's defaults (plus ``extra`` overrides, to try a change),
-    stopped by its own ``train.max_time``."""
+    stopped by its own ``train.max_time``: ``replicas`` x (``width`` / ``replicas``) workers."""
     run = work / f"hw{replicas}"
     args = ["+experiment=gpt", *GPT_SIZE, "train.max_steps=100000000", f"train.max_time={budget}",
-            f"workers={2 // replicas}", f"run_dir={run}", *extra]
+            f"workers={width // replicas}", f"run_dir={run}", *extra]
     if replicas == 1:
         cmd = [sys.executable, "-m", "hogwild.cli.train", *args]
     else:
@@ -181,6 +182,9 @@ def _gpt_rank(rank: int, world: int, port: int, budget: float, threads: int, out
         step += 1
         if t0 is None:
             t0 = time.monotonic()  # after the first step, as hogwild's clock starts
+    import resource
+
+    out[f"peak_rss_mb{rank}"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the evaluation
     if rank == 0:
         model.eval()
         x_test, y_test = torch.stack([test[i][0] for i in range(len(test))]), test.targets
@@ -244,7 +248,10 @@ def _baseline(world: int, budget: float, target: Any = None, lr: float = LR) -> 
         p.join(budget + 600)
     if "result" not in out:
         raise RuntimeError(f"baseline on {world} processes produced no result")
-    return dict(out["result"])
+    rss = [out[k] for k in out.keys() if str(k).startswith("peak_rss_mb")]
+    # Each rank's own peak resident set, summed: a DDP rank shares no tensors with another (the
+    # libraries' pages, counted in each, are a few tens of MB).
+    return {**dict(out["result"]), "peak_memory_mb": sum(rss) if len(rss) == world else None}
 
 
 class Hog:
@@ -282,6 +289,8 @@ def main() -> None:
     ap.add_argument("--straggler", action="store_true",
                     help="a busy process pinned to core 0 for every run: one core shared the whole run")
     ap.add_argument("--name", default=None, help="the results' file name (default from the options)")
+    ap.add_argument("--width", type=int, default=2,
+                    help="gpt: W for hogwild 1 x W and W x 1 and DDP on W processes (a machine of W cores)")
     args = ap.parse_args()
     overrides = [*([f"optim.lr={args.lr}"] if args.lr is not None else []), *args.override]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -290,7 +299,9 @@ def main() -> None:
     configs = [(m, None if m.startswith("hogwild") or args.baseline_lrs is None else lr)
                for m in args.methods for lr in (args.baseline_lrs or [base_lr])]
     configs = list(dict.fromkeys(configs))  # hogwild once, whatever the baselines' rates
-    label = {c: c[0] + (f" lr {c[1]:g}" if c[1] is not None else "") for c in configs}
+    wide = {"hogwild_1x2": f"hogwild_1x{args.width}", "hogwild_2x1": f"hogwild_{args.width}x1",
+            "ddp_2": f"ddp_{args.width}", "single": "single"}
+    label = {c: wide[c[0]] + (f" lr {c[1]:g}" if c[1] is not None else "") for c in configs}
     runs: dict[str, list[dict[str, Any]]] = {label[c]: [] for c in configs}
     with tempfile.TemporaryDirectory() as tmp, Hog(0 if args.straggler else None):
         for rep in range(args.repeats):
@@ -299,10 +310,11 @@ def main() -> None:
                 work = Path(tmp) / f"{method}_{lr}_{rep}"
                 work.mkdir()
                 if method.startswith("hogwild"):
-                    r = (_hogwild_gpt(int(method[-3]), args.budget, work, tuple(overrides)) if gpt
+                    replicas = 1 if method == "hogwild_1x2" else args.width
+                    r = (_hogwild_gpt(replicas, args.budget, work, tuple(overrides), args.width) if gpt
                          else _hogwild(int(method[-3]), args.budget, work))
                 else:
-                    r = _baseline(2 if method == "ddp_2" else 1, args.budget, _gpt_rank if gpt else None,
+                    r = _baseline(args.width if method == "ddp_2" else 1, args.budget, _gpt_rank if gpt else None,
                                   lr if lr is not None else base_lr)
                 logger.info("repeat %d %s: %s", rep, label[c], json.dumps(r))
                 runs[label[c]].append(r)

@@ -187,3 +187,18 @@ class RebindingMomentum(torch.optim.Optimizer):
                 state = self.state[p]
                 state["buf"] = state.get("buf", torch.zeros_like(p)) * 0.9 + p.grad
                 p.add_(state["buf"], alpha=-group["lr"])
+
+
+class PartlyFrozen(nn.Module):
+    """A frozen feature layer (every weight 0.01) under a trainable head: an optimizer must never
+    step the frozen one, decay included."""
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.features = nn.Linear(64, 32)
+        nn.init.constant_(self.features.weight, 0.01)
+        self.features.requires_grad_(False)
+        self.head = nn.Linear(32, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(torch.relu(self.features(x.flatten(1))))

@@ -121,7 +121,7 @@ def build_replica(cfg: Config, device: torch.device, workers: int = 1, replicas_
         if barrier:
             check_in_place(cfg.optim, list(model.parameters()), sparse)
     numel = sum(t.numel() for t in [*model.parameters(), *model.buffers()] if t.is_floating_point())
-    dense = sum(p.numel() for p, s in zip(model.parameters(), sparse) if not s)
+    dense = sum(p.numel() for p, s in zip(model.parameters(), sparse) if p.requires_grad and not s)
     resources.check(cfg, workers, replicas_here, model_bytes=4 * numel, state_copies=copies,
                     stamp_bytes=4 * sum(t.rows for t in stamped or []), syncs=syncs,
                     row_bytes=4 * dense * workers if barrier else 0)
@@ -133,6 +133,7 @@ def build_replica(cfg: Config, device: torch.device, workers: int = 1, replicas_
     if barrier:
         assert opt_state is not None
         opt_state[STEPS_KEY] = torch.zeros(1, dtype=torch.float64).share_memory_()
-        meeting = Meeting(workers, param_slots(model), sparse, device.type, alloc)
+        meeting = Meeting(workers, param_slots(model), sparse, device.type, alloc,
+                          trainable=[p.requires_grad for p in model.parameters()])
     marks = RowMarks(stamped, device.type) if stamped else None
     return Replica(ds, model, flat, opt_state, task, marks, meeting)

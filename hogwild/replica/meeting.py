@@ -110,11 +110,16 @@ class Meeting:
     Built by the leader before any worker starts; workers receive it pickled (its tensors shared)."""
 
     def __init__(self, workers: int, slots: list[Slot], sparse: list[bool], device: str,
-                 alloc: Callable[[int, str], Tensor]) -> None:
+                 alloc: Callable[[int, str], Tensor], trainable: Optional[list[bool]] = None) -> None:
+        """``sparse``: each parameter's gradient is sparse; ``trainable``: it has one at all (a
+        frozen parameter is never stepped, as DDP never steps one)."""
         self.workers = workers
         self.slots = slots
-        self.dense = [i for i, s in enumerate(sparse) if not s]
-        """The parameters whose gradients meet here (a sparse table's rows are written directly)."""
+        trainable = trainable or [True] * len(sparse)
+        self.dense = [i for i, (s, t) in enumerate(zip(sparse, trainable)) if t and not s]
+        """The parameters whose gradients meet here."""
+        self.tables = [i for i, (s, t) in enumerate(zip(sparse, trainable)) if t and s]
+        """The sparse tables: each worker writes their rows directly, as under Hogwild."""
         offsets, at = {}, 0
         for i in self.dense:
             offsets[i] = at
@@ -296,8 +301,8 @@ def wait_until(cond: Callable[[], bool], stopping: Callable[[], bool], kick: Opt
 def mean_into(rows: Tensor, mine: int, contributors: list[int], pieces: list[Piece]) -> bool:
     """Row ``mine`` over ``pieces`` := the mean of the ``contributors``' rows there (only this worker
     reads or writes those values of its own row now). Whether the mean is finite."""
-    finite = True
     scale = 1.0 / len(contributors)
+    finite = []
     for piece in pieces:
         a, b = piece.row_offset, piece.row_offset + piece.numel
         out = rows[mine, a:b]
@@ -309,5 +314,6 @@ def mean_into(rows: Tensor, mine: int, contributors: list[int], pieces: list[Pie
             out.add_(rows[j, a:b])
         if len(contributors) > 1:
             out.mul_(scale)
-        finite = finite and bool(torch.isfinite(out).all())
-    return finite
+        finite.append(torch.isfinite(out).all())
+    # One read of the verdicts: on a GPU each would wait for the stream.
+    return bool(torch.stack(finite).all()) if finite else True

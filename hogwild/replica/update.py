@@ -99,7 +99,7 @@ class BarrierUpdate:
         self.last_count = 0
         """Finite gradients in the last step this worker applied a shard of (their mean's divisor)."""
         self.views = meeting.row_views(index)
-        self.sparse = [i for i in range(len(params)) if i not in self.views]
+        self.sparse = meeting.tables
         self.cuda = flat.device.type == "cuda"
         self._shards: dict[tuple[int, int], tuple[Optimizer, list[Piece], dict[tuple[int, str], int]]] = {}
         self._torch_views: Optional[tuple[list[dict[str, object]], list[dict[str, Tensor]]]] = None
@@ -126,7 +126,8 @@ class BarrierUpdate:
         self._read, self._t0 = int(head["applied"]), time.perf_counter()
         self.m.rows[self.i].zero_()
         for i, p in enumerate(self.params):
-            p.grad = self.views.get(i)  # backward accumulates into the row; a table's gradient stays sparse
+            # Backward adds into the row; a table's gradient stays sparse, a frozen parameter's None.
+            p.grad = self.views.get(i)
         return True
 
     def apply(self, grads: list[Optional[Tensor]], ok: bool, rate: Optional[Rate], pos: int) -> int:

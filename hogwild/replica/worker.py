@@ -146,7 +146,7 @@ def make_updater(cfg: Config, spec: WorkerSpec, flat: Tensor, params: list[Tenso
     if meeting is None:
         return HogwildUpdate(make_optimizer(cfg.optim, flat, slots, params, opt_state), params, cfg.train.accumulate)
     direct: Optional[Optimizer] = None
-    tables = [i for i in range(len(params)) if i not in meeting.offsets]
+    tables = meeting.tables
     if tables:  # the rows of sparse tables are written directly, with the replica's one state
         if cfg.optim._target_:
             direct = torch_optimizer(cfg.optim, [params[i] for i in tables])

@@ -58,6 +58,17 @@ def test_a_poisoned_gradient_never_reaches_the_shared_state(tmp_cwd: Path, monke
     assert torch.isfinite(ck["flat"]).all() and all(torch.isfinite(v).all() for v in ck["opt_state"].values())
 
 
+@pytest.mark.parametrize("update", ["barrier", "hogwild"])
+def test_a_frozen_parameter_is_never_stepped(tmp_cwd: Path, update: str) -> None:
+    out = tmp_cwd / "run"
+    m = run(compose_cfg(["model._target_=tests.user_models.PartlyFrozen", "optim=adamw", "optim.weight_decay=0.1",
+                         f"optim.update={update}", "workers=2", "train.max_steps=40", *QUIET, f"run_dir={out}"]), str(out))
+    assert m["update"] == update
+    sd = checkpoint.load(out / "checkpoints" / "last.pt")["state_dict"]
+    assert bool((sd["features.weight"] == 0.01).all())  # no gradient and no weight decay reached it
+    assert m["steps"] == 40 and m["skipped_nonfinite"] == 0
+
+
 def test_accumulated_batches_make_one_step(tmp_cwd: Path) -> None:
     out = tmp_cwd / "run"
     m = run(compose_cfg(["optim=adamw", "workers=2", "train.max_steps=80", "train.accumulate=4", *QUIET,
@@ -117,3 +128,14 @@ def test_four_workers_hold_one_optimizer_state_not_four(tmp_cwd: Path) -> None:
     barrier = _peak(tmp_cwd, "barrier")
     moments = 7.4e6 * 8 / 2**20
     assert per_worker - barrier > 2 * moments, (per_worker, barrier)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_barrier_trains_on_a_gpu(tmp_cwd: Path) -> None:
+    """On CUDA the rows and the state live on the GPU (CUDA IPC, as the model does); a worker
+    synchronizes its stream before it says its row or its shard is written."""
+    out = tmp_cwd / "run"
+    m = run(compose_cfg(["device=cuda", "optim=adamw", "optim.lr=0.005", "workers=2", "train.epochs=10",
+                         f"run_dir={out}"]), str(out))
+    assert m["update"] == "barrier" and m["test_accuracy"] > 0.9 and m["optimizer_steps"] >= m["steps"] / 2
