@@ -25,7 +25,8 @@ reaches the model when the way of meeting lets it:
 - ``ddp``: every step waits for every worker's fresh gradient and applies their mean (DDP, and a
   barrier with no bound on waiting);
 - ``bound``: the same barrier with a bound on waiting, ``--bound`` time units after the step's
-  first gradient (Chen et al. 2016's backup workers); a late gradient joins the next step
+  first fresh gradient, or with ``--median-bound`` after the median worker's (hogwild's rule; the
+  same for 2 workers) (Chen et al. 2016's backup workers); a late gradient joins the next step
   (``bound_join``) or is dropped and its worker reads the new weights (``bound_drop``);
 - ``async``: asynchronous accumulation; every W gradients make a step, nobody waits (Aji and
   Heafield 2019);
@@ -142,7 +143,8 @@ class Pending:
 
 
 def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound: float = 0.25,
-         jitter: float = 0.1, slow: float = 1.0, until_time: Optional[float] = None) -> dict[str, Any]:
+         jitter: float = 0.1, slow: float = 1.0, until_time: Optional[float] = None,
+         median_bound: bool = False) -> dict[str, Any]:
     """W workers whose gradients meet as ``kind`` says, in virtual time: each gradient takes
     ``exp(jitter * N(0, 1))`` time units (``slow`` times that for worker 0). Stops once
     ``gradients`` have been computed, or at virtual time ``until_time`` (a wall-clock budget: the
@@ -226,9 +228,11 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
             start(item.worker, t)
             continue
         fresh = item.version == n["version"]
-        if fresh and math.isfinite(wait_bound) and not any(q.version == n["version"] for q in acc):
-            # The bound runs from the step's first fresh gradient: a late one that joins does not
-            # start it, or two workers a little apart would keep missing each other's steps.
+        pivot = max(1, -(-workers // 2)) if median_bound else 1
+        if fresh and math.isfinite(wait_bound) and sum(q.version == n["version"] for q in acc) == pivot - 1:
+            # The bound runs from the step's first fresh gradient (with --median-bound, the median
+            # worker's: hogwild's rule): a late one that joins does not start it, or two workers a
+            # little apart would keep missing each other's steps.
             push(t + wait_bound, "timer", n["step_id"])
         acc.append(item)
         waiting.add(item.worker)
@@ -303,9 +307,11 @@ def main_meet(args: argparse.Namespace) -> None:
                                          lr, args.seed, args.outer_lr, args.outer_momentum, args.sync_moments)
                     else:
                         r = meet(kind, workers, args.gradients_per_worker * workers, lr, args.seed, bound=args.bound,
-                                 jitter=args.jitter, slow=args.slow, until_time=args.until_time)
-                    r.update(meet=kind + (f"_every{interval}" if interval else ""), workers=workers, lr=lr,
-                             bound=args.bound, slow=args.slow)
+                                 jitter=args.jitter, slow=args.slow, until_time=args.until_time,
+                                 median_bound=args.median_bound)
+                    r.update(meet=kind + (f"_every{interval}" if interval else "")
+                             + ("_median" if args.median_bound and kind.startswith("bound") else ""),
+                             workers=workers, lr=lr, bound=args.bound, slow=args.slow)
                     logger.info("%s", json.dumps(r))
                     rows.append(r)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -334,6 +340,8 @@ def main() -> None:
     ap.add_argument("--until-time", type=float, default=None,
                     help="--meet: stop at this virtual time (a wall-clock budget) instead of a gradient count")
     ap.add_argument("--bound", type=float, default=0.25, help="--meet bound_*: the bound on waiting, in time units")
+    ap.add_argument("--median-bound", action="store_true",
+                    help="--meet bound_*: the bound runs from the median worker's fresh gradient, not the first")
     ap.add_argument("--jitter", type=float, default=0.1, help="--meet: spread of a gradient's compute time")
     ap.add_argument("--slow", type=float, default=1.0, help="--meet: worker 0 takes this many times as long")
     ap.add_argument("--intervals", type=int, nargs="+", default=[50], help="--meet replicas_*: steps between rounds")

@@ -37,8 +37,9 @@ class OptimConfig:
     SGD (optim=sgd, or a _target_ class named SGD) and SparseAdam, barrier for every other optimizer,
     whose adaptive steps a stale gradient costs most (docs/models.md has the figures)."""
     max_wait: float = 0.25
-    """barrier: how long a step waits for its other workers once its first fresh gradient has
-    arrived, as a multiple of that gradient's compute time (0: never wait)."""
+    """barrier: how long a step waits for its last workers once half of them have brought fresh
+    gradients, as a multiple of the compute time of the last of that half (with 2 workers: the
+    first); a later gradient joins the next step (0: never wait)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """The optimizer _target_'s keyword arguments, gathered from the keys under optim."""
     lr: float = 0.1

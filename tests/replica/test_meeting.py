@@ -92,6 +92,20 @@ def test_a_late_worker_does_not_hold_the_step_past_the_bound() -> None:
     assert m.head["open"] == 2 and m.members(1) == [0, 1] and m.head["closed_late"] == 1
 
 
+def test_with_many_workers_the_bound_runs_from_the_median_workers_arrival() -> None:
+    _, _, m, _ = _replica(OptimConfig(name="adamw"), 4)
+    chair = _chair(m, 0.25, [])
+    m.cells["live"] = 1.0
+    _arrive(m, 0, at=10.0)  # the first of four comes early by chance: no bound yet
+    chair.tick(10.6)
+    assert m.head["open"] == 0
+    _arrive(m, 1, at=10.8)  # the second of four: the bound runs from here, 0.25 s
+    chair.tick(11.0)
+    assert m.head["open"] == 0
+    chair.tick(11.05)
+    assert m.head["open"] == 1 and m.members(0) == [0, 1]
+
+
 def test_a_dead_member_no_longer_holds_its_step_and_a_step_of_no_finite_gradient_is_no_step() -> None:
     _, _, m, _ = _replica(OptimConfig(name="adamw"), 2)
     chair = _chair(m, 0.5, [])
