@@ -197,3 +197,24 @@ def test_a_kick_ends_the_wait_only_once_the_bound_moved() -> None:
     board.control["lag_limit"] = 20.0
     kick_w.send_bytes(b"k")
     assert done.wait(10), "the worker did not go on once the round completed"
+
+
+def test_accumulated_batches_make_one_update_on_their_mean_gradient() -> None:
+    """train.accumulate=2 under Hogwild (plain SGD): each update is one step on the mean of two
+    batches' gradients, and the position moves by both batches."""
+    step_fn, opt, params, spec, board, flat, ds, model = tiny_worker(quota=6)
+    w = flat.clone().requires_grad_(True)
+    for update in range(3):  # SGD lr 0.5 on the mean of batches 2u and 2u + 1
+        grads = []
+        for index in (2 * update, 2 * update + 1):
+            x, y = ds.train.batch(ShardSampler(torch.arange(256), 16, 0).batch(index))
+            weight, bias = w[:8].view(2, 4), w[8:10]
+            g, = torch.autograd.grad(nn.functional.cross_entropy(x[0] @ weight.T + bias, y), w)
+            grads.append(g)
+        with torch.no_grad():
+            w -= 0.5 * (grads[0] + grads[1]) / 2
+    expected = w.detach()
+    updater = HogwildUpdate(opt.opt, params, accumulate=2)
+    run_loop(step_fn, updater, params, spec, board, wake=None, accumulate=2)
+    assert (board.row(0)["pos"], board.row(0)["applied"]) == (6, 3)
+    torch.testing.assert_close(flat, expected, rtol=1e-5, atol=1e-6)
