@@ -246,11 +246,13 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
 
 def replicas_run(mode: str, replicas: int, interval: int, gradients: int, lr: float, seed: int,
                  outer_lr: Optional[float] = None, outer_momentum: Optional[float] = None,
-                 sync_moments: bool = False) -> dict[str, Any]:
+                 sync_moments: bool = False, dense_steps: int = 0) -> dict[str, Any]:
     """R replicas of one worker each, each with its own AdamW on fresh gradients, meeting every
     ``interval`` steps through hogwild's own sync rule classes (R x 1 with the default slowmo, or
     DiLoCo), in lockstep: the outer rule alone, at ``gradients`` in all. ``sync_moments``: each round
-    also averages the replicas' AdamW moments (a design tried, not an option of hogwild's)."""
+    also averages the replicas' AdamW moments; ``dense_steps``: the first steps average the replicas
+    after every step, as post-local SGD (Lin et al. 2020) runs synchronously before it goes local,
+    and the rule starts from their mean (designs tried, not options of hogwild's)."""
     import dataclasses
 
     from torch.nn.utils import parameters_to_vector, vector_to_parameters
@@ -278,6 +280,15 @@ def replicas_run(mode: str, replicas: int, interval: int, gradients: int, lr: fl
             for group in opt.param_groups:
                 group["lr"] = rate
             opt.step()
+        if t < dense_steps:  # synchronous phase: every step ends on the replicas' mean
+            mean = torch.stack([parameters_to_vector(m.parameters()).detach() for m in models]).mean(0)
+            with torch.no_grad():
+                for m in models:
+                    vector_to_parameters(mean.clone(), m.parameters())
+            if t + 1 == dense_steps:
+                rule.global_params = None
+                rule.prime(mean)  # the outer rule goes on from where the synchronous phase left
+            continue
         if (t + 1) % interval == 0 or t + 1 == steps:
             mean = torch.stack([parameters_to_vector(m.parameters()).detach() for m in models]).mean(0)
             if t + 1 == steps:
@@ -304,13 +315,17 @@ def main_meet(args: argparse.Namespace) -> None:
                 for interval in args.intervals if kind.startswith("replicas") else [0]:
                     if kind.startswith("replicas"):  # "replicas_slowmo": W replicas x 1 worker, rule slowmo
                         r = replicas_run(kind.split("_", 1)[1], workers, interval, args.gradients_per_worker * workers,
-                                         lr, args.seed, args.outer_lr, args.outer_momentum, args.sync_moments)
+                                         lr, args.seed, args.outer_lr, args.outer_momentum, args.sync_moments,
+                                         args.dense_steps)
                     else:
                         r = meet(kind, workers, args.gradients_per_worker * workers, lr, args.seed, bound=args.bound,
                                  jitter=args.jitter, slow=args.slow, until_time=args.until_time,
                                  median_bound=args.median_bound)
+                    replicas = kind.startswith("replicas")
                     r.update(meet=kind + (f"_every{interval}" if interval else "")
-                             + ("_median" if args.median_bound and kind.startswith("bound") else ""),
+                             + ("_median" if args.median_bound and kind.startswith("bound") else "")
+                             + (f"_dense{args.dense_steps}" if replicas and args.dense_steps else "")
+                             + ("_moments" if replicas and args.sync_moments else ""),
                              workers=workers, lr=lr, bound=args.bound, slow=args.slow)
                     logger.info("%s", json.dumps(r))
                     rows.append(r)
@@ -348,6 +363,8 @@ def main() -> None:
     ap.add_argument("--outer-lr", type=float, default=None, help="--meet replicas_*: sync.outer_lr")
     ap.add_argument("--outer-momentum", type=float, default=None, help="--meet replicas_*: sync.outer_momentum")
     ap.add_argument("--sync-moments", action="store_true", help="--meet replicas_*: rounds also average AdamW's moments")
+    ap.add_argument("--dense-steps", type=int, default=0,
+                    help="--meet replicas_*: the first steps average the replicas after every step (post-local SGD)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(args.threads)
