@@ -144,7 +144,7 @@ class Pending:
 
 def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound: float = 0.25,
          jitter: float = 0.1, slow: float = 1.0, until_time: Optional[float] = None,
-         median_bound: bool = False) -> dict[str, Any]:
+         median_bound: bool = False, straggler_bound: Optional[float] = None) -> dict[str, Any]:
     """W workers whose gradients meet as ``kind`` says, in virtual time: each gradient takes
     ``exp(jitter * N(0, 1))`` time units (``slow`` times that for worker 0). Stops once
     ``gradients`` have been computed, or at virtual time ``until_time`` (a wall-clock budget: the
@@ -192,8 +192,13 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
         n["version"] += 1
         n["applied"] += len(pending)
 
+    late_before: set[int] = set()
+
     def close(t: float) -> None:
         members = sorted(waiting)
+        late_before.clear()
+        late_before.update(set(range(workers)) - waiting)  # not in this step: late to it
+        late_before.update(q.worker for q in acc if q.version < n["version"])  # came late, joined
         step(list(acc), opts[0], t)
         acc.clear()
         waiting.clear()
@@ -232,8 +237,11 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
         if fresh and math.isfinite(wait_bound) and sum(q.version == n["version"] for q in acc) == pivot - 1:
             # The bound runs from the step's first fresh gradient (with --median-bound, the median
             # worker's: hogwild's rule): a late one that joins does not start it, or two workers a
-            # little apart would keep missing each other's steps.
-            push(t + wait_bound, "timer", n["step_id"])
+            # little apart would keep missing each other's steps. With --straggler-bound, a step
+            # whose missing workers were all late to the step before waits only that long for them.
+            missing = set(range(workers)) - waiting - {item.worker}
+            short = straggler_bound is not None and missing and missing <= late_before
+            push(t + (straggler_bound if short else wait_bound), "timer", n["step_id"])
         acc.append(item)
         waiting.add(item.worker)
         if len(waiting) == workers:
@@ -320,10 +328,12 @@ def main_meet(args: argparse.Namespace) -> None:
                     else:
                         r = meet(kind, workers, args.gradients_per_worker * workers, lr, args.seed, bound=args.bound,
                                  jitter=args.jitter, slow=args.slow, until_time=args.until_time,
-                                 median_bound=args.median_bound)
+                                 median_bound=args.median_bound, straggler_bound=args.straggler_bound)
                     replicas = kind.startswith("replicas")
                     r.update(meet=kind + (f"_every{interval}" if interval else "")
                              + ("_median" if args.median_bound and kind.startswith("bound") else "")
+                             + (f"_straggler{args.straggler_bound:g}" if args.straggler_bound is not None
+                                and kind.startswith("bound") else "")
                              + (f"_dense{args.dense_steps}" if replicas and args.dense_steps else "")
                              + ("_moments" if replicas and args.sync_moments else ""),
                              workers=workers, lr=lr, bound=args.bound, slow=args.slow)
@@ -355,6 +365,8 @@ def main() -> None:
     ap.add_argument("--until-time", type=float, default=None,
                     help="--meet: stop at this virtual time (a wall-clock budget) instead of a gradient count")
     ap.add_argument("--bound", type=float, default=0.25, help="--meet bound_*: the bound on waiting, in time units")
+    ap.add_argument("--straggler-bound", type=float, default=None,
+                    help="--meet bound_*: a shorter bound for a step whose missing workers were late to the last")
     ap.add_argument("--median-bound", action="store_true",
                     help="--meet bound_*: the bound runs from the median worker's fresh gradient, not the first")
     ap.add_argument("--jitter", type=float, default=0.1, help="--meet: spread of a gradient's compute time")

@@ -36,10 +36,13 @@ class OptimConfig:
     a late worker at most optim.max_wait (a later gradient joins the next step). auto: hogwild for
     SGD (optim=sgd, or a _target_ class named SGD) and SparseAdam, barrier for every other optimizer,
     whose adaptive steps a stale gradient costs most (docs/models.md has the figures)."""
-    max_wait: float = 0.25
+    max_wait: float = 0.5
     """barrier: how long a step waits for its last workers once half of them have brought fresh
     gradients, as a multiple of the compute time of the last of that half (with 2 workers: the
     first); a later gradient joins the next step (0: never wait)."""
+    straggler_wait: float = 0.1
+    """barrier: max_wait for a step whose missing workers were all late to the step before: a
+    straggler (a worker on a loaded core) is not waited for as long, step after step."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """The optimizer _target_'s keyword arguments, gathered from the keys under optim."""
     lr: float = 0.1
@@ -75,8 +78,9 @@ class OptimConfig:
         positive(self.eps, "optim.eps")
         choice(self.state, "optim.state", OPTIM_STATES)
         choice(self.update, "optim.update", UPDATES)
-        require(0.0 <= self.max_wait <= MAX_WAIT_BOUND, "optim.max_wait",
-                f"must be in [0, {MAX_WAIT_BOUND:g}] (times a gradient's compute time), got {self.max_wait}")
+        for key, wait in (("max_wait", self.max_wait), ("straggler_wait", self.straggler_wait)):
+            require(0.0 <= wait <= MAX_WAIT_BOUND, f"optim.{key}",
+                    f"must be in [0, {MAX_WAIT_BOUND:g}] (times a gradient's compute time), got {wait}")
         require(not (self.update == "barrier" and self.state == "worker"), "optim.state",
                 "worker cannot combine with optim.update=barrier, which keeps one state per replica in shared "
                 "memory; use optim.state=auto, or optim.update=hogwild")

@@ -66,7 +66,7 @@ class WorkerPool:
             assert rep.opt_state is not None
             self._notices = self._ctx.Pipe(duplex=False)
             self.chair = Chair(rep.meeting, cfg.optim.max_wait, rep.opt_state[STEPS_KEY], self.release,
-                               *self._notices)
+                               *self._notices, straggler_wait=cfg.optim.straggler_wait)
 
     def _spawn(self, i: int) -> None:
         self._close_kick(i)  # a respawn gets a fresh pipe: its predecessor's may hold stale kicks

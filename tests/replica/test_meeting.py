@@ -92,6 +92,33 @@ def test_a_late_worker_does_not_hold_the_step_past_the_bound() -> None:
     assert m.head["open"] == 2 and m.members(1) == [0, 1] and m.head["closed_late"] == 1
 
 
+def test_a_worker_late_twice_running_is_waited_for_less() -> None:
+    """A straggler (a loaded core) is not waited for the whole bound step after step: once it was
+    late to a step, the next step waits for it only optim.straggler_wait."""
+    _, _, m, _ = _replica(OptimConfig(name="adamw"), 2)
+    r, w = mp.get_context("spawn").Pipe(duplex=False)
+    chair = Chair(m, 0.5, torch.zeros(1, dtype=torch.float64), lambda: None, r, w, straggler_wait=0.1)
+    m.cells["live"] = 1.0
+    _arrive(m, 0, at=10.0)
+    chair.tick(10.45)
+    assert m.head["open"] == 0  # the whole bound, 0.5 s, for a worker that was not late before
+    chair.tick(10.5)
+    assert m.members(0) == [0]
+    m.cells["done"][0] = 0
+    chair.tick(10.5)
+    _arrive(m, 1, at=10.7, read=0)  # worker 1's gradient of step 0 joins step 1
+    _arrive(m, 0, at=11.6, read=1)
+    chair.tick(11.6)
+    assert m.members(1) == [0, 1]
+    m.cells["done"][[0, 1]] = 1
+    chair.tick(11.6)
+    _arrive(m, 0, at=12.7, read=2)  # step 2: worker 1, late to step 1, is waited for 0.1 s only
+    chair.tick(12.75)
+    assert m.head["open"] == 2
+    chair.tick(12.8)
+    assert m.head["open"] == 3 and m.members(2) == [0]
+
+
 def test_with_many_workers_the_bound_runs_from_the_median_workers_arrival() -> None:
     _, _, m, _ = _replica(OptimConfig(name="adamw"), 4)
     chair = _chair(m, 0.25, [])
