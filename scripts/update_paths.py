@@ -11,6 +11,11 @@ its growth with the workers is the extra processes' own cost.
 under Hogwild (the default for SGD) and under the barrier, configurations interleaved, one seed per
 repeat.
 
+``small``: the workloads whose steps take a millisecond or two, where a step's meeting costs most:
+the digits MLP under AdamW (lr 0.003, 2 workers, time to 0.95) and ``+experiment=clicks`` (Adagrad on
+sparse tables and a small dense MLP, 2 workers, one pass: its seconds and final log-loss), each
+under both paths.
+
     python scripts/update_paths.py --repeats 3 --out bench_results
 """
 
@@ -69,11 +74,29 @@ def sgd(repeats: int, tmp: Path) -> dict[str, list[float]]:
     return out
 
 
+SMALL = {"digits AdamW": ["optim=adamw", "optim.lr=0.003", "workers=2", "train.target_accuracy=0.95",
+                          "eval.every_s=0.1"],
+         "clicks Adagrad": ["+experiment=clicks", "workers=2", "eval.every_s=1000"]}
+
+
+def small(repeats: int, tmp: Path) -> dict[str, dict[str, list[dict[str, float]]]]:
+    out: dict[str, dict[str, list[dict[str, float]]]] = {w: {"hogwild": [], "barrier": []} for w in SMALL}
+    for rep in range(repeats):
+        for work, args in SMALL.items():
+            for path in ("hogwild", "barrier"):
+                m = run([*args, f"optim.update={path}", f"train.seed={rep}"], tmp / "run")
+                out[work][path].append({"train_s": m["train_s"], "time_to_target_s": m["time_to_target_s"],
+                                        "test_logloss": m.get("test_logloss"), "test_accuracy": m.get("test_accuracy"),
+                                        "barrier_wait_fraction": m["barrier_wait_fraction"]})
+                logger.info("%s, %s, seed %d: %s", work, path, rep, out[work][path][-1])
+    return out
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--parts", nargs="+", choices=("memory", "sgd"), default=["memory", "sgd"])
+    ap.add_argument("--parts", nargs="+", choices=("memory", "sgd", "small"), default=["memory", "sgd", "small"])
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     result: dict[str, Any] = {"command": sys.argv}
@@ -91,6 +114,19 @@ def main() -> None:
             print("| SGD, 2 workers | median s to 0.95 | runs |\n|---|---|---|")
             for name, ts in times.items():
                 print(f"| {name} | {statistics.median(ts):.2f} | {', '.join(f'{t:.2f}' for t in ts)} |")
+        if "small" in a.parts:
+            got = small(a.repeats, Path(tmp))
+            result["small"] = got
+            print("| workload | path | median s (digits: to 0.95; clicks: the pass) | clicks: median log-loss | "
+                  "median wait share |\n|---|---|---|---|---|")
+            for work, by in got.items():
+                for path, rs in by.items():
+                    key = "time_to_target_s" if work.startswith("digits") else "train_s"
+                    t = statistics.median(r[key] if r[key] is not None else float("inf") for r in rs)
+                    ll = [r["test_logloss"] for r in rs if r["test_logloss"] is not None]
+                    print(f"| {work} | {path} | {t:.2f} | {statistics.median(ll):.4f} |" if ll else
+                          f"| {work} | {path} | {t:.2f} | – |", end="")
+                    print(f" {statistics.median(r['barrier_wait_fraction'] for r in rs):.2f} |")
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "update_paths.json").write_text(json.dumps(result, indent=1) + "\n")
