@@ -170,6 +170,14 @@ class Meeting:
         cells = self.cells
         return bool((cells["done"][cells["member_of"] == step] >= step).all())
 
+    def finish(self, worker: int, step: int) -> None:
+        """``worker`` has applied its shard of ``step``; the last member to do so marks the step
+        applied, so the weights are whole again without waiting for the chair's next look."""
+        self.cells[worker]["done"] = step
+        if self.all_done(step):
+            head = self.head
+            head["applied"] = max(head["applied"], step + 1)
+
     def forget(self, worker: int) -> None:
         """A dead worker's record: not live, arrived nowhere, and a step it was in no longer waits
         for its shard (that shard skips the step). Only the chair calls it (or the pool, alone)."""

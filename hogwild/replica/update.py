@@ -148,9 +148,7 @@ class BarrierUpdate:
             if step is None:
                 return 0
             self._apply_shard(step, rate)
-            cell["done"] = step
-            if self.m.all_done(step):  # the last member to finish: the weights are whole again
-                self.m.head["applied"] = max(self.m.head["applied"], step + 1)
+            self.m.finish(self.i, step)
             self._tell()
             wait_until(lambda: self.m.head["applied"] > step, self.stopping, self.kick)
         finally:
