@@ -112,24 +112,6 @@ def test_a_dead_worker_holds_no_step_while_it_is_respawned(tmp_path: Path) -> No
     assert m["barrier_wait_s"] < 2.0, m["barrier_wait_s"]  # waiting for the respawn would take 3 s and more
 
 
-def _peak(tmp_path: Path, name: str, *args: str) -> float:
-    out = tmp_path / name
-    m = run(compose_cfg(["optim=adamw", "model.hidden=100000", "workers=4", "train.max_steps=24", *QUIET, *args,
-                         f"run_dir={out}"]), str(out))
-    return float(m["peak_memory_mb"])
-
-
-@pytest.mark.slow
-def test_four_workers_hold_one_optimizer_state_not_four(tmp_cwd: Path) -> None:
-    """A 7.4M-parameter MLP (29 MB; AdamW's moments 57 MB): four Hogwild workers keep four copies
-    of the moments, the barrier one. Measured side by side, the barrier's replica is smaller by
-    about the three copies it does not keep."""
-    per_worker = _peak(tmp_cwd, "hogwild", "optim.update=hogwild")
-    barrier = _peak(tmp_cwd, "barrier")
-    moments = 7.4e6 * 8 / 2**20
-    assert per_worker - barrier > 2 * moments, (per_worker, barrier)
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_barrier_trains_on_a_gpu(tmp_cwd: Path) -> None:

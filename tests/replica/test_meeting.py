@@ -200,9 +200,27 @@ def test_members_stepping_their_shards_are_one_optimizer_stepping_the_mean(cfg: 
             p.grad = mean[m.offsets[i]:m.offsets[i] + p.numel()].view(p.shape).clone()
         ref.step()
     assert ups[members - 1].last_count == members  # the last step's divisor: every member's gradient
+    # One state per replica, however many members: every optimizer state tensor of every member's
+    # shard lies in the replica's shared state, so none is held twice (per-worker Hogwild keeps one
+    # whole state per worker).
+    assert _private_state(ups, state) == []
     for ours, theirs in zip(model.parameters(), ref_model.parameters()):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
     assert all(torch.isfinite(v).all() for v in state.values())
+
+
+def _private_state(ups: list[BarrierUpdate], state: dict[str, Tensor]) -> list[str]:
+    """The state tensors of the members' shard optimizers that are not views of ``state``."""
+    shared = {t.untyped_storage().data_ptr() for t in state.values()}
+    found = []
+    for j, up in enumerate(ups):
+        for opt, _, _ in up._shards.values():
+            inner = getattr(opt, "opt", None)
+            held = ([(k, v) for st in inner.state.values() for k, v in st.items()] if inner is not None
+                    else [(k, v) for k, views in opt.state.items() for v in views])
+            found += [f"member {j}: {k}" for k, v in held
+                      if isinstance(v, Tensor) and v.untyped_storage().data_ptr() not in shared]
+    return found
 
 
 # ---------------------------------------------------------------------- real processes
