@@ -42,14 +42,6 @@ def pytest_configure(config: pytest.Config) -> None:
         os.sched_setaffinity(0, cores_of_this_test_process())
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # The multi-process tests first: xdist's worksteal hands each test process a contiguous run and
-    # steals from the end of the longest queue, so the suite ends on short tests instead of one
-    # 40-second job running alone on one test process while the other is idle. Stable, and the
-    # same in every test process (they must collect one order).
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
