@@ -94,12 +94,12 @@ def test_a_slow_worker_holds_no_step_past_the_bound(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_dead_worker_holds_no_step_while_it_is_respawned(tmp_path: Path) -> None:
-    """A worker killed with SIGKILL mid-run is respawned, which takes over 3 s here (its warm-up is
+    """A worker killed with SIGKILL mid-run is respawned, which takes over 10 s here (its warm-up is
     slowed): its peer's steps go on without it meanwhile, and the run ends with every step."""
     from tests.leader.test_faults import _start, _wait_training
 
     out = tmp_path / "run"
-    env = clean_env(HOGWILD_FAULT="slow:0:30,slow:1:30,warm:0:3000,warm:1:3000")
+    env = clean_env(HOGWILD_FAULT="slow:0:30,slow:1:30,warm:0:10000,warm:1:10000")
     proc = _start(tmp_path, "optim=adamw", "workers=2", "train.max_steps=400", *QUIET, f"run_dir={out}", env=env)
     victim = _wait_training(proc, 2)[1]
     wait_training(out, proc)
@@ -109,7 +109,9 @@ def test_a_dead_worker_holds_no_step_while_it_is_respawned(tmp_path: Path) -> No
     assert proc.returncode == 0, log[-3000:]
     m = metrics(out)
     assert m["worker_restarts"] == 1 and m["steps"] == 400
-    assert m["barrier_wait_s"] < 2.0, m["barrier_wait_s"]  # waiting for the respawn would take 3 s and more
+    # Waiting for the respawn would take 10 s and more. The steps' ordinary waits add up too: 3.9 s
+    # over the run's 400 batches beside two busy processes and two other tests on 2 cores.
+    assert m["barrier_wait_s"] < 6.0, m["barrier_wait_s"]
 
 
 @pytest.mark.slow
