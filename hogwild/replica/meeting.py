@@ -8,7 +8,8 @@ weights that step moves, as DDP's are, and no worker waits long for a late one (
 backup workers): once the fresh gradients of half its live workers have arrived, the step waits for
 the others at most ``optim.max_wait`` times the compute time of the last of that half
 (``optim.straggler_wait`` when every worker it waits for was late to the step before as well), and
-a gradient later than that joins the next step. No allreduce and no copy of the model per worker: the gradients meet where they are.
+a gradient later than that joins the next step. No allreduce and no copy of the model per worker:
+the gradients meet where they are.
 
 What lives in shared memory, and who writes what (every cell has one writer at a time, as on
 the board, so no lock is shared and a process killed at any moment holds nothing):
@@ -170,13 +171,20 @@ class Meeting:
         cells = self.cells
         return bool((cells["done"][cells["member_of"] == step] >= step).all())
 
+    def mark_applied(self, step: int) -> bool:
+        """If every member of ``step`` has applied its shard, say so in the head (the weights are
+        whole again); whoever sees it, the chair or the last member, writes the same value."""
+        if not self.all_done(step):
+            return False
+        head = self.head
+        head["applied"] = max(head["applied"], step + 1)
+        return True
+
     def finish(self, worker: int, step: int) -> None:
         """``worker`` has applied its shard of ``step``; the last member to do so marks the step
         applied, so the weights are whole again without waiting for the chair's next look."""
         self.cells[worker]["done"] = step
-        if self.all_done(step):
-            head = self.head
-            head["applied"] = max(head["applied"], step + 1)
+        self.mark_applied(step)
 
     def forget(self, worker: int) -> None:
         """A dead worker's record: not live, arrived nowhere, and a step it was in no longer waits
@@ -251,10 +259,8 @@ class Chair:
         """Close or finish what can be; the seconds until the bound of the open step (or a poll)."""
         m, head, cells = self.m, self.m.head, self.m.cells
         k = int(head["open"])
-        if head["applied"] < k:
-            if not m.all_done(k - 1):
-                return POLL_S
-            head["applied"] = k
+        if head["applied"] < k and not m.mark_applied(k - 1):
+            return POLL_S
         if head["applied"] > self._applied:  # set here, or by the member that finished last
             self._applied = int(head["applied"])
             self.kick()
@@ -263,7 +269,7 @@ class Chair:
             return POLL_S
         live = np.flatnonzero(cells["live"] > 0)
         if set(live.tolist()) <= set(arrived.tolist()):
-            self._close(k, arrived)
+            self._close(k, arrived, live)
             return POLL_S
         # The bound runs from the arrival of the median live worker's fresh gradient, not the first:
         # the first of many workers comes early by chance alone (with 8, a bound from the first left
@@ -281,14 +287,14 @@ class Chair:
         wait = self.straggler_wait if missing <= self._late else self.max_wait
         deadline = cells[pivot]["at"] + wait * cells[pivot]["compute_s"]
         if now >= deadline:
-            self._close(k, arrived)
+            self._close(k, arrived, live)
             return POLL_S
         return max(0.0, min(POLL_S, deadline - now))
 
-    def _close(self, k: int, members: np.ndarray) -> None:
+    def _close(self, k: int, members: np.ndarray, live: np.ndarray) -> None:
         head, cells = self.m.head, self.m.cells
-        live = set(np.flatnonzero(cells["live"] > 0).tolist())
-        self._late = (live - set(members.tolist())) | {int(j) for j in members if cells[j]["read"] < k}
+        late_joiners = {int(j) for j in members if cells[j]["read"] < k}
+        self._late = (set(live.tolist()) - set(members.tolist())) | late_joiners
         count = int((cells["finite"][members] > 0).sum())
         head["count"] = count
         head["t"] = float(self.steps[0])
