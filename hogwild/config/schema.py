@@ -18,6 +18,8 @@ from hogwild.errors import ConfigError
 from hogwild.files import writable_dir
 
 MAX_LOADER_WORKERS = 64
+TOKEN_DTYPES = ("uint16", "uint32", "int32", "int64")
+STREAM_SPLITS = ("auto", "round_robin", "worker_info")
 DEVICES = ("cpu", "cuda")
 
 
@@ -44,9 +46,11 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     name: str = "digits"
-    """Dataset: digits | mnist | fashion_mnist | cifar10 | npz | sparse_synthetic | image_folder."""
+    """Dataset: digits | mnist | fashion_mnist | cifar10 | npz | sparse_synthetic | image_folder | tokens."""
     _target_: Optional[str] = None
-    """Import path of a callable returning (train, test) map-style datasets of (inputs..., label)."""
+    """Import path of a callable returning (train, test) datasets of (inputs..., label) or dicts:
+    map-style, or streams (torch IterableDataset, a Hugging Face datasets stream); a schema field
+    set here (data.path=...) is passed to it when its signature takes it."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """The data _target_'s keyword arguments, gathered from the keys under data."""
     root: str = "data"
@@ -58,7 +62,8 @@ class DataConfig:
     download: bool = False
     """Let torchvision download into ``root``; never done unless asked."""
     path: Optional[str] = None
-    """The .npz file for ``data=npz`` (arrays X, y and optionally X_test, y_test)."""
+    """The .npz file of ``data=npz`` (arrays X, y and optionally X_test, y_test); the .bin token
+    file(s) of ``data=tokens`` (comma-separated paths or a glob); passed to a data._target_ that takes it."""
     test_fraction: float = 0.2
     """Held-out share where a dataset has no test split of its own (digits, npz, sparse)."""
     split_seed: int = 0
@@ -80,6 +85,22 @@ class DataConfig:
     target, y that an item has). The key stays in the batch, so a model that takes it (a Hugging
     Face model's ``labels``) computes its own loss."""
 
+    dtype: str = "uint16"
+    """tokens: the dtype of the token ids in the .bin files (nanoGPT writes uint16)."""
+    block_size: int = 256
+    """tokens: tokens per sample (the model's context); the labels are the same block shifted by one."""
+    sampling: str = "random"
+    """tokens: random (blocks at seeded random offsets, nanoGPT's get_batch) | sequential
+    (consecutive non-overlapping blocks, each read once per epoch)."""
+    test_samples: int = 4096
+    """Streams and token files: the test split holds at most this many samples (the first of a
+    test stream, read once into memory; the held-out token blocks)."""
+    stream_split: str = "auto"
+    """Streams: how the training stream is split among every worker of every replica. auto: a
+    Hugging Face datasets stream by split_dataset_by_node, any other by round_robin; round_robin:
+    each worker keeps every N-th sample; worker_info: the dataset splits itself by
+    torch.utils.data.get_worker_info(), as under a DataLoader (hogwild sets each worker's place)."""
+
     def __post_init__(self) -> None:
         DATASETS.check(self.name)
         require(0.0 < self.test_fraction < 1.0, "data.test_fraction",
@@ -98,6 +119,11 @@ class DataConfig:
         require(self.num_classes >= 2, "data.num_classes", f"must be >= 2, got {self.num_classes}")
         if self.name == "npz":
             require(bool(self.path), "data.path", "required for data=npz (a .npz with X and y)")
+        choice(self.dtype, "data.dtype", TOKEN_DTYPES)
+        positive(self.block_size, "data.block_size")
+        choice(self.sampling, "data.sampling", ("random", "sequential"))
+        positive(self.test_samples, "data.test_samples")
+        choice(self.stream_split, "data.stream_split", STREAM_SPLITS)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from hogwild.config.registry import OPTIMIZERS, SCHEDULES
 from hogwild.config.validate import at_most, choice, duration, positive, require
 
 PRECISIONS = ("fp32", "bf16")
+COMPILE_MODES = ("off", "auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 OPTIM_STATES = ("auto", "worker", "shared")
 UPDATES = ("auto", "hogwild", "barrier")
 # A step's wait for its late workers is bounded by this many times a gradient's compute time: more
@@ -218,6 +219,11 @@ class TrainConfig:
     precision: str = "fp32"
     """fp32 | bf16: the workers' forward and loss under bf16 autocast (CPU and CUDA); the shared
     weights, their updates and the sync rounds stay float32."""
+    compile: str = "off"
+    """off | auto | default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs: each
+    worker compiles its model's forward (and so its backward) with torch.compile in that mode; the
+    parameters stay the shared ones. A torch whose compiler does not work here is an error, except
+    under auto, which then trains uncompiled and says so."""
 
     def __post_init__(self) -> None:
         positive(self.epochs, "train.epochs")
@@ -237,6 +243,7 @@ class TrainConfig:
         require(self.seed < 2**63 - 2**20, "train.seed", f"must be below 2**63 - 2**20, got {self.seed}")
         positive(self.log_every_s, "train.log_every_s")
         choice(self.precision, "train.precision", PRECISIONS)
+        choice(self.compile, "train.compile", COMPILE_MODES)
         if self.target_accuracy is not None:
             require(0.0 < self.target_accuracy <= 1.0, "train.target_accuracy",
                      f"must be in (0, 1], got {self.target_accuracy}")
