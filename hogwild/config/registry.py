@@ -59,4 +59,5 @@ SCHEDULES: Registry[Callable[..., float]] = Registry("sched.name", "hogwild.repl
 TASKS: Registry[type] = Registry("task", "hogwild.replica.tasks")
 OPTIMIZERS: Registry[type] = Registry("optim.name", "hogwild.replica.optim")
 MODELS: Registry[Callable[..., object]] = Registry("model.name", "hogwild.replica.models")
-DATASETS: Registry[Callable[..., object]] = Registry("data.name", "hogwild.data.datasets", "hogwild.data.mapped")
+DATASETS: Registry[Callable[..., object]] = Registry("data.name", "hogwild.data.datasets", "hogwild.data.mapped",
+                                                 "hogwild.data.tokens")
