@@ -17,6 +17,7 @@ from torch import Tensor
 from hogwild.checkpoint import store as checkpoint
 from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
+from hogwild.data.streams import StreamRecords
 from hogwild.errors import ConfigError
 from hogwild.replica.board import Board, Counts
 from hogwild.replica.build import Replica
@@ -56,8 +57,8 @@ def resume_path(resume: Any, run_dir: Path, is_rank0: bool, agree: Callable[[str
 
 
 def restore(path: str, model_name: str, shapes: list[tuple[int, ...]], flat: Tensor,
-            opt_state: Optional[dict[str, Tensor]], board: Board, rank: int, world: int
-            ) -> tuple[Restored, dict[str, Tensor]]:
+            opt_state: Optional[dict[str, Tensor]], board: Board, rank: int, world: int,
+            streams: Optional[StreamRecords] = None) -> tuple[Restored, dict[str, Tensor]]:
     """Load ``path`` into the shared model, optimizer state and worker positions.
 
     Returns what was restored and the sync rule's saved state.
@@ -73,6 +74,10 @@ def restore(path: str, model_name: str, shapes: list[tuple[int, ...]], flat: Ten
     k = len(board.stats)
     if isinstance(pos, torch.Tensor) and tuple(pos.shape) == (world, k):
         board.set_positions(pos[rank].numpy())
+        saved = ckpt.get("streams") or {}
+        if streams is not None and saved.get("rank") == rank:
+            for w, blob in saved.get("records", {}).items():  # each worker finds its state at its position
+                streams.put(int(w), int(pos[rank][int(w)]), blob.numpy().tobytes())
     else:
         pos = None
         logger.warning("checkpoint was made with another replicas x workers layout; "
@@ -106,7 +111,7 @@ def resume(cfg: Config, run_dir: Path, rep: Replica, board: Board, rule: SyncRul
     if path is None:
         return None
     restored, sync_state = restore(path, model_id(cfg.model), rep.shapes, rep.flat, rep.opt_state, board,
-                                   env.rank, env.world_size)
+                                   env.rank, env.world_size, rep.streams)
     restored.steps_lost = steps_lost(previous, path, run_dir, restored.counters.steps,
                                      lambda xs: comm.all_reduce(torch.tensor(xs, dtype=torch.float64)).tolist())
     rule.load_state_dict(sync_state)

@@ -34,7 +34,8 @@ PROBE_SAMPLES = 64
 def payload(*, model_name: str, shapes: list[tuple[int, ...]], flat: Tensor,
             opt_state: Optional[dict[str, Tensor]], positions: Tensor, counters: Counts,
             sync_state: dict[str, Tensor], config: dict[str, Any], lineage: str,
-            model: Optional[nn.Module] = None, copy_state: bool = True) -> dict[str, Any]:
+            model: Optional[nn.Module] = None, copy_state: bool = True,
+            streams: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """A checkpoint: tensors and plain values only, so it loads with ``weights_only=True``.
     ``state_dict`` (the module's names, views of the same ``flat`` copy, stored once) is the
     part that leaves hogwild: ``torch.load(path, weights_only=True)["state_dict"]`` (design rule 22).
@@ -57,8 +58,22 @@ def payload(*, model_name: str, shapes: list[tuple[int, ...]], flat: Tensor,
         "counters": counters.lineage(),
         "sync_state": sync_state,
         "config": config,
+        "streams": streams or {},
     }
 
+
+
+def stream_states(rep: Replica, positions: Tensor, rank: int) -> dict[str, Any]:
+    """The writer's own workers' stream states at the positions this checkpoint records (the
+    other replicas' are not here: theirs resume by skipping; data/streams.py)."""
+    if rep.streams is None:
+        return {}
+    held: dict[int, Tensor] = {}
+    for k, pos in enumerate(positions[rank].tolist()):
+        blob = rep.streams.find(k, int(pos)) if pos > 0 else None
+        if blob is not None:
+            held[k] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    return {"rank": rank, "records": held}
 
 
 class Saver:
@@ -120,7 +135,8 @@ class Saver:
         return f"kept the last good checkpoint {self.last_good}" if self.last_good else "no good checkpoint to keep"
 
     def write(self, rep: Replica, *, positions: torch.Tensor, counters: Counts, sync_state: dict[str, Any],
-              config: dict[str, Any], loss: float, stopped: bool = False) -> Optional[tuple[str, int]]:
+              config: dict[str, Any], loss: float, stopped: bool = False, rank: int = 0
+              ) -> Optional[tuple[str, int]]:
         """Write a checkpoint of ``rep`` if it is good. Returns (why not, exit code) when the
         run must stop: the model went bad, or the disk refused the file twice. ``stopped``: the
         workers have stopped, so the buffer itself is judged and written, without a snapshot."""
@@ -137,7 +153,8 @@ class Saver:
             return f"{bad}: not checkpointed; {self.kept()}", EXIT_FAILED
         data = payload(model_name=self.model_name, shapes=rep.shapes, flat=snap, opt_state=rep.opt_state,
                        positions=positions, counters=counters, sync_state=sync_state, config=config,
-                       lineage=self.lineage, model=rep.model, copy_state=not stopped)
+                       lineage=self.lineage, model=rep.model, copy_state=not stopped,
+                       streams=stream_states(rep, positions, rank))
         try:
             self.last_good = str(checkpoint.save(self.run_dir, data, self.keep))
         except checkpoint.CheckpointWriteError as e:

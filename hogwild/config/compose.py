@@ -198,11 +198,34 @@ def _jobs(overrides: list[str], conf_dir: str, multirun: bool) -> list[list[str]
     return [list(j) for j in per_value]
 
 
+def _refuse_plus_on_fields(overrides: list[str]) -> None:
+    """``+data.path=x`` on a schema field: Hydra refuses a ``+`` only where the key holds a value,
+    so on a field whose default is None it appended the key without a word. Refused the same way
+    for every field (a ``+`` is for a _target_'s own arguments)."""
+    import dataclasses
+    import typing
+
+    for override in overrides:
+        if not override.startswith("+") or override.startswith("++"):
+            continue
+        key = override[1:].partition("=")[0]
+        node: Any = Config
+        for part in key.split("."):
+            hints = typing.get_type_hints(node) if dataclasses.is_dataclass(node) else {}
+            if part not in hints:
+                break
+            node = hints[part]
+        else:
+            raise ConfigError(f"{key}: already a config key: set it without '+' ({key}=...); a _target_ whose "
+                              "signature takes it is passed it")
+
+
 def compose(overrides: list[str], config_name: str = "config", conf_dir: str = CONF_DIR) -> Config:
     """The validated :class:`Config` of one job's overrides."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    _refuse_plus_on_fields(overrides)
     try:
         with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
             dcfg = hydra_compose(config_name=config_name, overrides=overrides)

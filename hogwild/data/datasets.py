@@ -42,8 +42,9 @@ def load_dataset(cfg: DataConfig) -> Dataset:
     for split_name, split in (("train", ds.train), ("test", ds.test)):
         if len(split) == 0:
             raise ConfigError(f"data: the {split_name} split of {name!r} is empty")
-    logger.info("data %s: %d train / %d test samples, %d classes, input %s",
-                name, len(ds.train), len(ds.test), ds.num_classes, ds.input_shape)
+    train = "a stream of" if getattr(ds.train, "stream", False) else f"{len(ds.train)}"
+    logger.info("data %s: %s train / %d test samples, %d classes, input %s",
+                name, train, len(ds.test), ds.num_classes, ds.input_shape)
     return ds
 
 

@@ -14,28 +14,22 @@ from typing import Any, Iterator, Mapping, Optional, Union
 
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, default_collate
+from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
 from hogwild.config.registry import DATASETS
 from hogwild.config.schema import DataConfig
-from hogwild.config.targets import call_target, import_target
+from hogwild.config.targets import call_target, import_target, schema_kwargs
+from hogwild.data.items import LABEL_KEYS, Inputs, collate, label_of, labels_key_of, stack_labels
 from hogwild.data.splits import Dataset
+from hogwild.data.streams import HEAD, StreamSplit, is_stream, read_test_stream, resolve_split
 from hogwild.errors import ConfigError, first_line, user_call
 
 logger = logging.getLogger(__name__)
 
 
-LABEL_KEYS = ("labels", "label", "targets", "target", "y")
-Inputs = Union[tuple[Tensor, ...], dict[str, Tensor]]
-
-
-def labels_key_of(item: Mapping[str, Any], configured: str) -> Optional[str]:
-    """The key of a dict item that holds its labels: ``data.labels_key``, or the first of
-    :data:`LABEL_KEYS` the item has (``auto``); None when it has none."""
-    if configured != "auto":
-        return configured if configured in item else None
-    return next((k for k in LABEL_KEYS if k in item), None)
+# data.* fields hogwild applies to every dataset, never passed to a data._target_.
+HOGWILD_FIELDS = ("labels_key", "loader_workers", "test_samples", "stream_split")
 
 
 class MapSplit:
@@ -57,10 +51,7 @@ class MapSplit:
         return collate(items, self.labels_key)
 
     def label_of(self, item: Any) -> Any:
-        if isinstance(item, Mapping):
-            key = labels_key_of(item, self.labels_key)
-            return None if key is None else item[key]
-        return item[-1]
+        return label_of(item, self.labels_key)
 
     @property
     def targets(self) -> Tensor:
@@ -68,45 +59,19 @@ class MapSplit:
         if self._targets is None:
             known = getattr(self.dataset, "targets", None)
             labels = known if known is not None else [self.label_of(self.dataset[i]) for i in range(len(self))]
-            self._targets = _stack_labels(labels)
+            self._targets = stack_labels(labels)
         return self._targets
 
     def share_memory_(self) -> "MapSplit":
         return self  # items are read on demand in each worker: nothing to share
 
 
-def collate(items: list[Any], labels_key: str = "auto") -> tuple[Inputs, Optional[Tensor]]:
-    """A batch: ``(inputs tuple, labels)`` of tuple items, ``(dict, labels)`` of dict items (the
-    labels also stay in the dict, under their key)."""
-    if isinstance(items[0], Mapping):
-        batch = {k: torch.as_tensor(v) if not isinstance(v, Tensor) else v for k, v in default_collate(items).items()}
-        key = labels_key_of(batch, labels_key)
-        if key is None:
-            return batch, None
-        y = batch[key]
-        if not y.is_floating_point():
-            batch[key] = y = y.long()
-        return batch, y
-    *inputs, y = default_collate(items)
-    y = torch.as_tensor(y)
-    return tuple(inputs), y if y.is_floating_point() else y.long()
-
-
-def _stack_labels(labels: Any) -> Tensor:
-    """Labels as one tensor: int64 for class labels and token sequences, float32 for regression."""
-    if isinstance(labels, Tensor):
-        y = labels
-    else:
-        y = torch.stack([torch.as_tensor(t) for t in labels]) if len(labels) else torch.zeros(0, dtype=torch.int64)
-    return y.float() if y.is_floating_point() else y.long()
-
-
-def _check_item(split: MapSplit, key: str) -> tuple[int, ...]:
+def _check_item(split: Union[MapSplit, StreamSplit], key: str) -> tuple[int, ...]:
     """The input shape of item 0, after checking that items are (inputs..., label) or a mapping
     of tensors with a labels key, where a label is an integer (a class), a float or float tensor
     (regression targets) or an integer tensor (a sequence of tokens)."""
     with user_call(f"{key}: reading item 0 of the {split.name} set"):
-        item = split.dataset[0]
+        item = split.head[0] if isinstance(split, StreamSplit) else split.dataset[0]
     if isinstance(item, Mapping):
         return _check_mapping(item, split, key)
     ok = isinstance(item, (tuple, list)) and len(item) >= 2 and all(isinstance(t, Tensor) for t in item[:-1])
@@ -117,7 +82,7 @@ def _check_item(split: MapSplit, key: str) -> tuple[int, ...]:
     return tuple(item[0].shape)
 
 
-def _check_mapping(item: Mapping[str, Any], split: MapSplit, key: str) -> tuple[int, ...]:
+def _check_mapping(item: Mapping[str, Any], split: Union[MapSplit, StreamSplit], key: str) -> tuple[int, ...]:
     bad = [k for k, v in item.items() if not isinstance(v, (Tensor, int, float)) or isinstance(v, bool)]
     if bad or not item:
         raise ConfigError(f"{key}: a dict item must map names to tensors or numbers; item 0 of the {split.name} set "
@@ -153,31 +118,47 @@ def _check_items(split: MapSplit, key: str) -> None:
         raise ConfigError(f"{key}: len() of the {split.name} set raised {type(e).__name__}: {first_line(e)}") from None
     if n < 1:
         raise ConfigError(f"{key}: the {split.name} set is empty")
+    _check_shapes(split, n, key)
+    _check_pickles(split.dataset, split.name, key)
+
+
+def _check_shapes(split: Union[MapSplit, StreamSplit], n: int, key: str) -> None:
     first = None
     for i in sorted({0, n // 2, n - 1}):
         with user_call(f"{key}: reading item {i} of the {split.name} set"):
-            item = split.dataset[i]
+            item = split.head[i] if isinstance(split, StreamSplit) else split.dataset[i]
         shapes = _shapes(item)
         if first is None:
             first = shapes
         elif shapes != first:
             raise ConfigError(f"{key}: items of the {split.name} set differ in shape (item 0: {first}, item {i}: "
                               f"{shapes}); a batch stacks them, so pad or crop them to one shape")
+
+
+def _check_pickles(dataset: Any, name: str, key: str) -> None:
     import pickle
 
     try:
-        pickle.dumps(split.dataset)
+        pickle.dumps(dataset)
     except Exception as e:  # noqa: BLE001 - a lambda, a file handle, a lock: anything pickle refuses
-        raise ConfigError(f"{key}: the {split.name} set cannot be pickled to the workers ({type(e).__name__}: "
+        raise ConfigError(f"{key}: the {name} set cannot be pickled to the workers ({type(e).__name__}: "
                           f"{first_line(e)}); keep its state in picklable attributes") from None
 
 
-def _pair(train: Any, test: Any, key: str, num_classes: int | None = None, labels_key: str = "auto") -> Dataset:
-    splits = [MapSplit(d, name, labels_key) for d, name in ((train, "train"), (test, "test"))]
+def _pair(train: Any, test: Any, key: str, num_classes: int | None = None, labels_key: str = "auto",
+          stream_split: str = "auto") -> Dataset:
+    splits: list[Any] = [MapSplit(d, name, labels_key) for d, name in ((train, "train"), (test, "test"))]
+    if is_stream(train):
+        splits[0] = StreamSplit(train, "train", labels_key, resolve_split(train, stream_split))
+        if splits[0].read_head(HEAD, key) == 0:
+            raise ConfigError(f"{key}: the train stream is empty")
+        _check_shapes(splits[0], len(splits[0]), key)
+        _check_pickles(train, "train", key)
     shape = _check_item(splits[0], key)
     _check_item(splits[1], key)
     for split in splits:
-        _check_items(split, key)
+        if not isinstance(split, StreamSplit):
+            _check_items(split, key)
     train_y, test_y = splits[0].targets, splits[1].targets
     if train_y.is_floating_point():  # regression: the model's outputs are the target's size
         classes = int(train_y[0].numel())
@@ -189,12 +170,44 @@ def _pair(train: Any, test: Any, key: str, num_classes: int | None = None, label
 def load_target(cfg: DataConfig) -> Dataset:
     """``data._target_``: a callable returning (train, test) map-style datasets."""
     path = str(cfg._target_)
-    out = call_target(import_target(path, "data._target_"), path, "data", dict(cfg.kwargs), cfg.kwargs)
+    fn = import_target(path, "data._target_")
+    # A schema field the user changed (data.path=corpus.jsonl) goes to a factory that takes it, as
+    # for model, optim and sched; the fields hogwild applies to any dataset are its own.
+    kwargs = {**schema_kwargs(cfg, fn, path, "data", handled=HOGWILD_FIELDS), **cfg.kwargs}
+    out = call_target(fn, path, "data", kwargs, kwargs)
+    _check_hf_splits(out, path)
     if not (isinstance(out, (tuple, list)) and len(out) == 2
-            and all(hasattr(d, "__getitem__") and hasattr(d, "__len__") for d in out)):
-        raise ConfigError(f"data._target_: {path} must return (train, test) map-style datasets, "
+            and all(is_stream(d) or (hasattr(d, "__getitem__") and hasattr(d, "__len__")) for d in out)):
+        raise ConfigError(f"data._target_: {path} must return (train, test) datasets, map-style or streams, "
                           f"got {_describe(out)}")
-    return _pair(out[0], out[1], "data._target_", labels_key=cfg.labels_key)
+    train, test = out
+    if is_stream(test):
+        test = read_test_stream(test, cfg.test_samples, "data._target_")
+    return _pair(train, test, "data._target_", labels_key=cfg.labels_key, stream_split=cfg.stream_split)
+
+
+def _check_hf_splits(out: Any, path: str) -> None:
+    """A ``datasets`` DatasetDict where one split was meant, or the splits swapped: each trained
+    or scored the wrong samples (a DatasetDict's items are its splits) without a word."""
+    def splits_of(d: Any) -> Optional[str]:
+        if type(d).__name__ in ("DatasetDict", "IterableDatasetDict"):
+            return ", ".join(map(str, d.keys()))
+        return None
+
+    for d in (out, *(out if isinstance(out, (tuple, list)) else ())):
+        names = splits_of(d)
+        if names is not None:
+            raise ConfigError(f"data._target_: {path} returned a datasets {type(d).__name__} (splits {names}) "
+                              "where a split was meant; return (d['train'], d['test'])")
+    if isinstance(out, (tuple, list)) and len(out) == 2:
+        if out[0] is out[1]:
+            raise ConfigError(f"data._target_: {path} returned one dataset as both the train and the test set; "
+                              "a held-out test set is what the scores are judged on")
+        train = out[0]
+        split = str(getattr(train, "split", "") or "") if type(train).__module__.startswith("datasets.") else ""
+        if split in ("test", "validation"):
+            raise ConfigError(f"data._target_: {path} returned the datasets split {split!r} as the train set; "
+                              "return (train, test) in that order")
 
 
 @DATASETS.register("image_folder")

@@ -98,7 +98,7 @@ class Leader:
             # Until the first round gathers them, the other replicas are where the checkpoint left
             # them: a checkpoint written alone before then must not put their shards back to zero.
             saver.gathered(restored.positions, Counts(), Counts())
-        specs = worker_specs(cfg, env, k, len(rep.ds.train))
+        specs = worker_specs(cfg, env, k, rep.ds.train, rep.compile)
         per_step = batches_per_step(cfg, k)
         check_schedule(cfg.sched, cfg.optim.lr, -(-(specs[0].replica_quota or specs[0].quota) // per_step))  # the real length
         target = Target(cfg.train.target, rep.task, rep.model, rep.flat)
@@ -167,7 +167,7 @@ class Leader:
         if self.group.writer:
             failed = crew.saver.write(crew.rep, positions=positions, counters=crew.base.plus(job, crew.rounds.syncs),
                                       sync_state=crew.rule.state_dict(), config=self._config_dict(),
-                                      loss=crew.board.loss(), stopped=stopped)
+                                      loss=crew.board.loss(), stopped=stopped, rank=self.env.rank)
             if failed is not None:
                 self.ctl.fail(*failed)
 
@@ -341,7 +341,7 @@ class Leader:
                              timing=timing, sync=sync_stats, workers=crew.workers, threads=crew.specs[0].threads,
                              replicas=self.env.world_size, sync_mode=self.cfg.sync.mode,
                              schedule=crew.schedule, resumed=crew.restored, run_dir=crew.run_dir,
-                             update=update_report(crew)).metrics()
+                             update={**update_report(crew), **input_report(crew)}).metrics()
         metrics.update(verdict=verdict.summary, target_held=crew.target.held(tel.scores), **self.changes.report())
         if crew.restored is not None and metrics["status"] != Status.OK:
             # A resumed run that failed keeps the report of the run it resumed, which told of a
@@ -364,6 +364,18 @@ def update_report(crew: Crew) -> dict[str, Any]:
     assert rep.opt_state is not None
     return {"update": BARRIER, "optimizer_steps": int(rep.opt_state[STEPS_KEY][0]),
             "late_gradients": int(rep.meeting.head["closed_late"])}
+
+
+def input_report(crew: Crew) -> dict[str, Any]:
+    """``metrics.json``'s ``compile`` (the torch.compile mode the workers used: train.compile
+    resolved) and ``stream_epochs`` (a training stream: the epochs each of this replica's workers
+    had begun, from 0; null for map-style data)."""
+    rep = crew.rep
+    epochs = None
+    if rep.streams is not None:
+        records = [rep.streams.latest(k) for k in range(len(crew.board.stats))]
+        epochs = [int(r["epoch"]) if r is not None else 0 for r in records]
+    return {"compile": rep.compile, "stream_epochs": epochs}
 
 
 def hand_back_judged(crew: Crew) -> None:

@@ -13,7 +13,9 @@ from torch import Tensor, nn
 
 from hogwild.config.schema import Config
 from hogwild.data.datasets import Dataset, load_dataset
+from hogwild.data.streams import StreamRecords, StreamSplit
 from hogwild.errors import ConfigError
+from hogwild.replica.compiled import check_compiler
 from hogwild.replica.lr_schedule import check_schedule
 from hogwild.replica.models import build_model
 from hogwild.replica import resources
@@ -41,6 +43,10 @@ class Replica:
     """``sync.row_sparse``: the stamps of the embedding tables' rows the workers write."""
     meeting: Optional[Meeting] = None
     """``optim.update=barrier``: where the workers' gradients meet (replica/meeting.py)."""
+    streams: Optional[StreamRecords] = None
+    """A training stream: each worker's latest stream states, for checkpoints and respawns."""
+    compile: str = "off"
+    """The torch.compile mode the workers use: train.compile, resolved (auto: default, or off)."""
 
     @property
     def shapes(self) -> list[tuple[int, ...]]:
@@ -102,7 +108,10 @@ def build_replica(cfg: Config, device: torch.device, workers: int = 1, replicas_
     """``device`` comes from :func:`replica_device`, which has made it current; ``workers``,
     ``replicas_here`` and ``syncs`` (the replica meets others in rounds) size the memory check."""
     warn_slow_bf16(cfg, device)
+    compile_mode = check_compiler(cfg.train.compile, device)  # before any worker: a broken compiler fails here
     ds = load_dataset(cfg.data).share_memory_()
+    if isinstance(ds.train, StreamSplit):
+        check_stream_config(cfg)
     model = build_model(cfg.model, ds, cfg.train.seed)
     task = build_task(cfg, ds)
     # Before the model moves into shared memory and any worker spawns: a model, data or loss that
@@ -136,4 +145,17 @@ def build_replica(cfg: Config, device: torch.device, workers: int = 1, replicas_
         meeting = Meeting(workers, param_slots(model), sparse, device.type, alloc,
                           trainable=[p.requires_grad for p in model.parameters()])
     marks = RowMarks(stamped, device.type) if stamped else None
-    return Replica(ds, model, flat, opt_state, task, marks, meeting)
+    # A record per batch of a step, and the one before it: the state at the position the board
+    # shows stays held while the worker reads its next step's batches.
+    streams = StreamRecords(workers, cfg.train.accumulate + 1) if isinstance(ds.train, StreamSplit) else None
+    return Replica(ds, model, flat, opt_state, task, marks, meeting, streams, compile_mode)
+
+
+def check_stream_config(cfg: Config) -> None:
+    """What a stream cannot do, said before anything starts."""
+    if cfg.train.max_steps is None and cfg.train.max_time is None:
+        raise ConfigError("train.max_steps: the training data is a stream, which has no length (so no epochs); "
+                          "set train.max_steps or train.max_time")
+    if cfg.data.loader_workers:
+        raise ConfigError("data.loader_workers: not with a training stream (each worker reads its own part of "
+                          "the stream in order); set data.loader_workers=0")

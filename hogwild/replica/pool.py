@@ -16,7 +16,8 @@ from typing import Any, Callable, Optional
 from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
 from hogwild.data.datasets import shard
-from hogwild.errors import Fault
+from hogwild.data.streams import StreamSplit
+from hogwild.errors import ConfigError, Fault
 from hogwild.replica.board import Board
 from hogwild.replica.build import Replica
 from hogwild.replica.meeting import STEPS_KEY, Chair
@@ -26,20 +27,39 @@ from hogwild.replica.worker import WorkerSpec, worker_main
 
 logger = logging.getLogger(__name__)
 
+# A stream trained by train.max_time: a quota no run reaches (step counters are 64-bit floats on the
+# board, exact to 2**53).
+UNBOUNDED = 2**52
 
-def worker_specs(cfg: Config, env: DistEnv, k: int, n_train: int) -> list[WorkerSpec]:
-    """This replica's K workers: global shard index, thread budget and batch quota of each."""
+
+def worker_specs(cfg: Config, env: DistEnv, k: int, train: Any, compile_mode: str = "off") -> list[WorkerSpec]:
+    """This replica's K workers: global shard index, thread budget and batch quota of each, and the
+    torch.compile mode they use."""
     num_global = k * env.world_size
     threads = max(1, available_cores() // (k * env.local_world_size))
     quotas = []
     for i in range(k):
-        n_shard = len(shard(n_train, num_global, env.rank * k + i, cfg.train.seed))
         if cfg.train.max_steps is not None:
             quotas.append(cfg.train.max_steps // k + (1 if i < cfg.train.max_steps % k else 0))
+        elif isinstance(train, StreamSplit):
+            quotas.append(UNBOUNDED)  # a stream has no length: train.max_time ends the run
         else:
+            n_shard = len(shard(len(train), num_global, env.rank * k + i, cfg.train.seed))
             quotas.append(cfg.train.epochs * -(-n_shard // min(cfg.train.batch_size, n_shard)))
-    return [WorkerSpec(i, env.rank * k + i, num_global, threads, q, sum(quotas), os.getpid())
+    if isinstance(train, StreamSplit):
+        check_stream_length(cfg, train, num_global)
+    return [WorkerSpec(i, env.rank * k + i, num_global, threads, q, sum(quotas), os.getpid(), compile_mode)
             for i, q in enumerate(quotas)]
+
+
+def check_stream_length(cfg: Config, train: StreamSplit, num_global: int) -> None:
+    """One batch per worker at least: a shorter stream leaves some worker's part empty (it would
+    fail in that worker, after the others started)."""
+    need = cfg.train.batch_size * num_global
+    held = train.read_head(need)
+    if held < need:
+        raise ConfigError(f"data: the training stream holds {held} samples, fewer than one batch per worker "
+                          f"(train.batch_size={cfg.train.batch_size} x {num_global} workers = {need})")
 
 
 class WorkerPool:
@@ -81,7 +101,7 @@ class WorkerPool:
             args=(self.cfg, self.specs[i], self.rep.ds, self.rep.flat, self.rep.opt_state, self.board,
                   self._wake_w, kick_r, environment(), self._life_r),
             kwargs={"marks": self.rep.marks, "meeting": self.rep.meeting,
-                    "notices": self._notices[1] if self._notices else None})
+                    "notices": self._notices[1] if self._notices else None, "streams": self.rep.streams})
         p.start()
         self.procs[i] = p
 

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from hogwild.config.targets import import_target, signature_of
 from hogwild.config.train import LossConfig, StepConfig
-from hogwild.data.mapped import Inputs
+from hogwild.data.items import Inputs
 from hogwild.errors import ConfigError
 
 logger = logging.getLogger(__name__)

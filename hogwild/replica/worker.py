@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import torch
@@ -24,9 +24,11 @@ from torch import Tensor
 from hogwild.config.schema import Config
 from hogwild.data.datasets import Dataset, ShardSampler, shard
 from hogwild.data.mapped import MapSplit, Prefetcher
+from hogwild.data.streams import StreamReader, StreamRecords, StreamSplit
 from hogwild import logs
 from hogwild.errors import escaped, first_line, save_traceback
 from hogwild.replica.board import Board
+from hogwild.replica.compiled import compile_model, warm_up_in_training_mode
 from hogwild.replica.faults import StepFn, inject_faults, startup_faults
 from hogwild.replica.lr_schedule import LRSchedule
 from hogwild.replica.models import build_model
@@ -66,20 +68,23 @@ class WorkerSpec:
     """Batches all workers of this replica process: the length of the learning-rate schedule."""
     leader_pid: int = 0
     """The leader's process id (a worker's parent may be the fork server)."""
+    compile: str = "off"
+    """The torch.compile mode of this worker's model (train.compile, resolved by the leader)."""
 
 
 def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
                 opt_state: Optional[dict[str, Tensor]], board: Board, wake: Connection,
                 kick: Connection, environ: Optional[dict[str, str]] = None,
                 life: Optional[Connection] = None, marks: Optional[RowMarks] = None,
-                meeting: Optional[Meeting] = None, notices: Optional[Connection] = None) -> None:
+                meeting: Optional[Meeting] = None, notices: Optional[Connection] = None,
+                streams: Optional[StreamRecords] = None) -> None:
     """A spawned worker. An exception ends it with one line and its traceback in a file of the
     run directory (the leader then respawns it or stops the run); without this, each death
     printed a full traceback, four or five times over for a bug that every respawn hits."""
     if environ is not None:
         adopt_environment(environ)
     try:
-        _work(cfg, spec, ds, flat, opt_state, board, wake, kick, life, marks, meeting, notices)
+        _work(cfg, spec, ds, flat, opt_state, board, wake, kick, life, marks, meeting, notices, streams)
     except (SystemExit, KeyboardInterrupt) as e:
         # The user's code (a dataset item, a forward, a loss) left: workers ignore SIGINT and
         # SIGTERM and never call sys.exit, so this ends a worker that did not finish, never as 0.
@@ -98,7 +103,7 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
 def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor, opt_state: Optional[dict[str, Tensor]],
           board: Board, wake: Connection, kick: Connection, life: Optional[Connection],
           marks: Optional[RowMarks] = None, meeting: Optional[Meeting] = None,
-          notices: Optional[Connection] = None) -> None:
+          notices: Optional[Connection] = None, streams: Optional[StreamRecords] = None) -> None:
     # Oversubscribed intra-op threads make Hogwild slower than one process (design rule 4
     # in docs/design.md).
     torch.set_num_threads(spec.threads)
@@ -116,12 +121,18 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor, opt_state: O
 
     model = build_model(cfg.model, ds, cfg.train.seed)
     bind(model, flat)
+    compile_model(model, spec.compile)  # in place: the parameters stay the shared views
     params = list(model.parameters())
     alive = leader_watch(life)
     updater = make_updater(cfg, spec, flat, params, param_slots(model), opt_state, meeting, notices, kick,
                            lambda: bool(board.control["stop"]) or not alive())
-    sampler = ShardSampler(shard(len(ds.train), spec.num_global, spec.global_index, cfg.train.seed),
-                           cfg.train.batch_size, cfg.train.seed + spec.global_index)
+    sampler: Union[ShardSampler, StreamReader]
+    if isinstance(ds.train, StreamSplit):  # its own part of the stream, from its position (data/streams.py)
+        sampler = StreamReader(ds.train, spec.global_index, spec.num_global, cfg.train.batch_size, streams,
+                               spec.local_index)
+    else:
+        sampler = ShardSampler(shard(len(ds.train), spec.num_global, spec.global_index, cfg.train.seed),
+                               cfg.train.batch_size, cfg.train.seed + spec.global_index)
     step = make_step(cfg.step, cfg.loss, make_loss(cfg.loss, task_kind(cfg, ds)), model)
     step_fn = make_step_fn(model, params, ds, sampler, flat.device, step, cfg.data.loader_workers,
                            bf16=cfg.train.precision == "bf16")
@@ -129,7 +140,9 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor, opt_state: O
     # One throw-away forward/backward: the allocator's and autograd's first-call costs land
     # in startup (reported as such), not in the first training steps.
     startup_faults(spec.global_index, spec.leader_pid)
-    model.eval()  # a training-mode forward would move BatchNorm's shared running statistics
+    # eval: a training-mode forward would move BatchNorm's shared running statistics; a compiled
+    # model without them warms up its training graph instead (replica/compiled.py).
+    model.train(warm_up_in_training_mode(model, spec.compile))
     step_fn(int(board.row(spec.local_index)["pos"]))
     model.train()
     run_loop(inject_faults(step_fn, params, spec.global_index), updater, params, spec, board, wake, kick,
@@ -158,19 +171,26 @@ def make_updater(cfg: Config, spec: WorkerSpec, flat: Tensor, params: list[Tenso
                          stopping, cfg.train.accumulate)
 
 
-def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, sampler: ShardSampler,
+def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, sampler: Union[ShardSampler, StreamReader],
                  device: torch.device, step: Optional[Step] = None, loader_workers: int = 0,
                  bf16: bool = False) -> StepFn:
     """One step's loss and gradient under the step contract (replica/step.py; the default: a
     plain ``model(*inputs)`` and cross-entropy); ``bf16``: the forward and the loss under bf16
     autocast, with float32 weights and gradients (the shared buffer never holds anything else)."""
-    prefetch = Prefetcher(ds.train, sampler, loader_workers) if loader_workers and isinstance(ds.train, MapSplit) else None
+    read: Callable[[int], tuple[Any, Optional[Tensor]]]
+    if isinstance(sampler, StreamReader):
+        read = sampler.batch
+    elif loader_workers and isinstance(ds.train, MapSplit):
+        read = Prefetcher(ds.train, sampler, loader_workers).batch
+    else:
+        shard_sampler = sampler
+        read = lambda index: ds.train.batch(shard_sampler.batch(index))  # noqa: E731
     step = step or Step(StepConfig(), F.cross_entropy, model)
 
     def step_fn(index: int) -> tuple[Tensor, int]:
         """Adds batch ``index``'s gradient into each ``.grad`` (the updater has set them)."""
         _phase[0] = DATA
-        inputs, y = prefetch.batch(index) if prefetch else ds.train.batch(sampler.batch(index))
+        inputs, y = read(index)
         inputs, y = to_device(inputs, y, device, non_blocking=True)
         _phase[0] = FORWARD
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):

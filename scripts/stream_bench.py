@@ -1,0 +1,89 @@
+"""A stream against the same data map-style: samples/s of hogwild 1 x 2 on the GPT.
+
+The data is ``+experiment=gpt``'s (the standard library's sources in 64-character windows). The
+map-style run reads it by index, as the experiment does; the streamed run reads the very same
+windows through an ``IterableDataset`` (:func:`streamed`), split round robin between the two
+workers, so the only difference is how a worker gets its samples. The two alternate, one pair per
+repeat, so host load affects both alike; the figure is metrics.json's ``samples_per_s``.
+
+    python scripts/stream_bench.py --repeats 3 --steps 400 --out bench_results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+from torch import Tensor
+from torch.utils.data import IterableDataset
+
+REPO = Path(__file__).resolve().parent.parent
+logger = logging.getLogger("stream_bench")
+
+GPT = ["+experiment=gpt", "eval.every_s=1000", "checkpoint.every_s=1000", "workers=2"]
+MODES = {"map-style": [], "stream": ["data._target_=scripts.stream_bench.streamed"]}
+
+
+class Windows(IterableDataset):
+    """The map-style windows of a dataset, yielded in order: the same data as a stream."""
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        for i in range(len(self.data)):
+            yield self.data[i]
+
+
+def streamed() -> tuple[Windows, Any]:
+    """``+experiment=gpt``'s data, its train split as a stream."""
+    from examples.charlm import stdlib_text
+
+    train, test = stdlib_text()
+    return Windows(train), test
+
+
+def run(args: list[str], run_dir: Path) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-m", "hogwild.cli.train", *args, f"run_dir={run_dir}", "resume=false"],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-2000:])
+    return dict(json.loads((run_dir / "metrics.json").read_text()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--out", type=Path, default=REPO / "bench_results")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    samples: dict[str, list[float]] = {name: [] for name in MODES}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(args.repeats):
+            for name, extra in MODES.items():
+                m = run([*GPT, *extra, f"train.max_steps={args.steps}", f"train.seed={rep}"], Path(tmp) / "run")
+                samples[name].append(float(m["samples_per_s"]))
+                logger.info("%s, repeat %d: %.0f samples/s, test loss %.4f", name, rep, samples[name][-1],
+                            m["test_loss"])
+    med = {name: statistics.median(v) for name, v in samples.items()}
+    result = {"workload": "GPT (+experiment=gpt), hogwild 1 x 2", "steps": args.steps, "repeats": args.repeats,
+              "samples_per_s": samples, "median": med, "stream_over_map": med["stream"] / med["map-style"]}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "stream_bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = ["| data | samples/s (median) | runs |", "|---|---|---|"]
+    lines += [f"| {name} | {med[name]:.0f} | {', '.join(f'{v:.0f}' for v in samples[name])} |" for name in MODES]
+    lines.append(f"\nstream / map-style: {result['stream_over_map']:.3f}")
+    (args.out / "stream_bench.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

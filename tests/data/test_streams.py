@@ -1,0 +1,200 @@
+"""Streams (data/streams.py): each worker's part of a stream, read from epoch to epoch, found again
+after a restart by its saved state or by skipping; and end to end, every sample once per epoch
+over 2 replicas x 2 workers, and a run killed halfway resumed with nothing read twice or missed."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hogwild.checkpoint import store as checkpoint
+from hogwild.data.streams import Held, StreamReader, StreamRecords, StreamSplit, encode
+from tests.conftest import REPO, clean_env, metrics, ranks, wait_training
+from tests.stream_helpers import Numbered, StatefulNumbered, batches
+
+B = 4
+
+
+def _ids(reader: StreamReader, index: int) -> list[int]:
+    inputs, _ = reader.batch(index)
+    return inputs[1].tolist()
+
+
+def _reader(ds: Any, place: int = 0, places: int = 1, records: StreamRecords | None = None,
+            split: str = "round_robin") -> StreamReader:
+    return StreamReader(StreamSplit(ds, "train", "auto", split), place, places, B, records)
+
+
+def test_the_workers_parts_hold_every_sample_once_per_epoch() -> None:
+    readers = [_reader(Numbered(50), g, 3) for g in range(3)]
+    # 50 samples over 3 workers: parts of 17, 17 and 16, read in batches of 4 across epoch ends.
+    seen = [[i for b in range(13) for i in _ids(r, b)] for r in readers]
+    first = Counter(i for g, ids in enumerate(seen) for i in ids[:(17 if g < 2 else 16)])
+    assert sorted(first) == list(range(50)) and set(first.values()) == {1}
+    for g, ids in enumerate(seen):
+        n = 17 if g < 2 else 16
+        # Worker g keeps the samples at positions g, g + 3, ...; set_epoch reversed epoch 1's order.
+        assert ids[:n] == [j for j in range(50) if j % 3 == g]
+        assert ids[n:2 * n] == [49 - j for j in range(50) if j % 3 == g]
+        assert readers[g].epoch_len == n and readers[g].epoch >= 1
+
+
+def test_a_restarted_reader_skips_to_the_very_batch_it_would_have_read() -> None:
+    straight = _reader(Numbered(30), 1, 2)
+    want = [_ids(straight, b) for b in range(12)]  # 15 samples a part: batches run over 3 epochs
+    resumed = _reader(Numbered(30), 1, 2)
+    assert [_ids(resumed, b) for b in range(7, 12)] == want[7:]
+    assert _ids(resumed, 11) == want[11]  # asked again (the warm-up's batch is the first step's): held
+
+
+@pytest.mark.parametrize("stateful", [True, False], ids=["state_dict", "skip"])
+def test_a_respawned_reader_continues_from_its_predecessors_record(stateful: bool, caplog: Any) -> None:
+    records = StreamRecords(1, 2)
+    ds = StatefulNumbered(30) if stateful else Numbered(30)
+    first = _reader(ds, 0, 2, records)
+    want = [_ids(first, b) for b in range(9)]
+    caplog.set_level(logging.INFO, "hogwild.data.streams")
+    second = _reader(ds, 0, 2, records)
+    assert _ids(second, 8) == want[8]  # the record of batch 8 is in the ring (two slots: 8 and 9)
+    said = "from its saved state" if stateful else "by skipping"
+    assert any(said in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_a_record_being_rewritten_is_not_read() -> None:
+    records = StreamRecords(2, 2, record_bytes=4096)
+    blob = encode({"epoch": 1, "state": {"pos": 3}})
+    assert records.write(1, 5, blob) and records.find(1, 5) == blob
+    assert records.find(1, 3) is None and records.find(0, 5) is None
+    records.head[1, 5 % 2, 0] = 0  # the worker is mid-write
+    assert records.find(1, 5) is None
+    assert not records.write(1, 6, b"x" * 5000)  # too big: the caller keeps a record without the state
+
+
+def test_held_items_pickle_as_one_blob() -> None:
+    import pickle
+
+    from multiprocessing.reduction import ForkingPickler
+
+    items = Held([(torch.randn(3), torch.tensor(i)) for i in range(300)])
+    back = pickle.loads(ForkingPickler.dumps(items))
+    assert len(back) == 300 and torch.equal(back[7][0], items[7][0])
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end, through the CLI: Hugging Face datasets (the extra), a GPT, 2 replicas x 2 workers.
+
+datasets = pytest.importorskip("datasets", reason="the datasets extra is not installed")
+
+GPT = ["+experiment=gpt", "model.kwargs.config.block_size=16", "model.kwargs.config.n_layer=1",
+       "model.kwargs.config.n_embd=32", "model.kwargs.config.n_head=2", "sched.warmup_steps=2",
+       "train.batch_size=8", "eval.every_s=1000"]
+
+
+def _jsonl(path: Path, n: int) -> Path:
+    words = "the quick brown fox jumps over a lazy dog while hogwild workers share one model".split()
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": i, "text": " ".join(words[(i + k) % len(words)] for k in range(6))}) + "\n")
+    return path
+
+
+def _env(tmp: Path, **extra: str) -> dict[str, str]:
+    return clean_env(OMP_NUM_THREADS="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp / "hf"), **extra)
+
+
+def _stream_args(tmp: Path, n: int) -> list[str]:
+    log = tmp / "log"
+    log.mkdir(exist_ok=True)
+    return [*GPT, "data._target_=examples.hf_datasets.jsonl_stream", f"data.path={_jsonl(tmp / 'train.jsonl', n)}",
+            f"+data.test_path={_jsonl(tmp / 'test.jsonl', 16)}", "data.block_size=16",
+            "step._target_=tests.stream_helpers.counting_step", f"+step.log_dir={log}"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_datasets_stream_trains_each_sample_once_per_epoch_on_2_replicas_by_2_workers(tmp_path: Path) -> None:
+    # 128 lines over 4 workers: 32 each, 4 batches of 8 an epoch; 2 epochs are 16 batches a replica.
+    out = tmp_path / "run"
+    proc = ranks(2, [*_stream_args(tmp_path, 128), "workers=2", "train.max_steps=16", f"run_dir={out}"],
+                 cwd=REPO, env=_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    seen = Counter(i for worker in batches(tmp_path / "log") for b in worker for i in b)
+    assert sorted(seen) == list(range(128)) and set(seen.values()) == {2}, seen
+    m = metrics(out)
+    assert len(batches(tmp_path / "log")) == 4 and m["steps"] == 32
+    assert m["stream_epochs"] == [1, 1] and m["compile"] == "off"  # epochs 0 and 1, rank 0's two workers
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_map_style_datasets_dataset_trains_each_sample_once_per_epoch_on_2_replicas(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = [*GPT, "data._target_=tests.stream_helpers.numbered_blocks", "+data.n=128",
+            "step._target_=tests.stream_helpers.counting_step", f"+step.log_dir={tmp_path / 'log'}"]
+    (tmp_path / "log").mkdir()
+    proc = ranks(2, [*args, "workers=2", "train.max_steps=16", f"run_dir={out}"], cwd=REPO, env=_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    seen = Counter(i for worker in batches(tmp_path / "log") for b in worker for i in b)
+    assert sorted(seen) == list(range(128)) and set(seen.values()) == {2}, seen
+
+
+def _kill_when_checkpointed(proc: subprocess.Popen, out: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not list((out / "checkpoints").glob("step_*.pt")):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no checkpoint within the timeout"
+        time.sleep(0.05)
+    time.sleep(0.5)  # and some steps past it: those are read again after the resume
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("data", ["datasets", "plain"], ids=["datasets stream (state_dict)", "IterableDataset (skip)"])
+def test_a_run_killed_halfway_resumes_with_no_sample_read_twice_or_missed(tmp_path: Path, data: str) -> None:
+    """1 x 2 workers, killed (SIGKILL, the whole process group) after a checkpoint; the resumed run's
+    batches and the killed run's batches up to the checkpoint's positions hold every sample exactly
+    four times (4 epochs): the batches read after the checkpoint are read again, as docs/data.md says."""
+    out, log = tmp_path / "run", tmp_path / "log"
+    if data == "datasets":
+        args = _stream_args(tmp_path, 64)
+        said = "from its saved state"
+    else:
+        log.mkdir()
+        args = ["data._target_=tests.stream_helpers.numbered", "+data.n=64", "model._target_=tests.stream_helpers.Net",
+                "train.batch_size=8", "step._target_=tests.stream_helpers.counting_step", f"+step.log_dir={log}"]
+        said = "by skipping"
+    # 64 samples, 2 workers: 4 batches of 8 an epoch; 4 epochs are 32 batches. Slow steps (150 ms)
+    # leave time to kill it halfway.
+    common = [*args, "workers=2", "train.max_steps=32", "checkpoint.every_s=0.2", "eval.every_s=1000",
+              f"run_dir={out}"]
+    proc = subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", *common], cwd=REPO,
+                            env=_env(tmp_path, HOGWILD_FAULT="slow:0:150,slow:1:150"), start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_training(out, proc)
+    _kill_when_checkpointed(proc, out)
+    killed = {tuple(b[0] % 2 for b in w[:1]): w for w in batches(log)}
+    for p in log.glob("*.jsonl"):
+        p.rename(p.with_suffix(".killed"))
+    again = subprocess.run([sys.executable, "-m", "hogwild.cli.train", *common, "resume=true"], cwd=REPO,
+                           env=_env(tmp_path), capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0, again.stderr[-4000:]
+    m = metrics(out)
+    start = checkpoint.load(m["resumed_from"])["positions"][0].tolist()
+    assert 0 < sum(start) < 32, start  # killed halfway
+    kept = [i for (g,), w in killed.items() for b in w[:int(start[g])] for i in b]
+    seen = Counter(kept + [i for w in batches(log) for b in w for i in b])
+    assert sorted(seen) == list(range(64)) and set(seen.values()) == {4}, (start, seen)
+    assert said in again.stderr + again.stdout
