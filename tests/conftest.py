@@ -153,6 +153,27 @@ def child_pids(pid: int) -> list[int]:
         return []
 
 
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def worker_pids(leader: int) -> list[int]:
+    """The leader's workers: the children of its fork server (replica/start.py; the command
+    line's server is a fork of the leader, with its command line), or its own spawned children
+    where the platform has no fork server."""
+    out = []
+    for c in child_pids(leader):
+        cmd = cmdline(c)
+        if "multiprocessing.forkserver" in cmd or cmd == cmdline(leader):
+            out += [w for w in child_pids(c) if cmdline(w)]
+        elif "multiprocessing.spawn" in cmd and "resource_tracker" not in cmd:
+            out.append(c)
+    return out
+
+
 def torch_shm() -> set[str]:
     """torch's shared-memory files in /dev/shm (``torch_<pid>_...``)."""
     return {p.name for p in Path("/dev/shm").glob("torch_*")} if Path("/dev/shm").is_dir() else set()

@@ -185,16 +185,50 @@ def test_a_run_killed_halfway_resumes_with_no_sample_read_twice_or_missed(tmp_pa
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_training(out, proc)
     _kill_when_checkpointed(proc, out)
+    start = checkpoint.load(out / "checkpoints" / "last.pt")["positions"][0].tolist()  # what resume=true takes
     killed = {tuple(b[0] % 2 for b in w[:1]): w for w in batches(log)}
     for p in log.glob("*.jsonl"):
         p.rename(p.with_suffix(".killed"))
     again = subprocess.run([sys.executable, "-m", "hogwild.cli.train", *common, "resume=true"], cwd=REPO,
                            env=_env(tmp_path), capture_output=True, text=True, timeout=240)
     assert again.returncode == 0, again.stderr[-4000:]
-    m = metrics(out)
-    start = checkpoint.load(m["resumed_from"])["positions"][0].tolist()
     assert 0 < sum(start) < 32, start  # killed halfway
     kept = [i for (g,), w in killed.items() for b in w[:int(start[g])] for i in b]
     seen = Counter(kept + [i for w in batches(log) for b in w for i in b])
     assert sorted(seen) == list(range(64)) and set(seen.values()) == {4}, (start, seen)
     assert said in again.stderr + again.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_worker_killed_mid_run_is_respawned_and_continues_its_own_part(tmp_path: Path) -> None:
+    """SIGKILL one worker of 1 x 2 on a stateful stream: its respawn finds its predecessor's state
+    at the position on the board and goes on from there. Its predecessor's batches up to that
+    position and its own hold its part exactly four times (4 epochs); the other worker's, too."""
+    import re
+
+    from tests.conftest import worker_pids
+
+    out, log = tmp_path / "run", tmp_path / "log"
+    log.mkdir()
+    args = ["data._target_=tests.stream_helpers.numbered", "+data.n=64", "+data.stateful=true",
+            "model._target_=tests.stream_helpers.Net", "train.batch_size=8", "workers=2", "train.max_steps=32",
+            "step._target_=tests.stream_helpers.counting_step", f"+step.log_dir={log}", "eval.every_s=1000",
+            f"run_dir={out}"]
+    proc = subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", *args], cwd=REPO,
+                            env=_env(tmp_path, HOGWILD_FAULT="slow:0:150,slow:1:150"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_training(out, proc)
+    time.sleep(0.6)
+    victims = worker_pids(proc.pid)
+    assert len(victims) == 2
+    os.kill(victims[0], signal.SIGKILL)
+    text, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, text[-3000:]
+    assert metrics(out)["worker_restarts"] == 1
+    resumed = [int(n) for n in re.findall(r"stream resumed at batch (\d+) \(epoch \d+\) from its saved state", text)]
+    assert len(resumed) == 1 and 0 < resumed[0] < 16, text[-3000:]
+    logs = {int(p.stem): [json.loads(line) for line in p.read_text().splitlines()] for p in log.glob("*.jsonl")}
+    dead = logs.pop(victims[0])[:resumed[0]]  # what the board says it had trained on
+    seen = Counter(i for b in dead for i in b) + Counter(i for w in logs.values() for b in w for i in b)
+    assert sorted(seen) == list(range(64)) and set(seen.values()) == {4}, (resumed, seen)

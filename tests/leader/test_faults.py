@@ -18,30 +18,11 @@ import torch
 from hogwild.checkpoint import store as checkpoint
 from tests.conftest import (child_pids, clean_env, compose_cfg, free_port, leaked_torch_shm, metrics, run_cli,
                             torch_shm, wait_training)
+from tests.conftest import cmdline as _cmdline
+from tests.conftest import worker_pids as _workers
 from tests.conftest import run_metrics as run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _workers(leader: int) -> list[int]:
-    """The leader's workers: the children of its fork server (replica/start.py; the command
-    line's server is a fork of the leader, with its command line), or its own spawned children
-    where the platform has no fork server."""
-    out = []
-    for c in child_pids(leader):
-        cmd = _cmdline(c)
-        if "multiprocessing.forkserver" in cmd or cmd == _cmdline(leader):
-            out += [w for w in child_pids(c) if _cmdline(w)]
-        elif "multiprocessing.spawn" in cmd and "resource_tracker" not in cmd:
-            out.append(c)
-    return out
 
 
 def _alive(pid: int) -> bool:
