@@ -52,6 +52,15 @@ def write_tokens(path: Path, size_bytes: int, vocab: int, seed: int) -> int:
     return path.stat().st_size
 
 
+def sparse_tokens(path: Path, size_bytes: int) -> int:
+    """A file of ``size_bytes`` that holds no disk blocks (every id 0): a corpus many times this
+    host's memory, on a disk that could not hold its data. Reading it fills the page cache with zero
+    pages as a real file would; the ids do not matter to a memory measurement."""
+    with open(path, "wb") as f:
+        f.truncate(size_bytes)
+    return path.stat().st_size
+
+
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_",
                                                                    "TORCHELASTIC", "HOGWILD_"))}
@@ -151,12 +160,18 @@ def _labelled(processes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+# hogwild's sampler holds a shard's indices as lists only up to this many training items
+# (hogwild.data.datasets.LAZY_ABOVE); above, it computes them.
+LAZY_ABOVE = 1 << 22
+
+
 def index_mib(file_bytes: int, block_size: int, workers: int = 2) -> float:
     """A worker's item indices: its shard of the training blocks and that epoch's shuffle of it
-    (int64 each; hogwild's sampler, for any dataset), with the default data.test_fraction of 0.2."""
+    (int64 each; hogwild's sampler, for any dataset), with the default data.test_fraction of 0.2;
+    0 where the sampler computes them instead."""
     tokens = file_bytes // 2
     blocks = (tokens - round(tokens * 0.2) - 1) // block_size
-    return 2 * 8 * blocks / workers / MIB
+    return 0.0 if blocks > LAZY_ABOVE else 2 * 8 * blocks / workers / MIB
 
 
 def table(runs: list[dict[str, Any]], block_size: int) -> list[str]:
@@ -180,7 +195,8 @@ def table(runs: list[dict[str, Any]], block_size: int) -> list[str]:
               "whole page-cache folio around it (large folios, up to MiBs on recent kernels), so RssFile and VmRSS "
               "can near the file's size with nothing copied; RssAnon is what a copy would add to.",
               "", (f"Each worker also holds its shard of the training items' indices and that epoch's shuffle of "
-                   f"it (int64, 8 bytes per training block between the workers, twice): "
+                   f"it (int64, 8 bytes per training block between the workers, twice) while the training set has "
+                   f"at most {LAZY_ABOVE} blocks, and computes them beyond: "
                    f"{index_mib(small['file_bytes'], block_size):.1f} MiB per worker for the small file, "
                    f"{index_mib(big['file_bytes'], block_size):.1f} MiB for the large one; indices, not tokens."),
               "", f"The file grew by {grown:.0f} MiB; the largest growth of any process's peak anonymous memory was "
@@ -201,6 +217,8 @@ def main() -> None:
     ap.add_argument("--tmp", type=Path, default=None, help="folder for the token files (default: the system's)")
     ap.add_argument("--out", type=Path, default=REPO / "bench_results")
     ap.add_argument("--name", default="token_memory")
+    ap.add_argument("--sparse", action="store_true",
+                    help="sparse files of zeros (no disk blocks): sizes past the disk's and the memory's")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="[token_memory] %(message)s")
     if not sys.platform.startswith("linux"):
@@ -210,7 +228,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory(dir=args.tmp, prefix="token_memory_") as d:
             path = Path(d) / "train.bin"
             t0 = time.monotonic()
-            size = write_tokens(path, int(gb * 1e9) // 2 * 2, args.vocab, seed=0)
+            size = sparse_tokens(path, int(gb * 1e9) // 2 * 2) if args.sparse else \
+                write_tokens(path, int(gb * 1e9) // 2 * 2, args.vocab, seed=0)
             logger.info("wrote %s: %.0f MiB in %.1f s", path, size / MIB, time.monotonic() - t0)
             res = train_and_sample(path, args, Path(d))
             runs.append({"file_bytes": size, "file_mib": round(size / MIB, 1), **res})
@@ -225,7 +244,8 @@ def main() -> None:
     lines = [f"# data=tokens: memory against the token file's size ({args.name})", "",
              f"hogwild 1 replica x 2 workers, a 1-layer GPT (context {args.block_size}, vocab {args.vocab}), "
              f"up to {args.steps} steps or {args.max_time:.0f} s; every process read every {args.every} s "
-             f"(Linux {machine['kernel']}, {machine['cpus']} CPUs).",
+             f"(Linux {machine['kernel']}, {machine['cpus']} CPUs)"
+             f"{'; sparse files of zeros' if args.sparse else ''}.",
              "", *(f"- {r['file_mib']:.0f} MiB file: {r['steps']} steps, {r['wall_s']} s, {r['samples']} samples, "
                    f"test perplexity {r['test_perplexity']:.1f}" for r in runs), "", *table(runs, args.block_size)]
     (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hogwild.config.schema import DataConfig
-from hogwild.data.datasets import ShardSampler, load_dataset, shard
+from hogwild.data.datasets import LAZY_ABOVE, LazyShard, Permutation, ShardSampler, load_dataset, shard
 from hogwild.errors import ConfigError
 
 
@@ -39,6 +39,30 @@ def test_sampler_is_step_addressable() -> None:
     # A respawned worker jumping straight to step 13 sees the same batch as one that got there.
     assert torch.equal(s2.batch(13), seq[13])
     assert torch.equal(torch.cat(seq[:7]).sort().values, torch.arange(50))  # one epoch = the shard
+
+
+@pytest.mark.parametrize("n", [5, 1000, 65537])
+def test_a_computed_permutation_takes_every_index_once(n: int) -> None:
+    out = Permutation(n, seed=4)(torch.arange(n))
+    assert torch.equal(out.sort().values, torch.arange(n)) and not torch.equal(out, torch.arange(n))
+
+
+def test_shards_of_a_corpus_larger_than_memory_are_computed_not_held() -> None:
+    """A 100 GB token file is ~800M blocks of 64 tokens: a list of indices per worker would be 6 GB.
+    Its shards are computed (disjoint, each epoch every index of a shard once, step-addressable)."""
+    big = shard(800_000_000, 4, 1, seed=0)
+    assert isinstance(big, LazyShard) and len(big) == 200_000_000
+    sampler, again = ShardSampler(big, 32, seed=2), ShardSampler(big, 32, seed=2)
+    assert torch.equal(sampler.batch(6_250_001), again.batch(6_250_001))  # epoch 1, straight there
+    assert isinstance(shard(LAZY_ABOVE + 1, 3, 0, seed=1), LazyShard)
+    assert not isinstance(shard(LAZY_ABOVE, 3, 0, seed=1), LazyShard)  # every smaller run keeps its order
+    n = 10_007  # read whole
+    parts = [LazyShard(n, 3, i, seed=1) for i in range(3)]
+    joined = torch.cat([p[torch.arange(len(p))] for p in parts]).sort().values
+    assert torch.equal(joined, torch.arange(n))
+    s = ShardSampler(parts[2], 64, seed=9)
+    epoch = torch.cat([s.batch(b) for b in range(s.batches_per_epoch)])
+    assert torch.equal(epoch.sort().values, parts[2][torch.arange(len(parts[2]))].sort().values)
 
 
 def test_npz_with_and_without_test_split(tmp_path: Path) -> None:
