@@ -15,7 +15,7 @@ import argparse
 import json
 import logging
 import statistics
-import subprocess
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -51,11 +51,13 @@ def streamed() -> tuple[Windows, Any]:
 
 
 def run(args: list[str], run_dir: Path) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-m", "hogwild.cli.train", *args, f"run_dir={run_dir}", "resume=false"],
-                          cwd=REPO, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-2000:])
-    return dict(json.loads((run_dir / "metrics.json").read_text()))
+    """One run through the public API (its leader in this process, as a user's script calls it)."""
+    import hogwild
+
+    result = hogwild.train([*args, f"run_dir={run_dir}", "resume=false"])
+    if result.metrics is None or result.exit_code != 0:
+        raise RuntimeError(f"{' '.join(args)}: {result.status} ({result.error})")
+    return dict(result.metrics)
 
 
 def main() -> None:
@@ -65,6 +67,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=REPO / "bench_results")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    os.chdir(REPO)  # the experiment's data and this module are imported from the repository root
+    sys.path.insert(0, str(REPO))
     samples: dict[str, list[float]] = {name: [] for name in MODES}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
