@@ -141,7 +141,8 @@ def read_test_stream(dataset: Any, limit: int, key: str) -> list[Any]:
 
 
 class Held(list):  # type: ignore[type-arg]
-    """Items read off a stream and held in memory. Pickled as one blob: as a plain list each tensor in
+    """Items read off a stream and held in memory (only ever pickled from a leader to its own workers,
+    never read from a file). Pickled as one blob: as a plain list each tensor in
     it would travel to a spawned worker as a file descriptor of its own, and multiprocessing's fork
     server takes at most 256 ("too many fds")."""
 

@@ -91,6 +91,19 @@ def test_held_items_pickle_as_one_blob() -> None:
     assert len(back) == 300 and torch.equal(back[7][0], items[7][0])
 
 
+def test_a_changed_schema_field_reaches_a_data_factory_that_takes_it(tmp_path: Path) -> None:
+    """data.path=FILE reaches load(path): it used to fail with "missing 1 required positional
+    argument: 'path'", the field never passed on."""
+    from hogwild.data.datasets import load_dataset
+    from tests.conftest import compose_cfg
+
+    (tmp_path / "n.txt").write_text("48")
+    cfg = compose_cfg(["data._target_=tests.stream_helpers.by_path", f"data.path={tmp_path / 'n.txt'}",
+                       f"run_dir={tmp_path / 'run'}"])
+    ds = load_dataset(cfg.data)
+    assert isinstance(ds.train, StreamSplit) and len(ds.train.head) == 48  # the whole 48-sample stream, read ahead
+
+
 # ---------------------------------------------------------------------------------------------
 # End to end, through the CLI: Hugging Face datasets (the extra), a GPT, 2 replicas x 2 workers.
 
