@@ -123,3 +123,13 @@ def numbered_blocks(n: int = 128, block: int = 16) -> tuple[Any, Any]:
                                            "id": ids}).with_format("torch")
 
     return table(list(range(n))), table(list(range(10**4, 10**4 + 16)))
+
+
+class SelfSplitting(Numbered):
+    """Splits itself as a dataset written for DataLoader workers does: by get_worker_info()."""
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor, int]]:
+        info = torch.utils.data.get_worker_info()
+        for k, item in enumerate(super().__iter__()):
+            if info is None or k % info.num_workers == info.id:
+                yield item

@@ -21,7 +21,7 @@ import torch
 from hogwild.checkpoint import store as checkpoint
 from hogwild.data.streams import Held, StreamReader, StreamRecords, StreamSplit, encode
 from tests.conftest import REPO, clean_env, metrics, ranks, wait_training
-from tests.stream_helpers import Numbered, StatefulNumbered, batches
+from tests.stream_helpers import Numbered, SelfSplitting, StatefulNumbered, batches
 
 B = 4
 
@@ -48,6 +48,17 @@ def test_the_workers_parts_hold_every_sample_once_per_epoch() -> None:
         assert ids[:n] == [j for j in range(50) if j % 3 == g]
         assert ids[n:2 * n] == [49 - j for j in range(50) if j % 3 == g]
         assert readers[g].epoch_len == n and readers[g].epoch >= 1
+
+
+def test_a_dataset_that_splits_itself_is_told_each_workers_place() -> None:
+    from torch.utils.data._utils import worker as dl_worker
+
+    try:
+        reader = _reader(SelfSplitting(40), 2, 4, split="worker_info")
+        ids = [i for b in range(5) for i in _ids(reader, b)]  # 10 samples a part: 2 epochs
+        assert ids == [k for k in range(40) if k % 4 == 2] + [39 - k for k in range(40) if k % 4 == 2]
+    finally:
+        setattr(dl_worker, "_worker_info", None)  # this test process is no DataLoader worker
 
 
 def test_a_restarted_reader_skips_to_the_very_batch_it_would_have_read() -> None:
