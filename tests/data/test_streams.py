@@ -147,21 +147,6 @@ def _stream_args(tmp: Path, n: int) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_datasets_stream_trains_each_sample_once_per_epoch_on_2_replicas_by_2_workers(tmp_path: Path) -> None:
-    # 128 lines over 4 workers: 32 each, 4 batches of 8 an epoch; 2 epochs are 16 batches a replica.
-    out = tmp_path / "run"
-    proc = ranks(2, [*_stream_args(tmp_path, 128), "workers=2", "train.max_steps=16", f"run_dir={out}"],
-                 cwd=REPO, env=_env(tmp_path))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    seen = Counter(i for worker in batches(tmp_path / "log") for b in worker for i in b)
-    assert sorted(seen) == list(range(128)) and set(seen.values()) == {2}, seen
-    m = metrics(out)
-    assert len(batches(tmp_path / "log")) == 4 and m["steps"] == 32
-    assert m["stream_epochs"] == [1, 1] and m["compile"] == "off"  # epochs 0 and 1, rank 0's two workers
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
 def test_a_map_style_datasets_dataset_trains_each_sample_once_per_epoch_on_2_replicas(tmp_path: Path) -> None:
     out = tmp_path / "run"
     args = [*GPT, "data._target_=tests.stream_helpers.numbered_blocks", "+data.n=128",
@@ -261,9 +246,11 @@ def test_a_worker_killed_mid_run_is_respawned_and_continues_its_own_part(tmp_pat
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_2_by_2_stream_job_killed_halfway_resumes_every_worker_where_the_checkpoint_says(tmp_path: Path) -> None:
-    """Both replicas SIGKILLed after a checkpoint, then resumed: rank 0's workers from the stream
-    states the checkpoint holds, rank 1's by skipping to the positions it holds for them. Counted
-    from those positions, each of the 128 lines is trained on exactly four times (4 epochs)."""
+    """A datasets stream of JSON lines trains the GPT on 2 replicas x 2 workers, split by
+    split_dataset_by_node. Both replicas SIGKILLed after a checkpoint, then resumed: rank 0's
+    workers from the stream states the checkpoint holds, rank 1's by skipping to the positions it
+    holds for them. Counted from those positions, each of the 128 lines is trained on exactly four
+    times (4 epochs), none read twice or missed."""
     from tests.conftest import free_port
 
     out, log = tmp_path / "run", tmp_path / "log"
@@ -305,3 +292,5 @@ def test_a_2_by_2_stream_job_killed_halfway_resumes_every_worker_where_the_check
     seen = Counter(kept + [i for w in batches(log) for b in w for i in b])
     assert sorted(seen) == list(range(128)) and set(seen.values()) == {4}, (start, seen)
     assert "from its saved state" in again.stderr and "by skipping" in again.stderr
+    m = metrics(out)  # 16 batches of 4 a worker's epoch: each of rank 0's workers is in epoch 3
+    assert m["stream_epochs"] == [3, 3] and m["compile"] == "off" and m["steps"] == 64
