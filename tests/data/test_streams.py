@@ -158,6 +158,25 @@ def test_a_map_style_datasets_dataset_trains_each_sample_once_per_epoch_on_2_rep
     assert sorted(seen) == list(range(128)) and set(seen.values()) == {2}, seen
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_text_blocks_example_tokenises_a_local_file_and_trains_the_gpt(tmp_path: Path) -> None:
+    """examples/hf_datasets.py's map-style factory, as docs/data.md runs it: load_dataset("text")
+    on a local file, cut into blocks by a batched map, offline, the cache under HF_HOME."""
+    words = "the quick brown fox jumps over a lazy dog while hogwild workers share one model".split()
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(" ".join(words[(i + k) % len(words)] for k in range(8)) for i in range(300)) + "\n")
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "hogwild.cli.train", *GPT, "train.max_steps=300",
+                           "data._target_=examples.hf_datasets.text_blocks", f"data.path={corpus}",
+                           "data.block_size=16", "workers=2", f"run_dir={out}"],
+                          cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = metrics(out)
+    assert m["task"] == "language_model" and m["test_perplexity"] < 0.5 * m["baseline_perplexity"], m
+    assert (tmp_path / "hf").is_dir()  # the datasets cache stayed under HF_HOME
+
+
 def _kill_when_checkpointed(proc: subprocess.Popen, out: Path, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not list((out / "checkpoints").glob("step_*.pt")):
