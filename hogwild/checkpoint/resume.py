@@ -77,7 +77,7 @@ def restore(path: str, model_name: str, shapes: list[tuple[int, ...]], flat: Ten
         saved = ckpt.get("streams") or {}
         if streams is not None and saved.get("rank") == rank:
             for w, blob in saved.get("records", {}).items():  # each worker finds its state at its position
-                streams.put(int(w), int(pos[rank][int(w)]), blob.numpy().tobytes())
+                streams.from_checkpoint(int(w), int(pos[rank][int(w)]), blob)
     else:
         pos = None
         logger.warning("checkpoint was made with another replicas x workers layout; "

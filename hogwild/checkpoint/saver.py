@@ -70,9 +70,9 @@ def stream_states(rep: Replica, positions: Tensor, rank: int) -> dict[str, Any]:
         return {}
     held: dict[int, Tensor] = {}
     for k, pos in enumerate(positions[rank].tolist()):
-        blob = rep.streams.find(k, int(pos)) if pos > 0 else None
-        if blob is not None:
-            held[k] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+        saved = rep.streams.to_checkpoint(k, int(pos)) if pos > 0 else None
+        if saved is not None:
+            held[k] = saved
     return {"rank": rank, "records": held}
 
 

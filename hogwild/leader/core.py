@@ -371,10 +371,7 @@ def input_report(crew: Crew) -> dict[str, Any]:
     resolved) and ``stream_epochs`` (a training stream: the epochs each of this replica's workers
     had begun, from 0; null for map-style data)."""
     rep = crew.rep
-    epochs = None
-    if rep.streams is not None:
-        records = [rep.streams.latest(k) for k in range(len(crew.board.stats))]
-        epochs = [int(r["epoch"]) if r is not None else 0 for r in records]
+    epochs = rep.streams.epochs.tolist() if rep.streams is not None else None
     return {"compile": rep.compile, "stream_epochs": epochs}
 
 
