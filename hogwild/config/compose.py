@@ -69,8 +69,7 @@ def _omegaconf_message(e: BaseException) -> str:
     appended = re.search(r"Could not append to config\. An item is already at '([\w.]+)'", first_line(e))
     if appended:
         key = appended.group(1)
-        return (f"{key}: already a config key: set it without '+' ({key}=...); a _target_ whose signature "
-                "takes it is passed it")
+        return _plus_on_field(key)
     return first_line(e)
 
 
@@ -198,6 +197,10 @@ def _jobs(overrides: list[str], conf_dir: str, multirun: bool) -> list[list[str]
     return [list(j) for j in per_value]
 
 
+def _plus_on_field(key: str) -> str:
+    return f"{key}: already a config key: set it without '+' ({key}=...); a _target_ whose signature takes it is passed it"
+
+
 def _refuse_plus_on_fields(overrides: list[str]) -> None:
     """``+data.path=x`` on a schema field: Hydra refuses a ``+`` only where the key holds a value,
     so on a field whose default is None it appended the key without a word. Refused the same way
@@ -216,8 +219,7 @@ def _refuse_plus_on_fields(overrides: list[str]) -> None:
                 break
             node = hints[part]
         else:
-            raise ConfigError(f"{key}: already a config key: set it without '+' ({key}=...); a _target_ whose "
-                              "signature takes it is passed it")
+            raise ConfigError(_plus_on_field(key))
 
 
 def compose(overrides: list[str], config_name: str = "config", conf_dir: str = CONF_DIR) -> Config:

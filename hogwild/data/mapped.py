@@ -44,6 +44,9 @@ class MapSplit:
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
+    def item(self, i: int) -> Any:
+        return self.dataset[i]
+
     def batch(self, idx: Tensor) -> tuple[Inputs, Optional[Tensor]]:
         return self.collate([self.dataset[int(i)] for i in idx])
 
@@ -71,7 +74,7 @@ def _check_item(split: Union[MapSplit, StreamSplit], key: str) -> tuple[int, ...
     of tensors with a labels key, where a label is an integer (a class), a float or float tensor
     (regression targets) or an integer tensor (a sequence of tokens)."""
     with user_call(f"{key}: reading item 0 of the {split.name} set"):
-        item = split.head[0] if isinstance(split, StreamSplit) else split.dataset[0]
+        item = split.item(0)
     if isinstance(item, Mapping):
         return _check_mapping(item, split, key)
     ok = isinstance(item, (tuple, list)) and len(item) >= 2 and all(isinstance(t, Tensor) for t in item[:-1])
@@ -108,57 +111,47 @@ def _shapes(item: Any) -> Any:
     return [tuple(torch.as_tensor(v).shape) for v in item]
 
 
-def _check_items(split: MapSplit, key: str) -> None:
+def _check_items(split: Union[MapSplit, StreamSplit], key: str) -> None:
     """Before any worker reads its shard: a length the workers can shard, items in the middle and
     at the end that read and collate with item 0 (equal shapes), and a dataset that pickles (it
-    travels to every worker so). Each failed later in every worker, until the respawns ran out."""
+    travels to every worker so). Each failed later in every worker, until the respawns ran out.
+    A stream's length is its head's, the items read ahead."""
     try:
-        n = len(split.dataset)  # type: ignore[arg-type]
+        n = len(split)
     except Exception as e:  # noqa: BLE001 - a negative __len__ is Python's ValueError
         raise ConfigError(f"{key}: len() of the {split.name} set raised {type(e).__name__}: {first_line(e)}") from None
     if n < 1:
         raise ConfigError(f"{key}: the {split.name} set is empty")
-    _check_shapes(split, n, key)
-    _check_pickles(split.dataset, split.name, key)
-
-
-def _check_shapes(split: Union[MapSplit, StreamSplit], n: int, key: str) -> None:
     first = None
     for i in sorted({0, n // 2, n - 1}):
         with user_call(f"{key}: reading item {i} of the {split.name} set"):
-            item = split.head[i] if isinstance(split, StreamSplit) else split.dataset[i]
+            item = split.item(i)
         shapes = _shapes(item)
         if first is None:
             first = shapes
         elif shapes != first:
             raise ConfigError(f"{key}: items of the {split.name} set differ in shape (item 0: {first}, item {i}: "
                               f"{shapes}); a batch stacks them, so pad or crop them to one shape")
-
-
-def _check_pickles(dataset: Any, name: str, key: str) -> None:
     import pickle
 
     try:
-        pickle.dumps(dataset)
+        pickle.dumps(split.dataset)
     except Exception as e:  # noqa: BLE001 - a lambda, a file handle, a lock: anything pickle refuses
-        raise ConfigError(f"{key}: the {name} set cannot be pickled to the workers ({type(e).__name__}: "
+        raise ConfigError(f"{key}: the {split.name} set cannot be pickled to the workers ({type(e).__name__}: "
                           f"{first_line(e)}); keep its state in picklable attributes") from None
 
 
-def _pair(train: Any, test: Any, key: str, num_classes: int | None = None, labels_key: str = "auto",
+def check_pair(train: Any, test: Any, key: str, num_classes: int | None = None, labels_key: str = "auto",
           stream_split: str = "auto") -> Dataset:
     splits: list[Any] = [MapSplit(d, name, labels_key) for d, name in ((train, "train"), (test, "test"))]
     if is_stream(train):
         splits[0] = StreamSplit(train, "train", labels_key, resolve_split(train, stream_split))
         if splits[0].read_head(HEAD, key) == 0:
             raise ConfigError(f"{key}: the train stream is empty")
-        _check_shapes(splits[0], len(splits[0]), key)
-        _check_pickles(train, "train", key)
     shape = _check_item(splits[0], key)
     _check_item(splits[1], key)
     for split in splits:
-        if not isinstance(split, StreamSplit):
-            _check_items(split, key)
+        _check_items(split, key)
     train_y, test_y = splits[0].targets, splits[1].targets
     if train_y.is_floating_point():  # regression: the model's outputs are the target's size
         classes = int(train_y[0].numel())
@@ -183,7 +176,7 @@ def load_target(cfg: DataConfig) -> Dataset:
     train, test = out
     if is_stream(test):
         test = read_test_stream(test, cfg.test_samples, "data._target_")
-    return _pair(train, test, "data._target_", labels_key=cfg.labels_key, stream_split=cfg.stream_split)
+    return check_pair(train, test, "data._target_", labels_key=cfg.labels_key, stream_split=cfg.stream_split)
 
 
 def _check_hf_splits(out: Any, path: str) -> None:
@@ -232,7 +225,7 @@ def load_image_folder(cfg: DataConfig) -> Dataset:
         raise ConfigError(f"data.root: {first_line(e)}") from None
     if train.classes != val.classes:
         raise ConfigError(f"data.root: train/ has classes {train.classes}, val/ has {val.classes}")
-    return _pair(train, val, "data.root", len(train.classes))
+    return check_pair(train, val, "data.root", len(train.classes))
 
 
 class _StepBatches:

@@ -52,8 +52,7 @@ def is_stream(obj: Any) -> bool:
     re-iterable object with ``__iter__`` and no ``__getitem__``."""
     if isinstance(obj, IterableDataset):
         return True
-    return callable(getattr(obj, "__iter__", None)) and not hasattr(obj, "__getitem__") \
-        and not isinstance(obj, (str, bytes, dict))
+    return callable(getattr(obj, "__iter__", None)) and not hasattr(obj, "__getitem__")
 
 
 def is_hf_stream(obj: Any) -> bool:
@@ -107,8 +106,11 @@ class StreamSplit:
         """The samples read ahead, not the stream's length (it has none)."""
         return len(self.head)
 
+    def item(self, i: int) -> Any:
+        return self.head[i]
+
     def batch(self, idx: Tensor) -> tuple[Any, Optional[Tensor]]:
-        return self.collate([self.head[int(i)] for i in idx])
+        return self.collate([self.item(int(i)) for i in idx])
 
     def collate(self, items: list[Any]) -> tuple[Any, Optional[Tensor]]:
         return collate(items, self.labels_key)

@@ -30,7 +30,7 @@ from torch.utils.data import Dataset as TorchDataset
 
 from hogwild.config.registry import DATASETS
 from hogwild.config.schema import DataConfig
-from hogwild.data.mapped import _pair
+from hogwild.data.mapped import check_pair
 from hogwild.data.splits import Dataset
 from hogwild.errors import ConfigError, first_line
 
@@ -247,4 +247,4 @@ def load_tokens(cfg: DataConfig) -> Dataset:
                 test.blocks)
     # The vocabulary is the model's (GPTConfig.vocab_size); num_classes is only the label sample's
     # largest id + 1, so memory stays flat and start-up never scans the corpus.
-    return _pair(train, test, KEY)
+    return check_pair(train, test, KEY)

@@ -37,17 +37,18 @@ def worker_specs(cfg: Config, env: DistEnv, k: int, train: Any, compile_mode: st
     torch.compile mode they use."""
     num_global = k * env.world_size
     threads = max(1, available_cores() // (k * env.local_world_size))
+    stream = isinstance(train, StreamSplit)
+    if stream:
+        check_stream_length(cfg, train, num_global)
     quotas = []
     for i in range(k):
         if cfg.train.max_steps is not None:
             quotas.append(cfg.train.max_steps // k + (1 if i < cfg.train.max_steps % k else 0))
-        elif isinstance(train, StreamSplit):
+        elif stream:
             quotas.append(UNBOUNDED)  # a stream has no length: train.max_time ends the run
         else:
             n_shard = len(shard(len(train), num_global, env.rank * k + i, cfg.train.seed))
             quotas.append(cfg.train.epochs * -(-n_shard // min(cfg.train.batch_size, n_shard)))
-    if isinstance(train, StreamSplit):
-        check_stream_length(cfg, train, num_global)
     return [WorkerSpec(i, env.rank * k + i, num_global, threads, q, sum(quotas), os.getpid(), compile_mode)
             for i, q in enumerate(quotas)]
 
