@@ -68,9 +68,17 @@ def restore(path: str, model_name: str, shapes: list[tuple[int, ...]], flat: Ten
     with torch.no_grad():
         flat.copy_(ckpt["flat"].to(flat.device))
         for name, buf in (opt_state or {}).items():
-            if name in ckpt.get("opt_state", {}):
-                buf.copy_(ckpt["opt_state"][name].to(buf.device))
+            saved = ckpt.get("opt_state", {}).get(name)
+            if saved is not None and saved.shape != buf.shape:
+                # optim.rowwise changed since (one value per row, or per value): a state of the other
+                # layout means nothing here.
+                logger.warning("checkpoint: its optimizer state %r holds %d values, this run's %d (optim.rowwise "
+                               "changed?); the optimizer state starts afresh", name, saved.numel(), buf.numel())
+            elif saved is not None:
+                buf.copy_(saved.to(buf.device))
     pos = ckpt.get("positions")
+    # A copy: the file is memory-mapped, and a tensor kept from it keeps all of it mapped.
+    pos = pos.clone() if isinstance(pos, torch.Tensor) else pos
     k = len(board.stats)
     if isinstance(pos, torch.Tensor) and tuple(pos.shape) == (world, k):
         board.set_positions(pos[rank].numpy())

@@ -63,6 +63,11 @@ class OptimConfig:
     """Where momentum/Adam/Adagrad state lives under optim.update=hogwild: worker (private, as
     mnist_hogwild) or shared (one copy every worker updates, as A3C's SharedAdam). auto: worker
     under hogwild; barrier always keeps one shared state per replica (worker is refused there)."""
+    rowwise: bool = False
+    """adagrad: one accumulator per row of each embedding table (nn.Embedding, nn.EmbeddingBag
+    weights) instead of one per value, as FBGEMM's and TorchRec's row-wise Adagrad: the state of a
+    table of dimension D takes 1/D of its size. Every other parameter keeps one per value. Steps
+    under optim.update=hogwild (auto picks it)."""
     clip_grad_norm: Optional[float] = None
     """Scale each worker's gradient (its mean over train.accumulate batches) down to this total L2
     norm before it is applied (hogwild) or before it meets the others (barrier)."""
@@ -82,6 +87,10 @@ class OptimConfig:
         for key, wait in (("max_wait", self.max_wait), ("straggler_wait", self.straggler_wait)):
             require(0.0 <= wait <= MAX_WAIT_BOUND, f"optim.{key}",
                     f"must be in [0, {MAX_WAIT_BOUND:g}] (times a gradient's compute time), got {wait}")
+        require(not self.rowwise or (self.name == "adagrad" and not self._target_), "optim.rowwise",
+                "row-wise state is Adagrad's: set optim=adagrad (without optim._target_), or optim.rowwise=false")
+        require(not (self.rowwise and self.update == "barrier"), "optim.rowwise",
+                "row-wise Adagrad steps under optim.update=hogwild (or auto), not barrier")
         require(not (self.update == "barrier" and self.state == "worker"), "optim.state",
                 "worker cannot combine with optim.update=barrier, which keeps one state per replica in shared "
                 "memory; use optim.state=auto, or optim.update=hogwild")

@@ -20,10 +20,10 @@ from hogwild.replica.lr_schedule import check_schedule
 from hogwild.replica.models import build_model
 from hogwild.replica import resources
 from hogwild.replica.meeting import STEPS_KEY, Meeting
-from hogwild.replica.optim import (BARRIER, check_in_place, new_shared_state, shared_state, state_names,
-                                   torch_state_probe, update_path)
+from hogwild.replica.optim import (BARRIER, check_in_place, new_shared_state, row_tables, shared_state, state_names,
+                                   state_numel, torch_state_probe, update_path)
 from hogwild.replica.rows import RowMarks, check_row_sparse
-from hogwild.replica.shared import alloc, layout, param_slots, share_model
+from hogwild.replica.shared import Slot, alloc, layout, param_slots, share_model
 from hogwild.replica.task import Task, build_task, preflight
 
 logger = logging.getLogger(__name__)
@@ -47,6 +47,8 @@ class Replica:
     """A training stream: each worker's latest stream states, for checkpoints and respawns."""
     compile: str = "off"
     """The torch.compile mode the workers use: train.compile, resolved (auto: default, or off)."""
+    private_state_bytes: int = 0
+    """The optimizer state each worker keeps in its own host memory (none when it is shared)."""
 
     @property
     def shapes(self) -> list[tuple[int, ...]]:
@@ -122,14 +124,15 @@ def build_replica(cfg: Config, device: torch.device, workers: int = 1, replicas_
     # A replica that never meets another has no round to send rows in: its workers stamp none.
     stamped = tables if syncs else None
     barrier = update_path(cfg.optim) == BARRIER
-    copies = len(state_names(cfg.optim))
+    numel = sum(t.numel() for t in [*model.parameters(), *model.buffers()] if t.is_floating_point())
+    state_n = state_numel(cfg.optim, numel, check_rowwise(cfg, model))
+    copies: float = len(state_names(cfg.optim)) * state_n / max(numel, 1)
     if cfg.optim._target_:  # built and stepped once on copies: a bad one fails here in one line
         key = "optim.update" if barrier and cfg.optim.update == BARRIER else "optim._target_"
         probe = torch_state_probe(cfg.optim, list(model.parameters()), key=key, sparse=sparse)
         copies = model_sized_state(probe, list(model.parameters()))
         if barrier:
             check_in_place(cfg.optim, list(model.parameters()), sparse)
-    numel = sum(t.numel() for t in [*model.parameters(), *model.buffers()] if t.is_floating_point())
     dense = sum(p.numel() for p, s in zip(model.parameters(), sparse) if p.requires_grad and not s)
     resources.check(cfg, workers, replicas_here, model_bytes=4 * numel, state_copies=copies,
                     stamp_bytes=4 * sum(t.rows for t in stamped or []), syncs=syncs,
@@ -138,7 +141,7 @@ def build_replica(cfg: Config, device: torch.device, workers: int = 1, replicas_
     opt_state, meeting = None, None
     if shared_state(cfg.optim):
         params = list(model.parameters())
-        opt_state = new_shared_state(cfg.optim, params, param_slots(model), flat.numel(), alloc, device.type)
+        opt_state = new_shared_state(cfg.optim, params, param_slots(model), state_n, alloc, device.type)
     if barrier:
         assert opt_state is not None
         opt_state[STEPS_KEY] = torch.zeros(1, dtype=torch.float64).share_memory_()
@@ -148,7 +151,20 @@ def build_replica(cfg: Config, device: torch.device, workers: int = 1, replicas_
     # A record per batch of a step, and the one before it: the state at the position the board
     # shows stays held while the worker reads its next step's batches.
     streams = StreamRecords(workers, cfg.train.accumulate + 1) if isinstance(ds.train, StreamSplit) else None
-    return Replica(ds, model, flat, opt_state, task, marks, meeting, streams, compile_mode)
+    private = 0 if shared_state(cfg.optim) or device.type != "cpu" else int(copies * 4 * numel)
+    return Replica(ds, model, flat, opt_state, task, marks, meeting, streams, compile_mode, private)
+
+
+def check_rowwise(cfg: Config, model: nn.Module) -> list[Slot]:
+    """The model's embedding tables under ``optim.rowwise`` (none without it); a model without any
+    is refused in one line."""
+    if not cfg.optim.rowwise:
+        return []
+    tables = row_tables(model)
+    if not tables:
+        raise ConfigError("optim.rowwise: the model has no nn.Embedding or nn.EmbeddingBag table to keep row-wise "
+                          "state for; set optim.rowwise=false")
+    return tables
 
 
 def check_stream_config(cfg: Config) -> None:

@@ -10,16 +10,16 @@ their state in flat buffers too, so the same code serves private and shared stat
 from __future__ import annotations
 
 import math
-from typing import Callable, ClassVar, Optional, Union
+from typing import Callable, ClassVar, Optional, Sequence, Union
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from hogwild.config.registry import OPTIMIZERS
 from hogwild.config.schema import OptimConfig
 from hogwild.config.targets import call_target, import_target, schema_kwargs
 from hogwild.errors import ConfigError, first_line
-from hogwild.replica.shared import Slot
+from hogwild.replica.shared import Slot, param_slots
 
 
 HOGWILD, BARRIER = "hogwild", "barrier"
@@ -34,6 +34,8 @@ def update_path(cfg: OptimConfig) -> str:
     workers' gradients meet and one state per replica steps on their mean; replica/meeting.py)."""
     if cfg.update != "auto":
         return cfg.update
+    if cfg.rowwise:
+        return HOGWILD  # a table's rows are written by the workers themselves on either path
     if cfg._target_:
         try:
             cls = import_target(str(cfg._target_), "optim._target_")
@@ -53,6 +55,28 @@ def state_names(cfg: OptimConfig) -> tuple[str, ...]:
     if cfg._target_:
         return ()  # a torch optimizer keeps its own state, per worker
     return flat_rule(cfg.name).state(cfg)
+
+
+def row_tables(model: nn.Module) -> list[Slot]:
+    """The flat buffer's slots of the model's embedding tables (``nn.Embedding`` and
+    ``nn.EmbeddingBag`` weights): under ``optim.rowwise`` their state is one value per row."""
+    weights = {id(m.weight) for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))}
+    return [s for s, p in zip(param_slots(model), model.parameters()) if id(p) in weights and p.dim() == 2]
+
+
+def state_numel(cfg: OptimConfig, n: int, tables: Sequence[Slot]) -> int:
+    """Values in each state buffer of the flat rules for a model of ``n`` values: ``n``, less each
+    table's values but one per row under ``optim.rowwise``."""
+    return n - sum(t.numel - t.shape[0] for t in tables) if cfg.rowwise else n
+
+
+def state_slot(slot: Slot, tables: Sequence[Slot]) -> tuple[Slot, bool]:
+    """Where ``slot`` of the flat buffer keeps its state, and whether row-wise (it is a table of
+    ``tables``): the state buffer is the flat buffer's layout with each table cut to one value a row."""
+    shrink = sum(t.numel - t.shape[0] for t in tables if t.offset < slot.offset)
+    if any(t.offset == slot.offset and t.shape == slot.shape for t in tables):
+        return Slot(slot.name, slot.offset - shrink, (slot.shape[0],)), True
+    return Slot(slot.name, slot.offset - shrink, slot.shape), False
 
 
 def decays(cfg: OptimConfig, shapes: list[tuple[int, ...]]) -> list[float]:
@@ -83,14 +107,18 @@ def grads_finite(grads: list[Optional[Tensor]]) -> bool:
 
 class FlatOptimizer:
     def __init__(self, cfg: OptimConfig, flat: Tensor, slots: list[Slot], state: dict[str, Tensor],
-                 decay: Optional[list[float]] = None, racing: Optional[bool] = None) -> None:
+                 decay: Optional[list[float]] = None, racing: Optional[bool] = None,
+                 tables: Sequence[Slot] = ()) -> None:
         """``decay``: each slot's weight decay, where ``slots`` are pieces of parameters (the
         barrier's shards) whose own shapes no longer say which are biases. ``racing``: other workers
-        write the same state while this one reads it (None: when ``optim.state=shared``)."""
+        write the same state while this one reads it (None: when ``optim.state=shared``).
+        ``tables``: the model's embedding tables (:func:`row_tables`), row-wise under ``optim.rowwise``."""
         self.cfg, self.lr = cfg, cfg.lr
         self.params = [s.view(flat) for s in slots]
         self.decay = decay if decay is not None else decays(cfg, [s.shape for s in slots])
-        self.state = {k: [s.view(buf) for s in slots] for k in state_names(cfg) for buf in (state[k],)}
+        placed = [state_slot(s, tables if cfg.rowwise else ()) for s in slots]
+        self.rowwise = [row for _, row in placed]
+        self.state = {k: [s.view(buf) for s, _ in placed] for k in state_names(cfg) for buf in (state[k],)}
         self.rule = flat_rule(cfg.name)
         self.racing = cfg.state == "shared" if racing is None else racing
         self.t = 0  # Adam's bias-correction step: this worker's own updates, or the replica's (barrier)
@@ -203,13 +231,18 @@ class Adagrad(FlatRule):
     def sparse_update(self, opt: FlatOptimizer, i: int, p: Tensor, g: Tensor) -> bool:
         g = g.coalesce()
         idx, vals, s = g._indices()[0], g._values(), opt.state["sum"][i]
-        s.index_add_(0, idx, vals * vals)
+        # Row-wise (FBGEMM's rule): a row's accumulator takes the mean of its squared gradient.
+        s.index_add_(0, idx, vals.square().mean(1) if opt.rowwise[i] else vals * vals)
         std = s.index_select(0, idx).sqrt_().add_(opt.cfg.eps)
-        p.index_add_(0, idx, vals / std, alpha=-opt.lr)
+        p.index_add_(0, idx, vals / (std.unsqueeze(1) if opt.rowwise[i] else std), alpha=-opt.lr)
         return True
 
     def update(self, opt: FlatOptimizer, i: int, p: Tensor, g: Tensor) -> None:
         s = opt.state["sum"][i]
+        if opt.rowwise[i]:
+            s.add_(g.square().mean(1))
+            p.addcdiv_(g, s.sqrt().add_(opt.cfg.eps).unsqueeze(1), value=-opt.lr)
+            return
         s.addcmul_(g, g, value=1.0)
         p.addcdiv_(g, s.sqrt().add_(opt.cfg.eps), value=-opt.lr)
 
@@ -416,12 +449,12 @@ def rebound_state(opt: torch.optim.Optimizer, params: list[Tensor], where: dict[
 
 
 def make_optimizer(cfg: OptimConfig, flat: Tensor, slots: list[Slot], params: list[Tensor],
-                   state: dict[str, Tensor]) -> Optimizer:
+                   state: dict[str, Tensor], tables: Sequence[Slot] = ()) -> Optimizer:
     """The worker's optimizer: a torch one (``optim._target_``), with its state in ``state`` when
-    that holds shared buffers, or a flat rule."""
+    that holds shared buffers, or a flat rule (``tables``: :func:`row_tables`)."""
     if cfg._target_:
         opt = torch_optimizer(cfg, params)
         if any(k.startswith(TORCH_KEY) for k in state):
             bind_shared_state(opt.opt, params, slots, state, torch_state_probe(cfg, params))
         return opt
-    return FlatOptimizer(cfg, flat, slots, state)
+    return FlatOptimizer(cfg, flat, slots, state, tables=tables)

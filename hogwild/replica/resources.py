@@ -156,13 +156,13 @@ def size(nbytes: float) -> str:
     return f"{nbytes / _GB:.1f} GB" if nbytes >= _GB else f"{nbytes / 2**20:.1f} MiB"
 
 
-def check(cfg: Config, workers: int, replicas_here: int = 1, model_bytes: int = 0, state_copies: int = 0,
+def check(cfg: Config, workers: int, replicas_here: int = 1, model_bytes: int = 0, state_copies: float = 0,
           stamp_bytes: int = 0, syncs: bool = True, row_bytes: int = 0) -> None:
     """Refuse, with the numbers, a run whose data and model will not fit in shared memory or whose
     processes will not fit in RAM. ``replicas_here``: replicas on this machine. Called twice: before
     the data is loaded (``model_bytes=0``), and once the model is built but before it is shared or
     any worker spawns, with its size and the model-sized buffers its optimizer keeps
-    (``state_copies``: Adam's two moments), and under ``sync.row_sparse`` its tables' row stamps
+    (``state_copies``: Adam's two moments; row-wise Adagrad's a fraction of one), and under ``sync.row_sparse`` its tables' row stamps
     (``stamp_bytes``: shared, and as much again in the leader for the rows' last rounds).
     ``syncs``: the replica will meet others in rounds (a lone replica keeps no round buffers).
     ``row_bytes``: under ``optim.update=barrier``, the workers' gradient rows, which live in shared
@@ -172,7 +172,7 @@ def check(cfg: Config, workers: int, replicas_here: int = 1, model_bytes: int = 
     data = data_bytes(cfg.data) or 0
     shared = state_copies if shared_state(cfg.optim) else 0
     shm_parts = {"data": data * replicas_here,
-                 "model": (model_bytes * (1 + shared) + stamp_bytes + row_bytes) * replicas_here}
+                 "model": (int(model_bytes * (1 + shared)) + stamp_bytes + row_bytes) * replicas_here}
     shm = shm_free()
     if shm is not None and sum(shm_parts.values()) > shm:
         key = max(shm_parts, key=lambda k: shm_parts[k])
@@ -190,13 +190,13 @@ def check(cfg: Config, workers: int, replicas_here: int = 1, model_bytes: int = 
                           f"memory ({detail}), {size(avail)} is available; lower {key}, or pass force=true")
 
 
-def memory_parts(cfg: Config, workers: int, model_bytes: int, private_state: int, data: int,
+def memory_parts(cfg: Config, workers: int, model_bytes: int, private_state: float, data: int,
                  syncs: bool = True, private_grads: bool = True) -> dict[str, int]:
     """One replica's RAM by the key that sizes it: its worker processes (each with the model's
     gradients, unless they live in shared memory, and its private optimizer state), their
     DataLoader processes, the leader's round buffers (a fragment's snapshot and reduce buffer, the
     outer rule's state) and the data (built once, then shared)."""
-    per_worker = WORKER_RSS + model_bytes * (int(private_grads) + private_state)
+    per_worker = WORKER_RSS + int(model_bytes * (int(private_grads) + private_state))
     return {"workers": workers * per_worker, "data.loader_workers": workers * cfg.data.loader_workers * WORKER_RSS,
             "model": int(round_bytes(cfg.sync, model_bytes)) if syncs else 0, "data": 2 * data}
 

@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -31,12 +31,12 @@ from hogwild.replica.board import Board
 from hogwild.replica.compiled import compile_model, warm_up_in_training_mode
 from hogwild.replica.faults import StepFn, inject_faults, startup_faults
 from hogwild.replica.lr_schedule import LRSchedule
-from hogwild.replica.models import build_model
+from hogwild.replica.bound import build_bound
 from hogwild.replica.meeting import Meeting
 from hogwild.replica.optim import (FlatOptimizer, Optimizer, bind_views, clip_grad_norm, grads_finite, make_optimizer,
-                                   state_views, torch_optimizer)
+                                   row_tables, state_numel, state_views, torch_optimizer)
 from hogwild.replica.rows import RowMarks
-from hogwild.replica.shared import Slot, bind, param_slots
+from hogwild.replica.shared import Slot, param_slots
 from hogwild.replica.update import BarrierUpdate, HogwildUpdate, Updater
 from hogwild.replica.start import adopt_environment, leader_watch
 from hogwild.config.train import StepConfig
@@ -70,6 +70,8 @@ class WorkerSpec:
     """The leader's process id (a worker's parent may be the fork server)."""
     compile: str = "off"
     """The torch.compile mode of this worker's model (train.compile, resolved by the leader)."""
+    niceness: int = WORKER_NICENESS
+    """How much lower than the leader's this worker's priority is: 0 for a replica that meets no other."""
 
 
 def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
@@ -108,8 +110,11 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor, opt_state: O
     # in docs/design.md).
     torch.set_num_threads(spec.threads)
     # Lower priority than the leader: its short sync bursts then preempt workers at once
-    # instead of queueing behind them for a scheduler tick on a fully loaded machine.
-    os.nice(WORKER_NICENESS)
+    # instead of queueing behind them for a scheduler tick on a fully loaded machine. A replica
+    # that meets no other has no bursts, and niced workers lost to any other busy process on the
+    # machine: a core shared with one left a niced worker a quarter of it (BENCHMARKS.md §19).
+    if spec.niceness:
+        os.nice(spec.niceness)
     # The leader owns Ctrl-C and SIGTERM and stops workers through the control block (killing
     # them only past fault.shutdown_timeout_s). A SIGTERM to the whole process group (timeout,
     # scancel) must not kill them mid-step: the leader would see deaths during its clean stop.
@@ -119,13 +124,12 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor, opt_state: O
     logs.setup(worker=spec.global_index)
     torch.manual_seed(cfg.train.seed + spec.global_index)
 
-    model = build_model(cfg.model, ds, cfg.train.seed)
-    bind(model, flat)
+    model = build_bound(cfg.model, ds, cfg.train.seed, flat)  # no private copy of the values first
     compile_model(model, spec.compile)  # in place: the parameters stay the shared views
     params = list(model.parameters())
     alive = leader_watch(life)
     updater = make_updater(cfg, spec, flat, params, param_slots(model), opt_state, meeting, notices, kick,
-                           lambda: bool(board.control["stop"]) or not alive())
+                           lambda: bool(board.control["stop"]) or not alive(), row_tables(model))
     sampler: Union[ShardSampler, StreamReader]
     if isinstance(ds.train, StreamSplit):  # its own part of the stream, from its position (data/streams.py)
         sampler = StreamReader(ds.train, spec.global_index, spec.num_global, cfg.train.batch_size, streams,
@@ -151,13 +155,16 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor, opt_state: O
 
 def make_updater(cfg: Config, spec: WorkerSpec, flat: Tensor, params: list[Tensor], slots: list[Slot],
                  opt_state: Optional[dict[str, Tensor]], meeting: Optional[Meeting], notices: Optional[Connection],
-                 kick: Optional[Connection], stopping: Callable[[], bool]) -> Updater:
+                 kick: Optional[Connection], stopping: Callable[[], bool], tables: Sequence[Slot] = ()) -> Updater:
     """How this worker's gradients reach the model (replica/update.py): under the barrier, its
-    meeting with the others, and the direct writes of a sparse table's rows; else its own optimizer."""
+    meeting with the others, and the direct writes of a sparse table's rows; else its own optimizer
+    (``tables``: the model's embedding tables, whose state is row-wise under ``optim.rowwise``)."""
     if opt_state is None:
-        opt_state = FlatOptimizer.new_state(cfg.optim, flat.numel(), lambda n: torch.zeros(n, device=flat.device))
+        opt_state = FlatOptimizer.new_state(cfg.optim, state_numel(cfg.optim, flat.numel(), tables),
+                                            lambda n: torch.zeros(n, device=flat.device))
     if meeting is None:
-        return HogwildUpdate(make_optimizer(cfg.optim, flat, slots, params, opt_state), params, cfg.train.accumulate)
+        return HogwildUpdate(make_optimizer(cfg.optim, flat, slots, params, opt_state, tables), params,
+                             cfg.train.accumulate)
     direct: Optional[Optimizer] = None
     tables = meeting.tables
     if tables:  # the rows of sparse tables are written directly, with the replica's one state
