@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from hogwild.checkpoint import store as checkpoint
-from hogwild.checkpoint.health import diverged, model_trouble, probe_loss
+from hogwild.checkpoint.health import diverged, model_trouble, probe_loss, written_nonfinite
 from hogwild.errors import EXIT_FAILED, EXIT_WRITE
 from hogwild.replica.board import Board, Counts
 from hogwild.replica.build import Replica
@@ -34,16 +34,16 @@ PROBE_SAMPLES = 64
 def payload(*, model_name: str, shapes: list[tuple[int, ...]], flat: Tensor,
             opt_state: Optional[dict[str, Tensor]], positions: Tensor, counters: Counts,
             sync_state: dict[str, Tensor], config: dict[str, Any], lineage: str,
-            model: Optional[nn.Module] = None, copy_state: bool = True,
-            streams: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+            model: Optional[nn.Module] = None, streams: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """A checkpoint: tensors and plain values only, so it loads with ``weights_only=True``.
     ``state_dict`` (the module's names, views of the same ``flat`` copy, stored once) is the
     part that leaves hogwild: ``torch.load(path, weights_only=True)["state_dict"]`` (design rule 22).
 
-    ``flat`` is held as it is when it is on the CPU: it must be values nobody writes while they are
-    saved (a snapshot, or the buffer once the workers have stopped); a second copy of a model of
-    embedding tables is hundreds of MB. ``copy_state=False`` holds the optimizer state as it is
-    too, for a replica whose workers have stopped."""
+    ``flat`` and the optimizer state are held as they are when they are on the CPU, never copied:
+    ``torch.save`` then writes straight from the shared buffers, and a model of embedding tables
+    costs no second copy at its checkpoint (a copy was hundreds of MB at the replica's peak). While
+    the workers train, what is written is a racy read of the live buffer (docs/outputs.md,
+    "What a checkpoint holds"); a buffer on the GPU is copied to the CPU once."""
     cpu = flat.detach().to("cpu")
     return {
         "format": checkpoint.FORMAT,
@@ -53,7 +53,7 @@ def payload(*, model_name: str, shapes: list[tuple[int, ...]], flat: Tensor,
         "shapes": [list(s) for s in shapes],
         "flat": cpu,
         "state_dict": state_dict_of(model, cpu) if model is not None else {},
-        "opt_state": {k: v.detach().to("cpu", copy=copy_state) for k, v in (opt_state or {}).items()},
+        "opt_state": {k: v.detach().to("cpu") for k, v in (opt_state or {}).items()},
         "positions": positions,
         "counters": counters.lineage(),
         "sync_state": sync_state,
@@ -139,24 +139,36 @@ class Saver:
               ) -> Optional[tuple[str, int]]:
         """Write a checkpoint of ``rep`` if it is good. Returns (why not, exit code) when the
         run must stop: the model went bad, or the disk refused the file twice. ``stopped``: the
-        workers have stopped, so the buffer itself is judged and written, without a snapshot."""
-        # Judged and written as one: while the workers write on, that takes a snapshot.
-        snap = rep.flat.detach() if stopped else rep.flat.detach().clone()
-        slots = layout(rep.model)
-        bad = model_trouble(snap, slots, loss, self.loss_bar)
-        if bad is None:  # finite: the snapshot's own loss needs no second pass over it
-            probe = probe_loss(rep.model, snap, *self._probe_batch(rep), rep.task.step_for(rep.model))
+        workers have stopped (the buffer is still, and judged once).
+
+        The live buffer is judged and written without a copy. While the workers write on, what the
+        file took is judged again, read back from the file a chunk at a time, before it replaces
+        anything."""
+        flat, slots = rep.flat.detach(), layout(rep.model)
+        bad = model_trouble(flat, slots, loss, self.loss_bar)
+        if bad is None:  # finite: the probe batch's loss says whether it diverged
+            probe = probe_loss(rep.model, flat, *self._probe_batch(rep), rep.task.step_for(rep.model))
             # A NaN here is measured (unlike the workers' average before any update): say it is one.
             bad = "the loss is NaN on a fixed training batch" if math.isnan(probe) else \
                 diverged(True, probe, self.loss_bar)
         if bad is not None:
             return f"{bad}: not checkpointed; {self.kept()}", EXIT_FAILED
-        data = payload(model_name=self.model_name, shapes=rep.shapes, flat=snap, opt_state=rep.opt_state,
+        data = payload(model_name=self.model_name, shapes=rep.shapes, flat=flat, opt_state=rep.opt_state,
                        positions=positions, counters=counters, sync_state=sync_state, config=config,
-                       lineage=self.lineage, model=rep.model, copy_state=not stopped,
-                       streams=stream_states(rep, positions, rank))
+                       lineage=self.lineage, model=rep.model, streams=stream_states(rep, positions, rank))
+
+        def written(path: Path) -> Optional[str]:
+            if stopped:  # the buffer judged above is what the file holds
+                return None
+            try:
+                where = written_nonfinite(checkpoint.load(path)["flat"], slots)
+            except checkpoint.CheckpointError as e:
+                return str(e)
+            return None if where is None else f"the model went non-finite while it was written ({where})"
         try:
-            self.last_good = str(checkpoint.save(self.run_dir, data, self.keep))
+            self.last_good = str(checkpoint.save(self.run_dir, data, self.keep, written=written))
         except checkpoint.CheckpointWriteError as e:
             return str(e), EXIT_WRITE
+        except checkpoint.CheckpointRefused as e:
+            return f"{e}: not checkpointed; {self.kept()}", EXIT_FAILED
         return None

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -192,11 +193,52 @@ def test_a_step_that_blew_the_model_up_is_not_written_while_the_loss_average_sti
     """The workers' loss average holds the loss measured before the last update. The writer
     judges the values it writes by their own loss, so a good-looking average cannot carry a
     blown-up model over the last good file (checkpoint.keep=1 would have pruned it)."""
+    from hogwild.errors import EXIT_FAILED
+
+    model, rep, saver, kw = _linear_run(tmp_path)
+    assert saver.write(rep, loss=1.0, **kw) is None
+    good = saver.last_good
+    with torch.no_grad():
+        model.weight.mul_(1e6)  # one update at optim.lr=1e6: finite, and far past the bar
+    failed = saver.write(rep, loss=1.0, **kw)  # the average has not seen a loss of it yet
+    assert failed is not None and failed[1] == EXIT_FAILED and failed[0].startswith("the loss diverged"), failed
+    assert [n for n in _names(tmp_path) if n.startswith("step_")] == [Path(str(good)).name]
+    assert saver.last_good == good
+
+
+def test_a_model_that_turns_non_finite_while_it_is_written_replaces_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint is written from the live buffer, not a copy: a value that read NaN while the
+    file was written must not leave that file as the newest (nor prune the good one), even when the
+    live buffer reads finite again by the time the write ends. The file itself is judged."""
+    from hogwild.checkpoint import store
+    from hogwild.errors import EXIT_FAILED
+
+    model, rep, saver, kw = _linear_run(tmp_path)
+    assert saver.write(rep, loss=1.0, **kw) is None
+    good = saver.last_good
+    real_save = torch.save
+
+    def save_while_a_worker_writes(obj: object, f: object) -> None:
+        with torch.no_grad():
+            kept = float(model.weight[0, 0])
+            model.weight[0, 0] = float("nan")
+            real_save(obj, f)  # type: ignore[arg-type]
+            model.weight[0, 0] = kept
+    monkeypatch.setattr(store.torch, "save", save_while_a_worker_writes)
+    failed = saver.write(rep, loss=1.0, **kw)
+    assert failed is not None and failed[1] == EXIT_FAILED, failed
+    assert "went non-finite while it was written (in weight 1 of 12)" in failed[0], failed
+    assert [n for n in _names(tmp_path) if n.startswith("step_")] == [Path(str(good)).name]
+    assert (tmp_path / "checkpoints" / "last.pt").samefile(str(good)) and saver.last_good == good
+
+
+def _linear_run(tmp_path: Path) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """A shared nn.Linear, its replica, a writer into ``tmp_path`` and the write's other arguments."""
     from torch import nn
 
     from hogwild.checkpoint.saver import Saver
     from hogwild.data.splits import Dataset, Split
-    from hogwild.errors import EXIT_FAILED
     from hogwild.replica.board import Counts
     from hogwild.replica.build import Replica
     from hogwild.replica.shared import share_model
@@ -210,15 +252,8 @@ def test_a_step_that_blew_the_model_up_is_not_written_while_the_loss_average_sti
                   Task("classification", DEFAULT_LOSS["classification"], 3))
     saver = Saver(tmp_path, keep=1, lineage="aaaa", model_name="linear")
     saver.loss_bar = loss_bar(1.1, 3)
-    kw = dict(positions=torch.zeros(1, 1, dtype=torch.float64), counters=Counts(), sync_state={}, config={})
-    assert saver.write(rep, loss=1.0, **kw) is None
-    good = saver.last_good
-    with torch.no_grad():
-        model.weight.mul_(1e6)  # one update at optim.lr=1e6: finite, and far past the bar
-    failed = saver.write(rep, loss=1.0, **kw)  # the average has not seen a loss of it yet
-    assert failed is not None and failed[1] == EXIT_FAILED and failed[0].startswith("the loss diverged"), failed
-    assert [n for n in _names(tmp_path) if n.startswith("step_")] == [Path(str(good)).name]
-    assert saver.last_good == good
+    return model, rep, saver, dict(positions=torch.zeros(1, 1, dtype=torch.float64), counters=Counts(),
+                                   sync_state={}, config={})
 
 
 def test_a_nan_loss_is_called_nan_not_infinite(tmp_path: Path) -> None:
@@ -257,15 +292,12 @@ def test_sizes_below_a_gigabyte_are_said_in_mib() -> None:
 
 
 def test_a_checkpoint_holds_the_model_once() -> None:
-    # The file's flat is the values handed in (a snapshot, or the stopped workers' buffer), not a
-    # second copy of them: for a model of embedding tables that copy was hundreds of MB at the peak.
+    # The file's flat and optimizer state are the buffers handed in, not copies of them: for a model
+    # of embedding tables a copy was hundreds of MB at the replica's peak.
     from hogwild.checkpoint.saver import payload
     from hogwild.replica.board import Counts
 
     flat, state = torch.randn(10), {"sum": torch.ones(10)}
-    common = dict(model_name="m", shapes=[(10,)], flat=flat, opt_state=state, positions=torch.zeros(1, 1),
-                  counters=Counts(), sync_state={}, config={}, lineage="aaaa")
-    held = payload(**common, copy_state=False)  # type: ignore[arg-type]
+    held = payload(model_name="m", shapes=[(10,)], flat=flat, opt_state=state, positions=torch.zeros(1, 1),
+                   counters=Counts(), sync_state={}, config={}, lineage="aaaa")
     assert held["flat"].data_ptr() == flat.data_ptr() and held["opt_state"]["sum"].data_ptr() == state["sum"].data_ptr()
-    # While workers write on, the optimizer's state is still copied as it is read.
-    assert payload(**common)["opt_state"]["sum"].data_ptr() != state["sum"].data_ptr()  # type: ignore[arg-type]
