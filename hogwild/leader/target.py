@@ -5,7 +5,6 @@ allows and reports the scores here; whether they end the run is decided here.
 
 from __future__ import annotations
 
-import copy
 import logging
 from typing import Optional
 
@@ -13,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from hogwild.config.train import TargetConfig
-from hogwild.replica.shared import bind
+from hogwild.replica.shared import twin_on
 from hogwild.replica.task import Task, reached
 
 logger = logging.getLogger(__name__)
@@ -48,19 +47,18 @@ class Target:
         model, so the model that meets it is a model that existed and can be handed back, not one
         blurred by the workers' writes during the evaluation. One more model's memory on the
         evaluating leader, only then."""
-        if not self.is_set or self.flat is None:
+        if not self.is_set or self.flat is None or self.met:  # met: the judged copy is kept; nothing to judge
             return self.model
         if self._snap_model is None:
+            snap = torch.empty_like(self.flat)
             try:
-                twin = copy.deepcopy(self.model)
+                twin = twin_on(self.model, snap)  # never a copy of the values first: tables are large
             except Exception as e:  # noqa: BLE001 - a user's module may hold what cannot be copied
                 logger.warning("train.target: the model cannot be copied (%s: %s), so evaluations read the live "
                                "model and a final model below the target cannot be replaced", type(e).__name__, e)
                 self.flat = None  # asked once
                 return self.model
-            self._snap = torch.empty_like(self.flat)
-            bind(twin, self._snap)
-            self._snap_model = twin
+            self._snap, self._snap_model = snap, twin
         assert self._snap is not None
         self._snap.copy_(self.flat)
         return self._snap_model
@@ -71,7 +69,9 @@ class Target:
         if self.met or not reached(self.task, self.cfg, scores):
             return
         self.reached_s, self.worker_steps = elapsed_s, worker_steps
-        self.judged = None if self._snap is None else self._snap.clone()
+        # The still copy itself becomes the judged one (no clone: one model less at the peak); later
+        # evaluations read the live model.
+        self.judged, self._snap, self._snap_model = self._snap, None, None
         logger.info("test %s %.4f reached train.target.value=%.4f after %.2fs", self.cfg.metric,
                     scores[str(self.cfg.metric)], self.cfg.value, elapsed_s)
 

@@ -23,7 +23,7 @@ from hogwild.replica.build import Replica
 from hogwild.replica.meeting import STEPS_KEY, Chair
 from hogwild.replica.resources import available_cores
 from hogwild.replica.start import environment, worker_context
-from hogwild.replica.worker import WorkerSpec, worker_main
+from hogwild.replica.worker import WORKER_NICENESS, WorkerSpec, worker_main
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ def worker_specs(cfg: Config, env: DistEnv, k: int, train: Any, compile_mode: st
         else:
             n_shard = len(shard(len(train), num_global, env.rank * k + i, cfg.train.seed))
             quotas.append(cfg.train.epochs * -(-n_shard // min(cfg.train.batch_size, n_shard)))
-    return [WorkerSpec(i, env.rank * k + i, num_global, threads, q, sum(quotas), os.getpid(), compile_mode)
+    nice = WORKER_NICENESS if env.distributed else 0  # only a replica that meets others has sync bursts
+    return [WorkerSpec(i, env.rank * k + i, num_global, threads, q, sum(quotas), os.getpid(), compile_mode, nice)
             for i, q in enumerate(quotas)]
 
 

@@ -14,11 +14,14 @@ parameters are re-pointed *before* any worker starts (design rule 1).
 
 from __future__ import annotations
 
+import copy
+import ctypes
 import logging
 import os
 import shutil
+import sys
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Optional
 
 import torch
 from torch import Tensor, nn
@@ -93,8 +96,29 @@ def alloc(n: int, device: str, dtype: torch.dtype = torch.float32) -> Tensor:
     """A zeroed flat tensor every spawned worker can write: shm on CPU, CUDA IPC on GPU."""
     if device == "cuda":
         return torch.zeros(n, dtype=dtype, device="cuda")
-    check_shm(n * torch.tensor([], dtype=dtype).element_size())
-    return torch.zeros(n, dtype=dtype).share_memory_()
+    check_shm(n * dtype.itemsize)
+    # Made in shared memory, zero as a new file is: zeros() then share_memory_() wrote a private
+    # copy first, a whole model of it for a moment (610 MiB of anonymous memory at 10M rows).
+    return torch.empty(0, dtype=dtype).set_(torch.UntypedStorage._new_shared(n * dtype.itemsize))
+
+
+def twin_on(model: nn.Module, flat: Tensor) -> nn.Module:
+    """A deep copy of ``model`` whose parameters and float buffers are views of ``flat`` (laid out as
+    :func:`layout` says), made without copying their values: ``copy.deepcopy`` takes each from its
+    memo instead of cloning it (a clone of a model of embedding tables is the whole model)."""
+    memo: dict[int, object] = {}
+    tensors = [p for _, p in model.named_parameters()] + [b for _, b in _float_buffers(model)]
+    for slot, t in zip(layout(model), tensors):
+        view = slot.view(flat)
+        memo[id(t)] = nn.Parameter(view, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else view
+    return copy.deepcopy(model, memo)
+
+
+def held_bytes(tensors: Iterable[Tensor]) -> int:
+    """Host memory under ``tensors``: the bytes of their distinct storages (views of one buffer
+    count once; a GPU's are not host memory)."""
+    sizes = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t.device.type == "cpu"}
+    return sum(sizes.values())
 
 
 def state_dict_of(model: nn.Module, flat: Tensor) -> dict[str, Tensor]:
@@ -121,7 +145,8 @@ def bind(model: nn.Module, flat: Tensor, copy_values: bool = False) -> None:
         for slot, p in zip(slots, params):
             view = slot.view(flat)
             if copy_values:
-                view.copy_(p.data)
+                sole = _sole_holder(p)  # before p.data, itself a holder while it lives
+                copy_releasing(view, p.data, sole)
             p.data = view
         for slot in slots[len(params):]:
             owner, _, leaf = slot.name.rpartition(".")
@@ -132,6 +157,53 @@ def bind(model: nn.Module, flat: Tensor, copy_values: bool = False) -> None:
             # The module now reads and updates the shared slice; re-registering keeps the
             # buffer's persistence (a non-persistent buffer stays out of state_dict).
             mod.register_buffer(leaf, view, persistent=leaf not in mod._non_persistent_buffers_set)
+
+
+# A parameter at least this large is copied into the shared buffer a chunk at a time, each chunk's
+# pages given back as soon as it is copied. glibc serves any allocation above 32 MiB with mmap, so
+# its pages are the tensor's alone.
+RELEASE_ABOVE = 64 * 2**20
+RELEASE_CHUNK = 16 * 2**20  # bytes
+MADV_DONTNEED = 4
+
+
+def _sole_holder(p: Tensor) -> bool:
+    """Nothing but ``p`` holds its storage (no view, alias or ``.data`` of it elsewhere): the
+    temporary storage object here is the second holder."""
+    return torch._C._storage_Use_Count(p.untyped_storage()._cdata) <= 2
+
+
+def copy_releasing(dst: Tensor, src: Tensor, sole: bool) -> None:
+    """``dst.copy_(src)``; where ``src`` is a large private CPU tensor that ``sole``ly holds its
+    memory and is about to be dropped (a parameter's values as built, moving into the shared
+    buffer), a chunk at a time, each chunk's pages returned to the kernel once copied. A model of
+    embedding tables then never exists twice at once: the whole model twice was the leader's
+    start-up peak (1.2 GB at 10M rows)."""
+    nbytes = src.numel() * src.element_size()
+    if not (sole and nbytes >= RELEASE_ABOVE and src.device.type == "cpu" and src.is_contiguous()
+            and not src.is_shared()):
+        dst.copy_(src)
+        return
+    s, d = src.reshape(-1), dst.reshape(-1)
+    step = max(RELEASE_CHUNK // src.element_size(), 1)
+    for start in range(0, s.numel(), step):
+        d[start:start + step].copy_(s[start:start + step])
+        release_pages(s[start:start + step])
+
+
+def release_pages(t: Tensor) -> None:
+    """Give the whole pages under ``t`` (contiguous, on the CPU, read no more by anyone, or backed by
+    a file that holds them) back to the kernel: a private tensor's read zero afterwards, a mapped
+    file's are read from the file again. Linux only; elsewhere nothing happens."""
+    if not sys.platform.startswith("linux") or t.device.type != "cpu":
+        return
+    page = os.sysconf("SC_PAGE_SIZE")
+    lo = -(-t.data_ptr() // page) * page  # whole pages inside the tensor only
+    hi = (t.data_ptr() + t.numel() * t.element_size()) // page * page
+    if hi > lo:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        madvise(lo, hi - lo, MADV_DONTNEED)
 
 
 def share_model(model: nn.Module, device: str) -> Tensor:
