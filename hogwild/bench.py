@@ -16,6 +16,7 @@ from hogwild.replica.board import CONTROL, STATS, previous_attempt
 from hogwild.replica.models import build_model
 from hogwild.replica.resources import available_cores
 from hogwild.replica.task import DEFAULT_LOSS, Task, evaluate
+from hogwild.report.memory import process_tree, pss_bytes
 from hogwild.sync.base import SyncRule
 from hogwild.sync.comm import DistComm, LocalComm, ring_all_reduce_bytes
 from hogwild.sync.outer import OuterRule
@@ -25,4 +26,5 @@ from hogwild.sync.rules import make_rule
 __all__ = ["CONTROL", "DEFAULT_LOSS", "STATS", "DataConfig", "Dataset", "DistComm", "Epoch", "LocalComm", "ModelConfig",
            "OuterRule", "ShardSampler", "Split", "SyncConfig", "SyncRule", "Task", "available_cores",
            "build_model", "checkpoint_store", "evaluate", "load_dataset", "make_rule", "previous_attempt",
+           "process_tree", "pss_bytes",
            "ring_all_reduce_bytes", "serve_coordinator", "shard", "sync_round"]

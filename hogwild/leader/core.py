@@ -39,6 +39,7 @@ from hogwild.replica.update import batches_per_step
 from hogwild.replica.models import model_id
 from hogwild.replica.pool import WorkerPool, worker_specs
 from hogwild.replica.resources import resolve_workers
+from hogwild.replica.shared import held_bytes
 from hogwild.report.memory import PeakMemory
 from hogwild.report.metrics import flatten, strict
 from hogwild.report.rundir import record_config, set_aside_earlier_run
@@ -342,7 +343,8 @@ class Leader:
                              replicas=self.env.world_size, sync_mode=self.cfg.sync.mode,
                              schedule=crew.schedule, resumed=crew.restored, run_dir=crew.run_dir,
                              update={**update_report(crew), **input_report(crew)}).metrics()
-        metrics.update(verdict=verdict.summary, target_held=crew.target.held(tel.scores), **self.changes.report())
+        metrics.update(verdict=verdict.summary, target_held=crew.target.held(tel.scores),
+                       memory_mb=memory_report(crew, self.memory.peak_mb), **self.changes.report())
         if crew.restored is not None and metrics["status"] != Status.OK:
             # A resumed run that failed keeps the report of the run it resumed, which told of a
             # model that still exists in the checkpoints: nothing already written is lost.
@@ -373,6 +375,22 @@ def input_report(crew: Crew) -> dict[str, Any]:
     rep = crew.rep
     epochs = rep.streams.epochs.tolist() if rep.streams is not None else None
     return {"compile": rep.compile, "stream_epochs": epochs}
+
+
+def memory_report(crew: Crew, peak_mb: Optional[float]) -> Optional[dict[str, float]]:
+    """``metrics.json``'s ``memory_mb``: this replica's peak (``peak_memory_mb``) and what of it the
+    model, the optimizer state (shared, or every worker's own) and the sync rule's state and round
+    buffers hold, as allocated; ``rest`` is the remainder at the peak (the interpreters with torch,
+    the data, evaluation, a target's still copy). None where the peak is not measured."""
+    if peak_mb is None:
+        return None
+    rep = crew.rep
+    parts = {"model": held_bytes([rep.flat]) / 2**20,
+             "optimizer_state": (held_bytes((rep.opt_state or {}).values())
+                                 + crew.workers * rep.private_state_bytes) / 2**20,
+             "rule_state": held_bytes(crew.rule.held()) / 2**20}
+    return {"peak": round(peak_mb, 1), **{k: round(v, 1) for k, v in parts.items()},
+            "rest": round(max(peak_mb - sum(parts.values()), 0.0), 1)}
 
 
 def hand_back_judged(crew: Crew) -> None:

@@ -214,6 +214,11 @@ class SyncRule(ABC):
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         del state
 
+    def held(self) -> list[Tensor]:
+        """Every tensor the rule keeps between rounds (its state and its round buffers), for
+        ``metrics.json``'s account of memory (replica/shared.py: held_bytes)."""
+        return [*self.state_dict().values(), *self.positional().values(), *self._scratch.values()]
+
     def _masked(self, snap: Tensor, ctx: SyncContext) -> Tensor:
         return snap if ctx.healthy[ctx.rank] else torch.zeros_like(snap)
 

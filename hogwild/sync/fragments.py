@@ -90,6 +90,9 @@ class Fragmented(SyncRule):
         for part, r in zip(self.parts, self._bind(flat.numel())):
             part.settle(flat[r])
 
+    def held(self) -> list[Tensor]:
+        return [*super().held(), *(t for part in self.parts for t in part.held())]
+
     def state_dict(self) -> dict[str, Tensor]:
         states = [p.state_dict() for p in self.parts]
         # The fragments' states joined end to end have the whole-model rule's layout, so a

@@ -233,6 +233,9 @@ class RowSparse(SyncRule):
     def settle(self, flat: Tensor) -> None:
         self.inner.settle(flat)
 
+    def held(self) -> list[Tensor]:
+        return [*super().held(), *self.inner.held(), *self.whole.values()]
+
     def state_dict(self) -> dict[str, Tensor]:
         state = self.inner.state_dict()
         state["row_synced"] = self.synced
