@@ -108,6 +108,8 @@ IN_PROCESS: list[tuple[str, Setup, str]] = [
      _args("model=sparse_linear", "data=sparse_synthetic", "data.num_samples=500", "data.num_features=1000",
            "sync.row_sparse=true",
            "optim.name=adagrad", "optim.weight_decay=0.01"), "sync.row_sparse"),
+    ("row-wise state for a model without a table", _args("optim=adagrad", "optim.rowwise=true"), "optim.rowwise"),
+    ("row-wise state for SGD", _args("optim=sgd", "optim.rowwise=true"), "optim.rowwise"),
     ("row-sparse rounds under a torch optimizer with momentum",
      _args("model=sparse_linear", "data=sparse_synthetic", "data.num_samples=500", "data.num_features=1000",
            "sync.row_sparse=true",
