@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -51,7 +52,8 @@ METHODS: dict[str, Optional[list[str]]] = {
 
 def workload(a: argparse.Namespace) -> list[str]:
     return ["+experiment=clicks", f"data.kwargs.rows={a.rows}", f"data.kwargs.tables={a.tables}",
-            f"data.kwargs.lookups={a.lookups}", f"data.kwargs.samples={a.samples}", f"model.kwargs.dim={a.dim}"]
+            f"data.kwargs.lookups={a.lookups}", f"data.kwargs.samples={a.samples}", f"model.kwargs.dim={a.dim}",
+            f"+data.kwargs.test_fraction={a.test_fraction}"]
 
 
 def hogwild(a: argparse.Namespace, extra: list[str], root: Path) -> dict[str, Any]:
@@ -60,7 +62,7 @@ def hogwild(a: argparse.Namespace, extra: list[str], root: Path) -> dict[str, An
     target = ["train.target.metric=logloss", f"train.target.value={a.target}"] if a.stop_at_target else []
     cmds = [[sys.executable, "-m", "torch.distributed.run", f"--nnodes={a.machines}", "--nproc-per-node=1",
              f"--node-rank={i}", f"--master-addr={link.addr(0)}", f"--master-port={port}", "-m", "hogwild.cli.train",
-             *workload(a), "workers=1", f"sync.interval={a.interval}", f"eval.every_s={a.eval_every_s}",
+             *workload(a), f"workers={a.workers}", f"sync.interval={a.interval}", f"eval.every_s={a.eval_every_s}",
              "eval.max_fraction=0.5", "checkpoint.every_s=3600", *target, f"run_dir={run_dir}", *extra]
             for i in range(a.machines)]
     _, sent = link.on_machines(cmds, a.run_timeout_s)
@@ -88,11 +90,7 @@ def first_below(run_dir: Path, target: float) -> Optional[float]:
 
 def ddp(a: argparse.Namespace, sparse: bool, steps: Optional[int]) -> dict[str, Any]:
     port = link._port()
-    cmds = [[sys.executable, str(Path(__file__).resolve()), "--ddp-rank", str(i), "--machines", str(a.machines),
-             "--port", str(port), "--rows", str(a.rows), "--tables", str(a.tables), "--lookups", str(a.lookups),
-             "--samples", str(a.samples), "--dim", str(a.dim), "--target", str(a.target),
-             "--ddp-eval-every", str(a.ddp_eval_every), *(["--sparse"] if sparse else []),
-             *(["--max-steps", str(steps)] if steps else []), *(["--loopback"] if a.loopback else [])]
+    cmds = [_on_one_machine([ddp_rank_cmd(a, i * a.workers + j, port, sparse, steps) for j in range(a.workers)])
             for i in range(a.machines)]
     logs, sent = link.on_machines(cmds, a.run_timeout_s)
     line = next(ln for ln in logs[0].splitlines() if ln.startswith("RESULT "))
@@ -100,6 +98,26 @@ def ddp(a: argparse.Namespace, sparse: bool, steps: Optional[int]) -> dict[str, 
     # The rank's own count of its steps' traffic; the outside count also holds DDP's start-up
     # broadcast of the whole model (most of it, for a large table and a few hundred steps).
     return {**r, "tx_bytes_per_step_with_start": sent / max(r["steps"], 1)}
+
+
+def ddp_rank_cmd(a: argparse.Namespace, rank: int, port: int, sparse: bool, steps: Optional[int] = None,
+                 full_pass: bool = False) -> list[str]:
+    """One DDP rank of ``a.machines`` x ``a.workers`` (this script again, with ``--ddp-rank``)."""
+    return [sys.executable, str(Path(__file__).resolve()), "--ddp-rank", str(rank), "--machines", str(a.machines),
+            "--workers", str(a.workers), "--port", str(port), "--rows", str(a.rows), "--tables", str(a.tables),
+            "--lookups", str(a.lookups), "--samples", str(a.samples), "--dim", str(a.dim), "--target", str(a.target),
+            "--test-fraction", str(a.test_fraction),
+            "--ddp-eval-every", str(a.ddp_eval_every), *(["--sparse"] if sparse else []),
+            *(["--max-steps", str(steps)] if steps else []), *(["--loopback"] if a.loopback else []),
+            *(["--ddp-full-pass"] if full_pass else []), "--eval-samples", str(getattr(a, "eval_samples", 0))]
+
+
+def _on_one_machine(cmds: list[list[str]]) -> list[str]:
+    """One command that runs ``cmds`` side by side (a machine's DDP ranks) and fails if one does."""
+    if len(cmds) == 1:
+        return cmds[0]
+    script = " & ".join(shlex.join(c) for c in cmds) + " & for p in $(jobs -p); do wait $p || exit 1; done"
+    return ["bash", "-c", script]
 
 
 def ddp_rank(a: argparse.Namespace) -> None:
@@ -114,8 +132,10 @@ def ddp_rank(a: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1" if a.loopback else link.addr(0), MASTER_PORT=str(a.port))
-    dist.init_process_group("gloo", rank=a.ddp_rank, world_size=a.machines)
-    train, test = click_log(samples=a.samples, tables=a.tables, rows=a.rows, lookups=a.lookups)
+    world = a.machines * a.workers
+    dist.init_process_group("gloo", rank=a.ddp_rank, world_size=world)
+    train, test = click_log(samples=a.samples, tables=a.tables, rows=a.rows, lookups=a.lookups,
+                            test_fraction=a.test_fraction)
     torch.manual_seed(0)
     model = DLRM(dense=train.dense.shape[1], tables=a.tables, rows=a.rows, dim=a.dim)
     for table in model.tables:
@@ -124,15 +144,17 @@ def ddp_rank(a: argparse.Namespace) -> None:
     # DDP's constructor broadcast rank 0's whole model; the steps' own traffic is counted from here.
     tx0 = link.own_tx_bytes(a.ddp_rank)
     opt = torch.optim.Adagrad(model.parameters(), lr=0.05)
-    mine = torch.arange(a.ddp_rank, len(train), a.machines)
+    mine = torch.arange(a.ddp_rank, len(train), world)
     mine = mine[torch.randperm(len(mine), generator=torch.Generator().manual_seed(a.ddp_rank))]
     steps = len(mine) // 64 if not a.max_steps else a.max_steps
     clock, reached, last = 0.0, None, math.nan
+    curve: list[tuple[float, float]] = []  # (seconds on the clock, test log-loss) of each evaluation
 
-    def logloss() -> float:
+    def logloss(n: Optional[int] = None) -> float:
+        """On the first ``n`` test samples (all by default)."""
         with torch.no_grad():
-            p = model(test.dense, test.ids)
-            return float(F.binary_cross_entropy_with_logits(p, test.clicks.float()))
+            p = model(test.dense[:n], test.ids[:n])
+            return float(F.binary_cross_entropy_with_logits(p, test.clicks[:n].float()))
 
     for s in range(steps):
         t0 = time.perf_counter()
@@ -145,22 +167,24 @@ def ddp_rank(a: argparse.Namespace) -> None:
         if (s + 1) % a.ddp_eval_every == 0 or s + 1 == steps:
             flag = torch.zeros(1)
             if a.ddp_rank == 0:
-                last = logloss()
+                last = logloss(a.eval_samples or None)
+                curve.append((round(clock, 3), round(last, 5)))
                 flag[0] = float(last <= a.target)
             dist.broadcast(flag, 0)  # off the clock; every rank stops at the same step
             if flag[0] > 0 and reached is None:
                 reached = (clock, s + 1)
-                break
+                if not a.ddp_full_pass:
+                    break
     if a.ddp_rank == 0:
-        if math.isnan(last) or reached is None:
+        if math.isnan(last) or a.eval_samples or (reached is None and not a.ddp_full_pass):
             last = logloss()
         grads = sum(p.numel() for p in model.parameters())
         sys.stdout.write("RESULT " + json.dumps({
             "time_to_target_s": reached[0] if reached else None, "steps_to_target": reached[1] if reached else None,
-            "steps": s + 1, "step_s": clock / (s + 1), "final_logloss": last,
+            "steps": s + 1, "step_s": clock / (s + 1), "final_logloss": last, "curve": curve,
             "tx_bytes_per_step": (link.own_tx_bytes(a.ddp_rank) - tx0) / (s + 1),
             # Ring all_reduce of the dense gradients; a sparse one all_gathers indices and rows.
-            "bytes_per_step": link.ring_all_reduce_bytes(4 * grads, a.machines) if not a.sparse else float("nan")}) + "\n")
+            "bytes_per_step": link.ring_all_reduce_bytes(4 * grads, world) if not a.sparse else float("nan")}) + "\n")
     sys.stdout.flush()
     os._exit(0)  # torch's exit after a Gloo DDP run can abort in a destructor (scripts/link.py)
 
@@ -168,12 +192,14 @@ def ddp_rank(a: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--machines", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=1, help="hogwild workers per machine; DDP ranks per machine")
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--rows", type=int, default=1_000_000, help="rows per table")
     ap.add_argument("--tables", type=int, default=2)
     ap.add_argument("--lookups", type=int, default=20, help="per table and sample")
     ap.add_argument("--dim", type=int, default=16)
     ap.add_argument("--samples", type=int, default=200_000)
+    ap.add_argument("--test-fraction", type=float, default=0.2)
     ap.add_argument("--interval", type=int, default=50)
     ap.add_argument("--target", type=float, required=True, help="test log-loss to reach")
     ap.add_argument("--stop-at-target", action="store_true")
@@ -190,6 +216,8 @@ def main() -> None:
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--sparse", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--max-steps", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--ddp-full-pass", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--eval-samples", type=int, default=0, help=argparse.SUPPRESS)
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="[rows] %(message)s")
     os.chdir(REPO)  # +experiment=clicks imports examples/ from the working directory
@@ -209,7 +237,8 @@ def main() -> None:
     shares = link.cpu_shares(a.machines)  # more machines than cores: an equal share of them each
     if shares:
         shaping += f"; CPU: {shares}"
-    label = f"clicks_{a.tables}x{a.rows}_{a.machines}x_{'loopback' if a.loopback else a.rate}"
+    label = f"clicks_{a.tables}x{a.rows}_{a.machines}x{'' if a.workers == 1 else a.workers}_" \
+        f"{'loopback' if a.loopback else a.rate}"
     res: dict[str, Any] = {"shaping": shaping, "args": {k: str(v) for k, v in vars(a).items()}, "methods": {}}
     try:
         for m in methods:
