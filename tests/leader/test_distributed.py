@@ -171,7 +171,7 @@ def test_row_sparse_rounds_on_embedding_tables_send_a_fraction_and_end_on_one_mo
     from tests.conftest import REPO
 
     args = ["+experiment=clicks", "data.kwargs.samples=40000", "data.kwargs.rows=20000", "sync.interval=20",
-            "sync.row_sparse=true"]
+            "sync.row_sparse=true", "sync.mode=slowmo"]  # an outer rule: its lazy momentum's state travels too
     out, dump = tmp_path / "rows", tmp_path / "rows_final"
     dump.mkdir()
     env = clean_env(OMP_NUM_THREADS="1", HOGWILD_DUMP_FINAL=str(dump))

@@ -138,7 +138,9 @@ def test_clicks_on_its_defaults_reports_where_its_memory_went(tmp_path: Path) ->
         assert m["test_auc"] > 0.6
     assert rowwise["memory_mb"]["optimizer_state"] < 0.1 * model_mb  # 1/16 of the tables, once
     assert per_worker["memory_mb"]["optimizer_state"] == pytest.approx(2 * model_mb, abs=0.1)  # one each
-    assert abs(rowwise["test_logloss"] - per_worker["test_logloss"]) < 0.01 * per_worker["test_logloss"]
+    # As good as per-worker state. One run of this size varies by about ±0.7 % on its own (5 runs beside a
+    # CPU hog: 0.5893 to 0.5973), so 3 % here; the 1 % bar is measured at 1M and 10M rows (BENCHMARKS.md §19).
+    assert abs(rowwise["test_logloss"] - per_worker["test_logloss"]) < 0.03 * per_worker["test_logloss"]
 
 
 def _clicks_model_mb(rows: int, tables: int) -> float:
