@@ -61,9 +61,16 @@ def nonfinite_where(flat: Tensor, slots: Sequence[Slot]) -> str:
     return f"in {shown}{more}" if bad else NOWHERE
 
 
-def all_finite(flat: Tensor) -> bool:
-    """No NaN or Inf in ``flat``, judged a bounded chunk at a time (:data:`FINITE_CHUNK`)."""
-    return all(bool(torch.isfinite(c).all()) for c in flat.split(FINITE_CHUNK))
+def all_finite(flat: Tensor, release: bool = False) -> bool:
+    """No NaN or Inf in ``flat``, judged a bounded chunk at a time (:data:`FINITE_CHUNK`);
+    ``release``: each chunk's pages are let go once judged (a memory-mapped file's)."""
+    for chunk in flat.split(FINITE_CHUNK):
+        finite = bool(torch.isfinite(chunk).all())
+        if release:
+            release_pages(chunk)
+        if not finite:
+            return False
+    return True
 
 
 def finite_count(values: Tensor) -> int:
@@ -88,12 +95,7 @@ def nonfinite(flat: Tensor, slots: Sequence[Slot]) -> Optional[str]:
 def written_nonfinite(flat: Tensor, slots: Sequence[Slot]) -> Optional[str]:
     """:func:`nonfinite` for a checkpoint's ``flat`` as the file holds it (memory-mapped), judged a
     chunk at a time, each chunk's pages let go once judged: the file is read once and never held."""
-    for chunk in flat.split(FINITE_CHUNK):
-        finite = bool(torch.isfinite(chunk).all())
-        release_pages(chunk)
-        if not finite:
-            return nonfinite_where(flat, slots)
-    return None
+    return None if all_finite(flat, release=True) else nonfinite_where(flat, slots)
 
 
 def model_trouble(flat: Tensor, slots: Sequence[Slot], loss: float, bar: float) -> Optional[str]:
