@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from hogwild.checkpoint import store as checkpoint
 from hogwild.checkpoint.health import diverged, model_trouble, probe_loss, written_nonfinite
@@ -31,36 +32,17 @@ logger = logging.getLogger(__name__)
 PROBE_SAMPLES = 64
 
 
-def payload(*, model_name: str, shapes: list[tuple[int, ...]], flat: Tensor,
-            opt_state: Optional[dict[str, Tensor]], positions: Tensor, counters: Counts,
-            sync_state: dict[str, Tensor], config: dict[str, Any], lineage: str,
-            model: Optional[nn.Module] = None, streams: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    """A checkpoint: tensors and plain values only, so it loads with ``weights_only=True``.
-    ``state_dict`` (the module's names, views of the same ``flat`` copy, stored once) is the
-    part that leaves hogwild: ``torch.load(path, weights_only=True)["state_dict"]`` (design rule 22).
+@dataclass(frozen=True)
+class Record:
+    """What a checkpoint records of the job, beside the replica it is written from."""
 
-    ``flat`` and the optimizer state are held as they are when they are on the CPU, never copied:
-    ``torch.save`` then writes straight from the shared buffers, and a model of embedding tables
-    costs no second copy at its checkpoint (a copy was hundreds of MB at the replica's peak). While
-    the workers train, what is written is a racy read of the live buffer (docs/outputs.md,
-    "What a checkpoint holds"); a buffer on the GPU is copied to the CPU once."""
-    cpu = flat.detach().to("cpu")
-    return {
-        "format": checkpoint.FORMAT,
-        "lineage": lineage,
-        "written_at": time.time(),
-        "model": model_name,
-        "shapes": [list(s) for s in shapes],
-        "flat": cpu,
-        "state_dict": state_dict_of(model, cpu) if model is not None else {},
-        "opt_state": {k: v.detach().to("cpu") for k, v in (opt_state or {}).items()},
-        "positions": positions,
-        "counters": counters.lineage(),
-        "sync_state": sync_state,
-        "config": config,
-        "streams": streams or {},
-    }
-
+    positions: Tensor
+    """Every replica's data positions (replicas x workers)."""
+    counters: Counts
+    """The lineage's totals, this run's included."""
+    sync_state: dict[str, Tensor]
+    """The sync rule's own tensors."""
+    config: dict[str, Any]
 
 
 def stream_states(rep: Replica, positions: Tensor, rank: int) -> dict[str, Any]:
@@ -134,8 +116,35 @@ class Saver:
     def kept(self) -> str:
         return f"kept the last good checkpoint {self.last_good}" if self.last_good else "no good checkpoint to keep"
 
-    def write(self, rep: Replica, *, positions: torch.Tensor, counters: Counts, sync_state: dict[str, Any],
-              config: dict[str, Any], loss: float, stopped: bool = False, rank: int = 0
+    def payload(self, rep: Replica, record: Record, rank: int = 0) -> dict[str, Any]:
+        """A checkpoint: tensors and plain values only, so it loads with ``weights_only=True``.
+        ``state_dict`` (the module's names, views of the same ``flat`` copy, stored once) is the
+        part that leaves hogwild: ``torch.load(path, weights_only=True)["state_dict"]`` (design rule 22).
+        ``rank``: the writer, whose own workers' stream states it holds.
+
+        ``flat`` and the optimizer state are held as they are when they are on the CPU, never copied:
+        ``torch.save`` then writes straight from the shared buffers, and a model of embedding tables
+        costs no second copy at its checkpoint (a copy was hundreds of MB at the replica's peak). While
+        the workers train, what is written is a racy read of the live buffer (docs/outputs.md,
+        "What a checkpoint holds"); a buffer on the GPU is copied to the CPU once."""
+        cpu = rep.flat.detach().to("cpu")
+        return {
+            "format": checkpoint.FORMAT,
+            "lineage": self.lineage,
+            "written_at": time.time(),
+            "model": self.model_name,
+            "shapes": [list(s) for s in rep.shapes],
+            "flat": cpu,
+            "state_dict": state_dict_of(rep.model, cpu),
+            "opt_state": {k: v.detach().to("cpu") for k, v in (rep.opt_state or {}).items()},
+            "positions": record.positions,
+            "counters": record.counters.lineage(),
+            "sync_state": record.sync_state,
+            "config": record.config,
+            "streams": stream_states(rep, record.positions, rank),
+        }
+
+    def write(self, rep: Replica, record: Record, *, loss: float, stopped: bool = False, rank: int = 0
               ) -> Optional[tuple[str, int]]:
         """Write a checkpoint of ``rep`` if it is good. Returns (why not, exit code) when the
         run must stop: the model went bad, or the disk refused the file twice. ``stopped``: the
@@ -153,9 +162,7 @@ class Saver:
                 diverged(True, probe, self.loss_bar)
         if bad is not None:
             return f"{bad}: not checkpointed; {self.kept()}", EXIT_FAILED
-        data = payload(model_name=self.model_name, shapes=rep.shapes, flat=flat, opt_state=rep.opt_state,
-                       positions=positions, counters=counters, sync_state=sync_state, config=config,
-                       lineage=self.lineage, model=rep.model, streams=stream_states(rep, positions, rank))
+        data = self.payload(rep, record, rank)
 
         def written(path: Path) -> Optional[str]:
             if stopped:  # the buffer judged above is what the file holds

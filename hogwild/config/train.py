@@ -6,10 +6,11 @@ Each field's docstring is its documentation; each check raises :class:`ConfigErr
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from hogwild.config.registry import OPTIMIZERS, SCHEDULES
+from hogwild.config.registry import OPTIMIZERS, SCHEDULES, TASKS
 from hogwild.config.validate import at_most, choice, duration, positive, require
 
 PRECISIONS = ("fp32", "bf16")
@@ -137,10 +138,13 @@ class StepConfig:
         require(bool(self.labels_arg.strip()), "step.labels_arg", "must be auto, none or a keyword name")
 
 
-# Where each metric can lie: a target outside it is never met, and the run would never stop on it.
-TARGET_RANGES = {"accuracy": (0.0, 1.0), "r2": (float("-inf"), 1.0), "perplexity": (1.0, float("inf")),
-                 "loss": (float("-inf"), float("inf")), "mse": (0.0, float("inf")), "rmse": (0.0, float("inf")),
-                 "token_ce": (0.0, float("inf")), "logloss": (0.0, float("inf")), "auc": (0.0, 1.0)}
+def _metric_range(metric: str) -> tuple[float, float]:
+    """Where ``metric`` can lie, as the task kinds that report it declare (replica/tasks.py)."""
+    for kind in TASKS.names():
+        found = TASKS.get(kind).metrics.get(metric)  # type: ignore[attr-defined]
+        if found is not None:
+            return found.low, found.high
+    return -math.inf, math.inf
 
 
 @dataclass
@@ -158,10 +162,8 @@ class TargetConfig:
         require((self.metric is None) == (self.value is None), "train.target",
                 "set both train.target.metric and train.target.value, or neither")
         if self.value is not None:
-            import math
-
             require(math.isfinite(self.value), "train.target.value", f"must be a finite number, got {self.value}")
-            low, high = TARGET_RANGES.get(str(self.metric), (-math.inf, math.inf))
+            low, high = _metric_range(str(self.metric))
             require(low <= self.value <= high, "train.target.value",
                     f"{self.metric} can never reach {self.value}: it lies in [{low:g}, {high:g}]")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 import numpy as np
@@ -18,6 +19,7 @@ from torch import Tensor
 
 from hogwild.config.registry import DATASETS
 from hogwild.config.schema import DataConfig
+from hogwild.data.items import CHECK_CHUNK, FLOAT32_MAX, too_large
 from hogwild.data.splits import Dataset, Split
 from hogwild.errors import ConfigError, first_line
 
@@ -27,11 +29,33 @@ logger = logging.getLogger(__name__)
 
 
 Loader = Callable[[DataConfig], Dataset]
+Size = Callable[[DataConfig], Optional[int]]
 
 
-def register(name: str) -> Callable[[Loader], Loader]:
-    """A built-in dataset, chosen by ``data.name``; the config check reads the same registry."""
-    return DATASETS.register(name)  # type: ignore[return-value]
+@dataclass(frozen=True)
+class Builtin:
+    """A built-in dataset, chosen by ``data.name``: its loader, and the float32 bytes it will hold
+    once loaded, known before it loads (the memory check reads them; None: not known cheaply)."""
+
+    load: Loader
+    nbytes: Size
+
+    def __call__(self, cfg: DataConfig) -> Dataset:
+        return self.load(cfg)
+
+
+def register(name: str, nbytes: Size = lambda cfg: None) -> Callable[[Loader], Loader]:
+    """The config check reads the same registry."""
+    def add(load: Loader) -> Loader:
+        DATASETS.register(name)(Builtin(load, nbytes))
+        return load
+    return add
+
+
+def _images(n: int, side: int, channels: Optional[int] = None) -> Size:
+    """``n`` images ``side`` pixels square (``data.image_size`` resizes them) of ``channels``
+    (None: ``data.channels``)."""
+    return lambda cfg: n * (channels or cfg.channels) * (cfg.image_size or side) ** 2 * 4
 
 
 def load_dataset(cfg: DataConfig) -> Dataset:
@@ -90,7 +114,7 @@ def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
 
 
-@register("digits")
+@register("digits", _images(1797, 8))
 def _digits(cfg: DataConfig) -> Dataset:
     images, labels = _digits_arrays()
     x = torch.tensor(images, dtype=torch.float32).unsqueeze(1) / 16.0
@@ -133,19 +157,34 @@ def _torchvision(cfg: DataConfig, cls_name: str, mean: float, std: float) -> Dat
     return Dataset(splits[0], splits[1], 10, tuple(splits[0].inputs[0].shape[1:]))
 
 
-@register("mnist")
+@register("mnist", _images(70000, 28, 1))
 def _mnist(cfg: DataConfig) -> Dataset:
     return _torchvision(cfg, "MNIST", 0.1307, 0.3081)
 
 
-@register("fashion_mnist")
+@register("fashion_mnist", _images(70000, 28, 1))
 def _fashion(cfg: DataConfig) -> Dataset:
     return _torchvision(cfg, "FashionMNIST", 0.2860, 0.3530)
 
 
-@register("cifar10")
+@register("cifar10", _images(60000, 32, 3))
 def _cifar(cfg: DataConfig) -> Dataset:
     return _torchvision(cfg, "CIFAR10", 0.4734, 0.2516)
+
+
+def array_beyond_float32(x: np.ndarray) -> Optional[float]:
+    """The first finite value of a float array wider than float32 (float64, longdouble) that
+    float32 cannot hold, else None; read in chunks along the first axis, never copied whole."""
+    if x.dtype.kind != "f" or x.dtype.itemsize <= 4 or x.size == 0:
+        return None
+    rows = max(1, CHECK_CHUNK // max(1, x.size // len(x)))
+    for start in range(0, len(x), rows):
+        part = x[start:start + rows]
+        over = np.abs(part) > FLOAT32_MAX
+        over &= np.isfinite(part)
+        if over.any():
+            return float(part[over][0])
+    return None
 
 
 def _npz_array(z: "np.lib.npyio.NpzFile", key: str, path: str) -> np.ndarray:
@@ -168,12 +207,25 @@ def _npz_pair(z: "np.lib.npyio.NpzFile", xk: str, yk: str, path: str) -> tuple[T
         raise ConfigError(f"data.path: {path}: {xk} must be numeric, got dtype {x.dtype}")
     if not np.isfinite(x).all():
         raise ConfigError(f"data.path: {path}: {xk} contains NaN or Inf values")
+    bad = array_beyond_float32(x)
+    if bad is not None:  # before the float32 copy below, which would hold inf there
+        raise ConfigError(too_large(f"data.path: {path}", xk, bad))
     if not np.issubdtype(y.dtype, np.integer) or (y < 0).any():
         raise ConfigError(f"data.path: {path}: {yk} must hold non-negative integer class labels")
     return torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.int64)
 
 
-@register("npz")
+def _npz_bytes(cfg: DataConfig) -> Optional[int]:
+    if not (cfg.path and os.path.isfile(cfg.path)):
+        return None
+    try:
+        with np.load(cfg.path, allow_pickle=False, mmap_mode="r") as z:
+            return sum(int(math.prod(z[k].shape)) * 4 for k in z.files if k.startswith("X"))
+    except Exception:  # noqa: BLE001 - the loader reports a bad file in its own words
+        return None
+
+
+@register("npz", _npz_bytes)
 def _npz(cfg: DataConfig) -> Dataset:
     path = os.path.expanduser(cfg.path or "")
     if not os.path.isfile(path):
@@ -201,7 +253,7 @@ def _npz(cfg: DataConfig) -> Dataset:
     return Dataset(train, test, max(num_classes, 2), tuple(x.shape[1:]))
 
 
-@register("sparse_synthetic")
+@register("sparse_synthetic", lambda cfg: cfg.num_samples * cfg.active_features * 12)  # int64 index + float32 value
 def _sparse_synthetic(cfg: DataConfig) -> Dataset:
     """RCV1-like: ``active_features`` of ``num_features`` non-zero, labels from a hidden model."""
     g = torch.Generator().manual_seed(cfg.split_seed)

@@ -134,9 +134,9 @@ def build_replica(cfg: Config, device: torch.device, workers: int = 1, replicas_
         if barrier:
             check_in_place(cfg.optim, list(model.parameters()), sparse)
     dense = sum(p.numel() for p, s in zip(model.parameters(), sparse) if p.requires_grad and not s)
-    resources.check(cfg, workers, replicas_here, model_bytes=4 * numel, state_copies=copies,
-                    stamp_bytes=4 * sum(t.rows for t in stamped or []), syncs=syncs,
-                    row_bytes=4 * dense * workers if barrier else 0)
+    resources.check(cfg, workers, replicas_here, resources.Footprint(
+        model_bytes=4 * numel, state_copies=copies, stamp_bytes=4 * sum(t.rows for t in stamped or []),
+        row_bytes=4 * dense * workers if barrier else 0, syncs=syncs))
     flat = share_model(model, device.type)
     opt_state, meeting = None, None
     if shared_state(cfg.optim):

@@ -1,8 +1,9 @@
 """Cores, shared memory and RAM: what a run will take, checked before it takes it.
 
 Unchecked, ``workers=1000`` or ``data.image_size=1000`` would eat all memory, and data
-larger than ``/dev/shm`` would die half-way with a segment left behind. The estimates below run before any tensor is allocated or process spawned (docs/design.md,
-rule 9); ``force=true`` skips them for a user who knows better.
+larger than ``/dev/shm`` would die half-way with a segment left behind. The estimates below run
+before any tensor is allocated or process spawned (docs/design.md, rule 9); ``force=true`` skips
+them for a user who knows better.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ import logging
 import math
 import os
 import shutil
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-import numpy as np
-
-from hogwild.config.registry import SYNC_RULES
+from hogwild.config.registry import DATASETS, SYNC_RULES
 from hogwild.config.schema import Config, DataConfig, SyncConfig
+from hogwild.data.datasets import Builtin
 from hogwild.errors import ConfigError
 from hogwild.replica.optim import shared_state
 from hogwild.replica.rows import CHUNK_VALUES
@@ -111,26 +112,8 @@ def resolve_workers(workers: Any, local_replicas: int = 1) -> int:
 
 def data_bytes(cfg: DataConfig) -> Optional[int]:
     """float32 bytes the dataset will hold once loaded, or None when it cannot be known cheaply."""
-    side = cfg.image_size
-    images = {"digits": (1797, 1, 8), "mnist": (70000, 1, 28), "fashion_mnist": (70000, 1, 28),
-              "cifar10": (60000, 3, 32)}
-    if cfg.name in images:
-        n, c, own = images[cfg.name]
-        c = cfg.channels if cfg.name == "digits" else c
-        return n * c * (side or own) ** 2 * 4
-    if cfg.name == "sparse_synthetic":
-        return cfg.num_samples * cfg.active_features * 12  # int64 index + float32 value
-    if cfg.name == "npz" and cfg.path and os.path.isfile(cfg.path):
-        return _npz_bytes(cfg.path)
-    return None
-
-
-def _npz_bytes(path: str) -> Optional[int]:
-    try:
-        with np.load(path, allow_pickle=False, mmap_mode="r") as z:
-            return sum(int(math.prod(z[k].shape)) * 4 for k in z.files if k.startswith("X"))
-    except Exception:  # noqa: BLE001 - the loader reports a bad file in its own words
-        return None
+    entry = DATASETS.get(cfg.name)
+    return entry.nbytes(cfg) if isinstance(entry, Builtin) else None
 
 
 def mem_available() -> Optional[int]:
@@ -156,31 +139,42 @@ def size(nbytes: float) -> str:
     return f"{nbytes / _GB:.1f} GB" if nbytes >= _GB else f"{nbytes / 2**20:.1f} MiB"
 
 
-def check(cfg: Config, workers: int, replicas_here: int = 1, model_bytes: int = 0, state_copies: float = 0,
-          stamp_bytes: int = 0, syncs: bool = True, row_bytes: int = 0) -> None:
+@dataclass(frozen=True)
+class Footprint:
+    """What a built model adds to a replica's memory (nothing before it is built)."""
+
+    model_bytes: int = 0
+    state_copies: float = 0
+    """Model-sized buffers its optimizer keeps: Adam's two moments; row-wise Adagrad's a fraction of one."""
+    stamp_bytes: int = 0
+    """``sync.row_sparse``: its tables' row stamps (shared, and as much again in the leader for the
+    rows' last rounds)."""
+    row_bytes: int = 0
+    """``optim.update=barrier``: the workers' gradient rows, which live in shared memory instead of in
+    each worker."""
+    syncs: bool = True
+    """The replica will meet others in rounds (a lone replica keeps no round buffers)."""
+
+
+def check(cfg: Config, workers: int, replicas_here: int = 1, built: Footprint = Footprint()) -> None:
     """Refuse, with the numbers, a run whose data and model will not fit in shared memory or whose
     processes will not fit in RAM. ``replicas_here``: replicas on this machine. Called twice: before
-    the data is loaded (``model_bytes=0``), and once the model is built but before it is shared or
-    any worker spawns, with its size and the model-sized buffers its optimizer keeps
-    (``state_copies``: Adam's two moments; row-wise Adagrad's a fraction of one), and under ``sync.row_sparse`` its tables' row stamps
-    (``stamp_bytes``: shared, and as much again in the leader for the rows' last rounds).
-    ``syncs``: the replica will meet others in rounds (a lone replica keeps no round buffers).
-    ``row_bytes``: under ``optim.update=barrier``, the workers' gradient rows, which live in shared
-    memory instead of in each worker."""
+    the data is loaded, and once the model is ``built`` but before it is shared or any worker spawns."""
     if cfg.force:
         return
     data = data_bytes(cfg.data) or 0
-    shared = state_copies if shared_state(cfg.optim) else 0
+    shared = built.state_copies if shared_state(cfg.optim) else 0
     shm_parts = {"data": data * replicas_here,
-                 "model": (int(model_bytes * (1 + shared)) + stamp_bytes + row_bytes) * replicas_here}
+                 "model": (int(built.model_bytes * (1 + shared)) + built.stamp_bytes + built.row_bytes) * replicas_here}
     shm = shm_free()
     if shm is not None and sum(shm_parts.values()) > shm:
         key = max(shm_parts, key=lambda k: shm_parts[k])
-        what = f"{cfg.data.name}" if key == "data" else "the model" + (" and its shared optimizer state" if shared else "")
+        what = cfg.data.name if key == "data" else "the model" + (" and its shared optimizer state" if shared else "")
         raise ConfigError(f"{key}: {what} needs {size(sum(shm_parts.values()))} of shared memory, "
                           f"{SHM_PATH} has {size(shm)} free; shrink the {key}, enlarge /dev/shm, or pass force=true")
-    parts = memory_parts(cfg, workers, model_bytes, state_copies - shared, data, syncs, private_grads=not row_bytes)
-    parts["model"] += stamp_bytes
+    parts = memory_parts(cfg, workers, built.model_bytes, built.state_copies - shared, data, built.syncs,
+                         private_grads=not built.row_bytes)
+    parts["model"] += built.stamp_bytes
     need = replicas_here * sum(parts.values())
     avail = mem_available()
     if avail is not None and need > avail:

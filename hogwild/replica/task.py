@@ -28,7 +28,7 @@ from hogwild.data.splits import Dataset, Split
 from hogwild.errors import ConfigError, first_line, user_call
 from hogwild.config.registry import TASKS
 from hogwild.replica.step import Inputs, LossFn, Output, Step, to_device
-from hogwild.replica.tasks import Sums, TaskKind, default_loss, kind_of
+from hogwild.replica.tasks import Metric, Sums, TaskKind, default_loss, kind_of
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class Task:
         return kind_of(self.kind)
 
     @property
-    def metrics(self) -> dict[str, bool]:
+    def metrics(self) -> dict[str, Metric]:
         return self.of_kind.metrics
 
     @property
@@ -108,7 +108,7 @@ def reached(task: Task, target: TargetConfig, scores: dict[str, float]) -> bool:
     if not target.is_set:
         return False
     value = scores[target.metric]
-    higher = task.metrics[target.metric] if target.mode == "auto" else target.mode == "max"
+    higher = task.metrics[target.metric].higher if target.mode == "auto" else target.mode == "max"
     return math.isfinite(value) and (value >= target.value if higher else value <= target.value)
 
 

@@ -63,10 +63,25 @@ class Sums:
         return value / self.counted if self.counted else math.nan
 
 
+@dataclass(frozen=True)
+class Metric:
+    """A test metric: its direction, and where it can lie (a target outside that is never met, and
+    the run would never stop on it: train.target is refused)."""
+
+    higher: bool
+    """Higher is better."""
+    low: float = -math.inf
+    high: float = math.inf
+
+
+# Declared once for every kind that reports them.
+LOSS, ERROR, SHARE = Metric(higher=False), Metric(higher=False, low=0.0), Metric(higher=True, low=0.0, high=1.0)
+
+
 class TaskKind:
     name: ClassVar[str]
-    metrics: ClassVar[dict[str, bool]]
-    """Each test metric, and whether higher is better; "loss" (the configured loss) is always there."""
+    metrics: ClassVar[dict[str, Metric]]
+    """Each test metric by name; "loss" (the configured loss) is always there."""
     headline: ClassVar[str]
     """The metric the verdict and the progress line show."""
     float_labels: ClassVar[bool] = False
@@ -98,7 +113,7 @@ class TaskKind:
 @TASKS.register("classification")
 class Classification(TaskKind):
     name, headline = "classification", "accuracy"
-    metrics = {"loss": False, "accuracy": True}
+    metrics = {"loss": LOSS, "accuracy": SHARE}
     default_loss = staticmethod(F.cross_entropy)
 
     def baseline(self, ds: Dataset, task: Any) -> dict[str, float]:
@@ -115,7 +130,7 @@ class Classification(TaskKind):
 @TASKS.register("regression")
 class Regression(TaskKind):
     name, headline = "regression", "r2"
-    metrics = {"loss": False, "mse": False, "rmse": False, "r2": True}
+    metrics = {"loss": LOSS, "mse": ERROR, "rmse": ERROR, "r2": Metric(higher=True, high=1.0)}
     float_labels = True
     default_loss = staticmethod(mse_loss)
 
@@ -137,7 +152,7 @@ class Regression(TaskKind):
 @TASKS.register("language_model")
 class LanguageModel(TaskKind):
     name, headline = "language_model", "perplexity"
-    metrics = {"loss": False, "token_ce": False, "perplexity": False, "accuracy": True}
+    metrics = {"loss": LOSS, "token_ce": ERROR, "perplexity": Metric(higher=False, low=1.0), "accuracy": SHARE}
     default_loss = staticmethod(token_cross_entropy)
 
     def check_labels(self, test_y: Tensor) -> None:
@@ -213,7 +228,7 @@ class Binary(TaskKind):
     classification): name it, ``task=binary``."""
 
     name, headline = "binary", "auc"
-    metrics = {"loss": False, "logloss": False, "auc": True, "accuracy": True}
+    metrics = {"loss": LOSS, "logloss": ERROR, "auc": SHARE, "accuracy": SHARE}
     default_loss = staticmethod(binary_cross_entropy)
 
     def check_labels(self, test_y: Tensor) -> None:

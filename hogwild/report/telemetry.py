@@ -6,17 +6,17 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-import torch
 from torch import nn
 
 from hogwild.config.schema import Config
-from hogwild.data.datasets import Split
 from hogwild.replica.board import Board
+from hogwild.replica.build import Replica
 from hogwild.replica.lr_schedule import LRSchedule
-from hogwild.replica.task import Task, evaluate
+from hogwild.replica.task import evaluate
 from hogwild.report.metrics import Metrics, Progress
 from hogwild.sync.rounds import RoundStats
 
@@ -29,21 +29,30 @@ Scores = Callable[[dict[str, float], float, float], None]
 LOSS_POINTS, EVAL_POINTS = 100, 30
 
 
+@dataclass(frozen=True)
+class Hooks:
+    """What the conductor hands the telemetry of its evaluations."""
+
+    on_batch: Callable[[], None] = lambda: None
+    """Called at each batch: a long evaluation is progress of the leader's loop (elastic liveness)."""
+    subject: Optional[Callable[[], nn.Module]] = None
+    """The model an evaluation during training reads (the conductor's still copy under a target);
+    None: the live one."""
+    on_scores: Scores = lambda scores, worker_steps, elapsed_s: None
+    """Told each evaluation during training: its scores, one worker's mean steps, the seconds
+    trained (the conductor decides whether they end the run)."""
+
+
 class Telemetry:
-    def __init__(self, cfg: Config, run_dir: Path, is_rank0: bool, model: nn.Module, test: Split,
-                 device: torch.device, task: Task, on_batch: Callable[[], None] = lambda: None,
-                 subject: Optional[Callable[[], nn.Module]] = None, on_scores: Optional[Scores] = None) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, is_rank0: bool, rep: Replica, hooks: Hooks = Hooks()) -> None:
+        """``rep``: the replica whose model is evaluated on its test split, on its device."""
         self.cfg, self.run_dir, self.is_rank0 = cfg, run_dir, is_rank0
-        self.on_batch = on_batch  # a long evaluation is progress of the leader's loop (elastic liveness)
-        self.model, self.test, self.device, self.task = model, test, device, task
-        self.subject = subject or (lambda: self.model)
-        """The model an evaluation during training reads (the conductor's still copy under a target)."""
-        self.on_scores: Scores = on_scores or (lambda scores, worker_steps, elapsed_s: None)
-        """Told each evaluation during training: its scores, one worker's mean steps, the seconds
-        trained (the conductor decides whether they end the run)."""
+        self.model, self.test, self.device, self.task = rep.model, rep.ds.test, rep.flat.device, rep.task
+        self.on_batch, self.on_scores = hooks.on_batch, hooks.on_scores
+        self.subject = hooks.subject or (lambda: self.model)
         self._final_scored = False  # score_final scored the final model as it stands
         self.metrics = Metrics(run_dir, is_rank0)
-        self.scores: dict[str, float] = {m: math.nan for m in task.metrics}
+        self.scores: dict[str, float] = {m: math.nan for m in rep.task.metrics}
         """The last test evaluation: every metric the task reports."""
         self._t0 = time.monotonic()
         self._next_tb = self._next_eval = self._eval_ok_at = self._t0

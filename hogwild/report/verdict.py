@@ -26,8 +26,8 @@ class Verdict:
     """One line on what happened, for metrics.json."""
 
 
-# The headline metric must beat the baseline's by this margin (accuracy, R²: absolute; perplexity:
-# relative) for the run to count as learned.
+# The headline metric must beat the baseline's by this margin for the run to count as learned:
+# absolute where higher is better (accuracy, R², AUC), relative where lower is (perplexity).
 MARGIN = 0.01
 
 
@@ -35,9 +35,7 @@ def _beats(task: Task, value: float) -> bool:
     base = task.baseline[task.headline]
     if not math.isfinite(value):
         return False
-    if task.headline == "perplexity":
-        return value < base * (1.0 - MARGIN)
-    return value > base + MARGIN
+    return value > base + MARGIN if task.metrics[task.headline].higher else value < base * (1.0 - MARGIN)
 
 
 def judge(rep: Replica, scores: dict[str, float], bar: float, applied: int, skipped: int) -> Verdict:

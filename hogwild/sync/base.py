@@ -23,18 +23,44 @@ from hogwild.sync.comm import SYNC_ROUND, Comm, LinkMeter, Metered
 from hogwild.sync.wire import make_wire
 
 
-class RoundVector:
-    """Layout of the control vector every round all-reduces (SUM): five job-wide flags, then
-    per rank a "my snapshot is finite" slot, the drift it measured in the previous round, and
-    the weight of its contribution (0 when unhealthy)."""
+@dataclass(frozen=True)
+class RoundFlags:
+    """What a replica brings to a round. Reduced (:meth:`RoundVector.agreed`), ``done`` means every
+    replica is done and the others that some replica said so."""
 
-    ALL_DONE, ANY_STOP, WANT_CKPT, REACHED, REFORM = range(5)
+    done: bool = False
+    """Its workers finished."""
+    stop: bool = False
+    """It is stopping (a signal, a fault)."""
+    checkpoint: bool = False
+    """Its checkpoint is due."""
+    reached: bool = False
+    """Its target was met or its time budget spent: the whole job ends after this round."""
+    reform: bool = False
+    """Elastic mode: it saw a joiner or a newer epoch; all re-form after this round."""
+    final: bool = False
+    """Its workers stopped: it lands exactly on the consensus. Not sent: every leader is in the final round."""
+
+
+class RoundVector:
+    """Layout of the control vector every round all-reduces (SUM): the five sent flags of
+    :class:`RoundFlags`, then per rank a "my snapshot is finite" slot, the drift it measured in
+    the previous round, and the weight of its contribution (0 when unhealthy)."""
+
     NUM_FLAGS = 5
     PER_RANK = 3
 
     @staticmethod
-    def size(world: int) -> int:
-        return RoundVector.NUM_FLAGS + RoundVector.PER_RANK * world
+    def new(flags: RoundFlags, world: int, like: Tensor) -> Tensor:
+        """The vector of a round on ``world`` ranks, holding ``flags``; every per-rank slot 0."""
+        head = [flags.done, flags.stop, flags.checkpoint, flags.reached, flags.reform]
+        return torch.tensor([*head, *[0.0] * RoundVector.PER_RANK * world], dtype=like.dtype, device=like.device)
+
+    @staticmethod
+    def agreed(ctl: Tensor) -> RoundFlags:
+        """The flags of a reduced vector."""
+        done, stop, checkpoint, reached, reform = ctl[:RoundVector.NUM_FLAGS].tolist()
+        return RoundFlags(done >= RoundVector.world(ctl), stop > 0, checkpoint > 0, reached > 0, reform > 0)
 
     @staticmethod
     def healthy_slot(rank: int) -> int:
@@ -56,8 +82,8 @@ class RoundVector:
     def ends_job(ctl: Tensor) -> bool:
         """The reduced flags end the job after this round: every replica done, a stop, or the
         target accuracy reached (the leaders' loop leaves on exactly these)."""
-        R = RoundVector
-        return bool(ctl[R.ALL_DONE] >= R.world(ctl) or ctl[R.ANY_STOP] > 0 or ctl[R.REACHED] > 0)
+        agreed = RoundVector.agreed(ctl)
+        return agreed.done or agreed.stop or agreed.reached
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from hogwild.errors import Fault
 from hogwild.replica.board import Board
 from hogwild.sync.comm import Comm, LinkMeter
 from hogwild.sync.rows import Gathered
-from hogwild.sync.rules import RoundVector, SyncRule, context
+from hogwild.sync.rules import RoundFlags, RoundVector, SyncRule, context
 from hogwild.sync.schedule import DriftRecord, SyncSchedule
 
 logger = logging.getLogger(__name__)
@@ -57,19 +57,17 @@ class RoundStats:
     """What this replica's round put on the link (bytes each way, seconds in collectives)."""
 
 
-def sync_round(flat: Tensor, rule: SyncRule, *, done: bool = False, stop: bool = False,
-               want_checkpoint: bool = False, reached: bool = False, last_drift: float = 0.0,
-               final: bool = False, timeout_s: float = 300.0, reform: bool = False,
-               weight: float = 1.0) -> RoundOutcome:
+def sync_round(flat: Tensor, rule: SyncRule, flags: RoundFlags = RoundFlags(), *, last_drift: float = 0.0,
+               timeout_s: float = 300.0, weight: float = 1.0) -> RoundOutcome:
     """One round on the live buffer ``flat`` while workers may keep writing to it.
 
     ``snap = flat.clone(); target = rule(snap); flat += target - snap``: updates applied
-    during the collective survive (design rule 2 in docs/design.md). With ``final`` (workers
-    stopped) the replica lands exactly on ``target`` so every replica ends bit-for-bit identical.
+    during the collective survive (design rule 2 in docs/design.md). A ``final`` round (workers
+    stopped) lands the replica exactly on ``target`` so every replica ends bit-for-bit identical.
     A fragmented rule syncs one stretch of ``flat`` per round (all of them in the final one).
     ``weight``: this replica's share of the consensus (``sync.weighting``).
     """
-    rank, world = rule.comm.rank, rule.comm.world_size
+    rank, world, final = rule.comm.rank, rule.comm.world_size, flags.final
     regions = rule.plan(flat.numel(), final, timeout_s)
     # A gathered stretch (row-sparse rounds) holds every value that moved: the rest cannot be NaN.
     whole = len(regions) == 1 and (isinstance(regions[0], Gathered) or regions[0] == slice(0, flat.numel()))
@@ -77,9 +75,7 @@ def sync_round(flat: Tensor, rule: SyncRule, *, done: bool = False, stop: bool =
     # otherwise wait F rounds for its fragment while the workers train on it.
     healthy = True if whole else math.isfinite(float(flat.norm()))
     R = RoundVector
-    ctl = torch.zeros(R.size(world), dtype=flat.dtype, device=flat.device)
-    ctl[R.ALL_DONE], ctl[R.ANY_STOP] = float(done), float(stop)
-    ctl[R.WANT_CKPT], ctl[R.REACHED], ctl[R.REFORM] = float(want_checkpoint), float(reached), float(reform)
+    ctl = R.new(flags, world, flat)
     ctl[R.drift_slot(world, rank)] = last_drift  # non-finite values are dropped by the reader
     red: Optional[Tensor] = None
     gaps, scales = 0.0, 0.0
@@ -106,11 +102,10 @@ def sync_round(flat: Tensor, rule: SyncRule, *, done: bool = False, stop: bool =
     assert red is not None
     drift = math.sqrt(gaps) / max(math.sqrt(scales), 1e-12) if healthy else math.inf
     f = red.cpu()
-    d0 = R.drift_slot(world, 0)
-    return RoundOutcome(all_done=bool(f[R.ALL_DONE] == world), any_stop=bool(f[R.ANY_STOP] > 0),
-                        checkpoint=bool(f[R.WANT_CKPT] > 0), reached=bool(f[R.REACHED] > 0),
-                        reform=bool(f[R.REFORM] > 0), healthy=healthy, drift=drift,
-                        last_drifts=[float(x) for x in f[d0:d0 + world]])
+    agreed, d0 = R.agreed(f), R.drift_slot(world, 0)
+    return RoundOutcome(all_done=agreed.done, any_stop=agreed.stop, checkpoint=agreed.checkpoint,
+                        reached=agreed.reached, reform=agreed.reform, healthy=healthy, drift=drift,
+                        last_drifts=f[d0:d0 + world].tolist())
 
 
 def _read(flat: Tensor, region: Union[slice, Gathered], rule: SyncRule) -> Tensor:
@@ -170,17 +165,15 @@ class Rounds:
         board.control["next_sync_at"] = schedule.next_sync_at
         board.control["lag_limit"] = schedule.lag_limit
 
-    def run(self, *, done: bool, stop: bool, want_checkpoint: bool, reached: bool, final: bool,
-            timeout_s: float, reform: bool = False) -> RoundOutcome:
+    def run(self, flags: RoundFlags, timeout_s: float) -> RoundOutcome:
         t0 = time.perf_counter()
         ctl = self.board.control
         ctl["syncing"] = 1.0
         pos_at_snap = self.board.replica_pos()
         link = self.rule.meter.copy()
         try:
-            out = sync_round(self.flat, self.rule, done=done, stop=stop, want_checkpoint=want_checkpoint,
-                             reached=reached, last_drift=self.last_drift, final=final, timeout_s=timeout_s,
-                             reform=reform, weight=self._weight(pos_at_snap))
+            out = sync_round(self.flat, self.rule, flags, last_drift=self.last_drift, timeout_s=timeout_s,
+                             weight=self._weight(pos_at_snap))
         finally:
             ctl["syncing"] = 0.0
         if not out.healthy:
@@ -193,7 +186,7 @@ class Rounds:
         stats = RoundStats(step=int(self.board.replica_pos()), seconds=dt, link=self.rule.meter.since(link))
         if len(self.times) > 1:  # the drifts riding on round 1 were measured by nobody
             stats.drift = self.schedule.record_drift(out.last_drifts)
-        if not (done or final):  # a finished replica's rounds say nothing about the interval
+        if not (flags.done or flags.final):  # a finished replica's rounds say nothing about the interval
             self.gaps.append(pos_at_snap - self._last_snap)
             stats.steps_between = self.gaps[-1]
         self._last_snap = pos_at_snap

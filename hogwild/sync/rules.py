@@ -16,13 +16,13 @@ from hogwild.config.registry import SYNC_RULES
 from hogwild.config.schema import SyncConfig
 from hogwild.errors import ConfigError
 from hogwild.sync import outer
-from hogwild.sync.base import RoundVector, SyncContext, SyncRule, context, register
+from hogwild.sync.base import RoundFlags, RoundVector, SyncContext, SyncRule, context, register
 from hogwild.sync.comm import Comm
 from hogwild.replica.rows import RowMarks
 from hogwild.sync.fragments import Fragmented
 from hogwild.sync.rows import RowSparse
 
-__all__ = ["Average", "Broadcast", "Median", "RoundVector", "SyncContext", "SyncRule", "TrimmedMean",
+__all__ = ["Average", "Broadcast", "Median", "RoundFlags", "RoundVector", "SyncContext", "SyncRule", "TrimmedMean",
            "context", "make_rule", "outer"]
 
 logger = logging.getLogger(__name__)

@@ -105,7 +105,8 @@ def test_a_failed_write_is_retried_once_then_a_fault_and_keeps_the_good_files(tm
         with pytest.raises(checkpoint.CheckpointWriteError, match="No space left") as e:
             checkpoint.save(tmp_path, _payload(20), keep=1)
     assert len(calls) == 2 and e.value.exit_code == EXIT_WRITE
-    assert _names(tmp_path) == ["last.pt", "step_000000010-aaaa-q000000001.pt"], "a temp file was left or a good file lost"
+    assert _names(tmp_path) == ["last.pt", "step_000000010-aaaa-q000000001.pt"], \
+        "a temp file was left or a good file lost"
 
 
 @pytest.mark.parametrize("bad", [
@@ -142,7 +143,8 @@ def test_refuses_code_in_a_checkpoint(tmp_path: Path) -> None:
         checkpoint.load(tmp_path / "evil.pt")
 
 
-_HOLD = "import sys,time; from hogwild.files import RunDirLock as L; L(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)"
+_HOLD = ("import sys,time; from hogwild.files import RunDirLock as L; L(sys.argv[1]).acquire(); "
+         "print('held', flush=True); time.sleep(60)")
 
 
 @pytest.mark.timeout(60)
@@ -195,12 +197,12 @@ def test_a_step_that_blew_the_model_up_is_not_written_while_the_loss_average_sti
     blown-up model over the last good file (checkpoint.keep=1 would have pruned it)."""
     from hogwild.errors import EXIT_FAILED
 
-    model, rep, saver, kw = _linear_run(tmp_path)
-    assert saver.write(rep, loss=1.0, **kw) is None
+    model, rep, saver, record = _linear_run(tmp_path)
+    assert saver.write(rep, record, loss=1.0) is None
     good = saver.last_good
     with torch.no_grad():
         model.weight.mul_(1e6)  # one update at optim.lr=1e6: finite, and far past the bar
-    failed = saver.write(rep, loss=1.0, **kw)  # the average has not seen a loss of it yet
+    failed = saver.write(rep, record, loss=1.0)  # the average has not seen a loss of it yet
     assert failed is not None and failed[1] == EXIT_FAILED and failed[0].startswith("the loss diverged"), failed
     assert [n for n in _names(tmp_path) if n.startswith("step_")] == [Path(str(good)).name]
     assert saver.last_good == good
@@ -214,8 +216,8 @@ def test_a_model_that_turns_non_finite_while_it_is_written_replaces_nothing(
     from hogwild.checkpoint import store
     from hogwild.errors import EXIT_FAILED
 
-    model, rep, saver, kw = _linear_run(tmp_path)
-    assert saver.write(rep, loss=1.0, **kw) is None
+    model, rep, saver, record = _linear_run(tmp_path)
+    assert saver.write(rep, record, loss=1.0) is None
     good = saver.last_good
     real_save = torch.save
 
@@ -226,18 +228,18 @@ def test_a_model_that_turns_non_finite_while_it_is_written_replaces_nothing(
             real_save(obj, f)  # type: ignore[arg-type]
             model.weight[0, 0] = kept
     monkeypatch.setattr(store.torch, "save", save_while_a_worker_writes)
-    failed = saver.write(rep, loss=1.0, **kw)
+    failed = saver.write(rep, record, loss=1.0)
     assert failed is not None and failed[1] == EXIT_FAILED, failed
     assert "went non-finite while it was written (in weight 1 of 12)" in failed[0], failed
     assert [n for n in _names(tmp_path) if n.startswith("step_")] == [Path(str(good)).name]
     assert (tmp_path / "checkpoints" / "last.pt").samefile(str(good)) and saver.last_good == good
 
 
-def _linear_run(tmp_path: Path) -> tuple[Any, Any, Any, dict[str, Any]]:
-    """A shared nn.Linear, its replica, a writer into ``tmp_path`` and the write's other arguments."""
+def _linear_run(tmp_path: Path) -> tuple[Any, Any, Any, Any]:
+    """A shared nn.Linear, its replica, a writer into ``tmp_path`` and what the write records."""
     from torch import nn
 
-    from hogwild.checkpoint.saver import Saver
+    from hogwild.checkpoint.saver import Record, Saver
     from hogwild.data.splits import Dataset, Split
     from hogwild.replica.board import Counts
     from hogwild.replica.build import Replica
@@ -252,14 +254,13 @@ def _linear_run(tmp_path: Path) -> tuple[Any, Any, Any, dict[str, Any]]:
                   Task("classification", DEFAULT_LOSS["classification"], 3))
     saver = Saver(tmp_path, keep=1, lineage="aaaa", model_name="linear")
     saver.loss_bar = loss_bar(1.1, 3)
-    return model, rep, saver, dict(positions=torch.zeros(1, 1, dtype=torch.float64), counters=Counts(),
-                                   sync_state={}, config={})
+    return model, rep, saver, Record(torch.zeros(1, 1, dtype=torch.float64), Counts(), {}, {})
 
 
 def test_a_nan_loss_is_called_nan_not_infinite(tmp_path: Path) -> None:
     from torch import nn
 
-    from hogwild.checkpoint.saver import Saver
+    from hogwild.checkpoint.saver import Record, Saver
     from hogwild.data.splits import Dataset, Split
     from hogwild.replica.board import Counts
     from hogwild.replica.build import Replica
@@ -280,8 +281,7 @@ def test_a_nan_loss_is_called_nan_not_infinite(tmp_path: Path) -> None:
     rep = Replica(ds, model, share_model(model, "cpu"), None, Task("classification", DEFAULT_LOSS["classification"], 3))
     saver = Saver(tmp_path, keep=1, lineage="aaaa", model_name="nan")
     saver.loss_bar = loss_bar(1.1, 3)
-    failed = saver.write(rep, loss=1.0, positions=torch.zeros(1, 1, dtype=torch.float64), counters=Counts(),
-                         sync_state={}, config={})
+    failed = saver.write(rep, Record(torch.zeros(1, 1, dtype=torch.float64), Counts(), {}, {}), loss=1.0)
     assert failed is not None and failed[0].startswith("the loss is NaN"), failed
 
 
@@ -291,13 +291,11 @@ def test_sizes_below_a_gigabyte_are_said_in_mib() -> None:
     assert size(64 * 2**20) == "64.0 MiB" and size(3 * 2**30) == "3.0 GB"
 
 
-def test_a_checkpoint_holds_the_model_once() -> None:
+def test_a_checkpoint_holds_the_model_once(tmp_path: Path) -> None:
     # The file's flat and optimizer state are the buffers handed in, not copies of them: for a model
     # of embedding tables a copy was hundreds of MB at the replica's peak.
-    from hogwild.checkpoint.saver import payload
-    from hogwild.replica.board import Counts
-
-    flat, state = torch.randn(10), {"sum": torch.ones(10)}
-    held = payload(model_name="m", shapes=[(10,)], flat=flat, opt_state=state, positions=torch.zeros(1, 1),
-                   counters=Counts(), sync_state={}, config={}, lineage="aaaa")
-    assert held["flat"].data_ptr() == flat.data_ptr() and held["opt_state"]["sum"].data_ptr() == state["sum"].data_ptr()
+    _, rep, saver, record = _linear_run(tmp_path)
+    rep.opt_state = state = {"sum": torch.ones(rep.flat.numel())}
+    held = saver.payload(rep, record)
+    assert held["flat"].data_ptr() == rep.flat.data_ptr()
+    assert held["opt_state"]["sum"].data_ptr() == state["sum"].data_ptr()

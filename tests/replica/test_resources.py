@@ -11,6 +11,7 @@ import torch
 
 from hogwild.errors import ConfigError
 from hogwild.replica import build, resources
+from hogwild.replica.resources import Footprint
 from hogwild.replica.optim import torch_state_probe
 from tests.conftest import compose_cfg
 
@@ -29,12 +30,13 @@ def test_a_model_whose_workers_copies_do_not_fit_is_refused_naming_workers(
     # Eight workers, each with the gradients and two Adam moments of a 1 GB model (about 26 GB), and
     # the leader's snapshot, reduce buffer and slowmo's θ_g and momentum (4 GB).
     with pytest.raises(ConfigError, match=r"^workers: 8 workers x 1 replica\(s\) need about 30\.\d GB .*model 4\.0 GB"):
-        resources.check(cfg, 8, 1, model_bytes=GB, state_copies=2)
-    resources.check(cfg, 8, 1, model_bytes=0, state_copies=2)  # the data alone fits: the first check passes
-    resources.check(compose_cfg(["optim=sgd", "workers=1"]), 1, 1, model_bytes=GB)  # one worker, plain SGD fits
+        resources.check(cfg, 8, 1, Footprint(model_bytes=GB, state_copies=2))
+    resources.check(cfg, 8, 1, Footprint(model_bytes=0, state_copies=2))  # the data alone fits: the first check passes
+    # One worker, plain SGD: it fits.
+    resources.check(compose_cfg(["optim=sgd", "workers=1"]), 1, 1, Footprint(model_bytes=GB))
     # Under the barrier the moments are held once and the gradients meet in shared memory: it fits.
-    resources.check(compose_cfg(["optim=adamw", "workers=8"]), 8, 1, model_bytes=GB, state_copies=2,
-                    row_bytes=8 * GB)
+    resources.check(compose_cfg(["optim=adamw", "workers=8"]), 8, 1,
+                    Footprint(model_bytes=GB, state_copies=2, row_bytes=8 * GB))
 
 
 def test_loader_processes_count_and_are_named(tmp_cwd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -48,12 +50,14 @@ def test_shared_optimizer_state_counts_in_shared_memory(tmp_cwd: Path, monkeypat
     monkeypatch.setattr(resources, "mem_available", lambda: 1000 * GB)
     monkeypatch.setattr(resources, "shm_free", lambda: 2 * GB)
     hogwild = ["optim=adamw", "optim.update=hogwild"]
-    resources.check(compose_cfg(hogwild), 1, 1, model_bytes=GB, state_copies=2)  # moments per worker: RAM
+    resources.check(compose_cfg(hogwild), 1, 1, Footprint(model_bytes=GB, state_copies=2))  # moments per worker: RAM
     with pytest.raises(ConfigError, match=r"^model: the model and its shared optimizer state needs 3\.0 GB of shared"):
-        resources.check(compose_cfg([*hogwild, "optim.state=shared"]), 1, 1, model_bytes=GB, state_copies=2)
+        resources.check(compose_cfg([*hogwild, "optim.state=shared"]), 1, 1,
+                        Footprint(model_bytes=GB, state_copies=2))
     # The barrier's one state, and its workers' gradient rows, are shared memory too.
     with pytest.raises(ConfigError, match=r"^model: the model and its shared optimizer state needs 5\.0 GB of shared"):
-        resources.check(compose_cfg(["optim=adamw"]), 2, 1, model_bytes=GB, state_copies=2, row_bytes=2 * GB)
+        resources.check(compose_cfg(["optim=adamw"]), 2, 1,
+                        Footprint(model_bytes=GB, state_copies=2, row_bytes=2 * GB))
 
 
 def test_a_torch_optimizers_model_sized_state_is_read_off_its_probe(tmp_cwd: Path) -> None:

@@ -34,7 +34,7 @@ def _telemetry(tmp_path: Path, overrides: list[str], monkeypatch: pytest.MonkeyP
         return {m: 0.5 for m in task.metrics}
 
     monkeypatch.setattr(telemetry_mod, "evaluate", slow)
-    return Telemetry(cfg, tmp_path, True, rep.model, rep.ds.test, torch.device("cpu"), rep.task), calls
+    return Telemetry(cfg, tmp_path, True, rep), calls
 
 
 @pytest.mark.parametrize("fraction", [0.1, 0.3])

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from hogwild.config.schema import SyncConfig
 from hogwild.replica.shared import bind, layout, numel, param_slots
 from hogwild.sync.comm import Comm
-from hogwild.sync.rounds import sync_round
+from hogwild.sync.rounds import RoundFlags, sync_round
 from hogwild.sync.rules import make_rule
 from tests.fake_comm import run_ranks
 
@@ -64,7 +64,7 @@ def _train(mode: str, replicas: int) -> list[tuple[float, float, float]]:
                 with torch.no_grad():
                     for p in model.parameters():
                         p.add_(p.grad, alpha=-LR)  # in place: the views stay views of flat
-            sync_round(flat, rule, final=r == ROUNDS - 1)
+            sync_round(flat, rule, RoundFlags(final=r == ROUNDS - 1))
         var = min(float(s.view(flat).min()) for s in layout(model) if s.name.endswith("running_var"))
         model.eval()
         with torch.no_grad():

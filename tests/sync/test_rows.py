@@ -13,7 +13,7 @@ from hogwild.config.schema import SyncConfig
 from hogwild.replica.board import Board
 from hogwild.replica.rows import RowMarks, Table
 from hogwild.sync.comm import Comm, LocalComm
-from hogwild.sync.rounds import sync_round
+from hogwild.sync.rounds import RoundFlags, sync_round
 from hogwild.sync.rules import make_rule
 from tests.fake_comm import run_ranks
 
@@ -58,7 +58,7 @@ def _train(comm: Comm, cfg: SyncConfig, sparse: bool, every: bool, rounds: int =
         rule.attach(board)
     for k in range(rounds):
         _interval(flat, comm.rank, k, _touched(comm.rank, k, every), marks, board)
-        sync_round(flat, rule, final=k == rounds - 1)
+        sync_round(flat, rule, RoundFlags(final=k == rounds - 1))
     return flat, {"sent": rule.meter.sent, "rule": rule}
 
 
@@ -183,7 +183,7 @@ def test_a_round_larger_than_a_chunk_makes_several_exchanges_with_the_same_resul
         rule.attach(board)
         for k in range(4):
             _interval(flat, comm.rank, k, _touched(comm.rank, k, False), marks, board)
-            sync_round(flat, rule, final=k == 3)
+            sync_round(flat, rule, RoundFlags(final=k == 3))
         return flat
 
     whole = run_ranks(2, lambda c: rank_fn(c, 1 << 20))

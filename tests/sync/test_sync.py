@@ -11,7 +11,7 @@ import torch
 from hogwild.config.schema import SyncConfig
 from hogwild.errors import Fault
 from hogwild.sync.comm import Comm, LocalComm, PeerLost
-from hogwild.sync.rounds import RoundOutcome, sync_round
+from hogwild.sync.rounds import RoundFlags, RoundOutcome, sync_round
 from hogwild.sync.rules import Average, SyncContext, make_rule
 from tests.dist_helpers import target_after
 from tests.fake_comm import run_ranks
@@ -32,7 +32,7 @@ def _rounds(cfg: SyncConfig, values: list[list[float]], **kw: bool) -> list[tupl
     """One ``sync_round`` on each rank's live buffer: (buffer after, outcome)."""
     def rank_fn(comm: Comm) -> tuple[list[float], RoundOutcome]:
         flat = torch.tensor(values[comm.rank])
-        out = sync_round(flat, make_rule(cfg, comm), **kw)
+        out = sync_round(flat, make_rule(cfg, comm), RoundFlags(**kw))
         return flat.tolist(), out
 
     return run_ranks(len(values), rank_fn)
@@ -65,8 +65,8 @@ def test_round_flags_reach_every_replica() -> None:
 
     def rank_fn(comm: Comm) -> RoundOutcome:
         flat = torch.tensor(vals[comm.rank])
-        return sync_round(flat, make_rule(SyncConfig(), comm), done=True, stop=comm.rank == 1,
-                          want_checkpoint=comm.rank == 0, last_drift=0.1 * (comm.rank + 1))
+        flags = RoundFlags(done=True, stop=comm.rank == 1, checkpoint=comm.rank == 0)
+        return sync_round(flat, make_rule(SyncConfig(), comm), flags, last_drift=0.1 * (comm.rank + 1))
 
     for o in run_ranks(2, rank_fn):
         assert o.all_done and o.any_stop and o.checkpoint and not o.reached
@@ -234,7 +234,7 @@ def test_a_round_that_ends_the_job_lands_an_outer_rule_on_the_replicas_mean(
         sync_round(torch.tensor(vals[comm.rank]), rule)  # builds up the momentum
         before = rule.state_dict()["momentum"].tolist()
         flat = torch.tensor(vals[comm.rank])
-        sync_round(flat, rule, **ending)
+        sync_round(flat, rule, RoundFlags(**ending))
         state = rule.state_dict()
         return flat.tolist(), state["global_params"].tolist(), state["momentum"].tolist(), before
 
@@ -281,7 +281,8 @@ def test_outer_rules_fused_round_matches_their_reference_step(mode: str) -> None
             flat = torch.tensor(rnd[comm.rank])
             sync_round(flat, fused)
             healthy = [bool(torch.isfinite(torch.tensor(v)).all()) for v in rnd]
-            out.append((flat.tolist(), ref.target(torch.tensor(rnd[comm.rank]), SyncContext(comm.rank, 3, healthy)).tolist()))
+            want = ref.target(torch.tensor(rnd[comm.rank]), SyncContext(comm.rank, 3, healthy))
+            out.append((flat.tolist(), want.tolist()))
         return out
 
     for per_rank in run_ranks(3, rank_fn):

@@ -190,7 +190,7 @@ def test_an_unhealthy_replica_carries_no_weight() -> None:
 def test_weighting_by_steps_follows_each_replicas_real_interval() -> None:
     """Rounds weigh a replica by its steps since the last round's snapshot, counted from the
     position it resumed at, never from zero."""
-    from hogwild.sync.rounds import Rounds
+    from hogwild.sync.rounds import RoundFlags, Rounds
     from hogwild.sync.schedule import SyncSchedule
 
     class Board:
@@ -207,7 +207,7 @@ def test_weighting_by_steps_follows_each_replicas_real_interval() -> None:
         schedule = SyncSchedule.from_config(cfg)
         rounds = Rounds(flat, make_rule(cfg, comm), comm, board, schedule)  # type: ignore[arg-type]
         board.pos += 30.0 if comm.rank == 0 else 10.0
-        rounds.run(done=False, stop=False, want_checkpoint=False, reached=False, final=False, timeout_s=10)
+        rounds.run(RoundFlags(), timeout_s=10)
         return flat.tolist()
 
     assert run_ranks(2, rank_fn) == [[3.0], [3.0]]
