@@ -63,8 +63,30 @@ def first_line(e: BaseException) -> str:
 
 
 def say_error(msg: str) -> None:
-    sys.stderr.write(f"hogwild: error: {' '.join(msg.split())}\n")
-    sys.stderr.flush()
+    say(f"hogwild: error: {' '.join(msg.split())}")
+
+
+def say(line: str) -> None:
+    """One line on stderr. A stderr redirected to a full disk loses it, but never turns the exit
+    code it goes with into a traceback and exit 1."""
+    try:
+        sys.stderr.write(f"{line}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # ValueError: stderr closed
+        pass
+
+
+def note(e: BaseException, text: str) -> None:
+    """Add ``text`` to ``e``'s notes (``add_note`` of Python 3.11, by hand before it): where in the
+    user's code it was raised (an item's index), kept with the exception's own type and message."""
+    try:
+        notes = getattr(e, "__notes__", None)
+        if not isinstance(notes, list):
+            notes = []
+            e.__notes__ = notes  # type: ignore[attr-defined]
+        notes.append(text)
+    except (AttributeError, TypeError):  # an exception type that takes no attributes
+        pass
 
 
 def report(e: UserError | Fault) -> NoReturn:
@@ -88,11 +110,13 @@ def save_traceback(e: BaseException, folder: Optional[Path] = None) -> Path:
     for where in (folder, Path(tempfile.gettempdir())):
         if where is None:
             continue
+        path = where / name
         try:
-            path = where / name
             path.write_text("".join(traceback.format_exception(type(e), e, e.__traceback__)))
             return path
-        except OSError:
+        except OSError:  # a full or read-only disk: no half-written file is left there, the next place is tried
+            with contextlib.suppress(OSError):
+                path.unlink()
             continue
     return Path("/dev/null")
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Optional
 
 from hogwild.errors import UserError
+from hogwild.logs import QuietFileHandler
 
 logger = logging.getLogger(__name__)
 
@@ -142,9 +143,10 @@ def refuse_links(run_dir: str | Path) -> None:
             raise UserError(f"run_dir: {path} is a symbolic link; a run writes only its own files (remove the link)")
 
 
-class RunLogHandler(logging.FileHandler):
+class RunLogHandler(QuietFileHandler):
     """Hydra's log file (``run_dir/train.log``), opened without following a link: the run appends
-    its log to its own file, never to whatever file a link planted there points at."""
+    its log to its own file, never to whatever file a link planted there points at. A disk that
+    refuses a line drops the file with one warning, never a traceback (logs.QuietFileHandler)."""
 
     def _open(self):  # type: ignore[no-untyped-def]
         fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
@@ -192,9 +194,13 @@ class RunDirLock:
         previous = _read(fd)
         if previous:
             logger.info("run_dir lock: the previous holder (%s) is gone; taking it over", previous)
-        os.ftruncate(fd, 0)
         now = datetime.datetime.now().isoformat(timespec="seconds")
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {now}".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {now}".encode(), 0)
+        except OSError as e:  # a full disk: the one line (exit 5) names this file
+            os.close(fd)
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
         self._fd = fd
 
     def release(self) -> None:

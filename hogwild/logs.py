@@ -6,7 +6,8 @@ log of several processes reads like torchft's, without each message typing it by
 from __future__ import annotations
 
 import logging
-from typing import Any
+import sys
+from typing import Any, Optional
 
 FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(context)s%(message)s"
 ORDER = ("replica", "slot", "epoch", "worker")
@@ -40,3 +41,45 @@ def setup(level: int = logging.INFO, **fields: Any) -> None:
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, Context) for f in handler.filters):
             handler.addFilter(Context())
+
+
+class QuietFileHandler(logging.FileHandler):
+    """A log file that a full or read-only disk cannot turn into tracebacks. logging's own
+    ``handleError`` prints "--- Logging error ---" and a traceback on stderr for every line it
+    fails to write, above the one error line the run ends with (a full run_dir: exit 5, from the
+    write that the run needs). Here the first failure says so in one short line and the file is
+    dropped: the console still gets every line."""
+
+    dropped = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.dropped:
+            super().emit(record)
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except (OSError, ValueError) as e:  # ValueError: a stream closed under it
+            self.drop(e)
+
+    def handleError(self, record: Optional[logging.LogRecord]) -> None:  # noqa: N802 - logging's name
+        self.drop(sys.exc_info()[1])
+
+    def drop(self, e: Optional[BaseException]) -> None:
+        """Stop writing the file, saying why once."""
+        if self.dropped:
+            return
+        self.dropped = True
+        stream, self.stream = self.stream, None  # type: ignore[assignment]
+        try:
+            if stream is not None:
+                stream.close()  # its unwritten lines go with it; the descriptor is closed all the same
+        except (OSError, ValueError):
+            pass
+        why = (e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__) if e else "unknown"
+        try:
+            sys.stderr.write(f"hogwild: warning: cannot write the log file {self.baseFilename} ({why}); "
+                             "logging to it stops, the console still gets every line\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass

@@ -7,6 +7,7 @@ a bad value or an unknown group option fails in one line naming the key, with ex
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -55,8 +56,9 @@ def _hydra_main(dcfg: DictConfig) -> Optional[float]:
         # finished well. A sweep's next job needs this interpreter, so there it is left to chance.
         logger.debug("leaving with os._exit(%d): native work given up on may still run", result.exit_code)
         logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):  # redirected to a full disk: the exit code still holds
+                stream.flush()
         os._exit(result.exit_code)
     if result.exit_code != 0:
         raise SystemExit(result.exit_code)

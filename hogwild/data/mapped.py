@@ -20,10 +20,11 @@ from torch.utils.data import Dataset as TorchDataset
 from hogwild.config.registry import DATASETS
 from hogwild.config.schema import DataConfig
 from hogwild.config.targets import call_target, import_target, schema_kwargs
-from hogwild.data.items import LABEL_KEYS, Inputs, collate, label_of, labels_key_of, stack_labels
+from hogwild.data.items import (LABEL_KEYS, Inputs, batch_tensors, check_fits, collate, label_of, labels_key_of,
+                                stack_labels)
 from hogwild.data.splits import Dataset
 from hogwild.data.streams import HEAD, StreamSplit, is_stream, read_test_stream, resolve_split
-from hogwild.errors import ConfigError, first_line, user_call
+from hogwild.errors import ConfigError, first_line, note, user_call
 
 logger = logging.getLogger(__name__)
 
@@ -48,10 +49,19 @@ class MapSplit:
         return self.dataset[i]
 
     def batch(self, idx: Tensor) -> tuple[Inputs, Optional[Tensor]]:
-        return self.collate([self.dataset[int(i)] for i in idx])
+        items = []
+        for i in idx.tolist():
+            try:
+                items.append(self.dataset[i])
+            except BaseException as e:
+                note(e, f"item {i} of the {self.name} set")  # the user's line names the item that failed
+                raise
+        return self.collate(items)
 
     def collate(self, items: list[Any]) -> tuple[Inputs, Optional[Tensor]]:
-        return collate(items, self.labels_key)
+        inputs, y = collate(items, self.labels_key)
+        check_fits(batch_tensors(inputs, y), f"data: a batch of the {self.name} set")  # items read on demand
+        return inputs, y
 
     def label_of(self, item: Any) -> Any:
         return label_of(item, self.labels_key)
@@ -88,8 +98,9 @@ def _check_item(split: Union[MapSplit, StreamSplit], key: str) -> tuple[int, ...
 def _check_mapping(item: Mapping[str, Any], split: Union[MapSplit, StreamSplit], key: str) -> tuple[int, ...]:
     bad = [k for k, v in item.items() if not isinstance(v, (Tensor, int, float)) or isinstance(v, bool)]
     if bad or not item:
-        raise ConfigError(f"{key}: a dict item must map names to tensors or numbers; item 0 of the {split.name} set "
-                          f"has {bad[0]!r}: {type(item[bad[0]]).__name__}" if bad else f"{key}: item 0 is an empty dict")
+        raise ConfigError(f"{key}: a dict item must map names to tensors or numbers; item 0 of the {split.name} "
+                          f"set has {bad[0]!r}: {type(item[bad[0]]).__name__}" if bad
+                          else f"{key}: item 0 is an empty dict")
     label = labels_key_of(item, split.labels_key)
     if label is None:
         wanted = split.labels_key if split.labels_key != "auto" else " or ".join(LABEL_KEYS)
@@ -141,6 +152,26 @@ def _check_items(split: Union[MapSplit, StreamSplit], key: str) -> None:
                           f"{first_line(e)}); keep its state in picklable attributes") from None
 
 
+def _check_tensors(split: Union[MapSplit, StreamSplit], key: str) -> None:
+    """A dataset held in memory (a ``TensorDataset``, or a list of items whose item 0 holds a
+    float64 tensor), checked whole before any worker spawns: a float64 value float32 cannot hold
+    would otherwise train into NaN (exit 4), or end the run only once a worker reads its batch.
+    Datasets that read their items on demand are checked batch by batch, where they are read."""
+    data = split.dataset
+    tensors = getattr(data, "tensors", None)
+    if isinstance(tensors, (tuple, list)):
+        check_fits({f"tensor {j} of the {split.name} set": t for j, t in enumerate(tensors)}, key)
+    elif isinstance(data, (tuple, list)) and data and any(t.dtype == torch.float64 for t in _item_tensors(data[0])):
+        for i, item in enumerate(data):
+            for t in _item_tensors(item):
+                check_fits({f"item {i} of the {split.name} set": t}, key)
+
+
+def _item_tensors(item: Any) -> list[Tensor]:
+    values = item.values() if isinstance(item, Mapping) else item if isinstance(item, (tuple, list)) else ()
+    return [v for v in values if isinstance(v, Tensor)]
+
+
 def check_pair(train: Any, test: Any, key: str, num_classes: int | None = None, labels_key: str = "auto",
           stream_split: str = "auto") -> Dataset:
     splits: list[Any] = [MapSplit(d, name, labels_key) for d, name in ((train, "train"), (test, "test"))]
@@ -152,6 +183,7 @@ def check_pair(train: Any, test: Any, key: str, num_classes: int | None = None, 
     _check_item(splits[1], key)
     for split in splits:
         _check_items(split, key)
+        _check_tensors(split, key)
     train_y, test_y = splits[0].targets, splits[1].targets
     if train_y.is_floating_point():  # regression: the model's outputs are the target's size
         classes = int(train_y[0].numel())

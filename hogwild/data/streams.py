@@ -35,8 +35,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
-from hogwild.data.items import collate, label_of, stack_labels
-from hogwild.errors import ConfigError, user_call
+from hogwild.data.items import batch_tensors, check_fits, collate, label_of, stack_labels
+from hogwild.errors import ConfigError, note, user_call
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +113,11 @@ class StreamSplit:
         return self.collate([self.item(int(i)) for i in idx])
 
     def collate(self, items: list[Any]) -> tuple[Any, Optional[Tensor]]:
-        return collate(items, self.labels_key)
+        inputs, y = collate(items, self.labels_key)
+        # A stream cannot be checked ahead: each batch is, where it is read (in a worker, a batch
+        # that does not fit ends the run as the user's data error, exit 2).
+        check_fits(batch_tensors(inputs, y), f"data: a batch of the {self.name} stream")
+        return inputs, y
 
     @property
     def targets(self) -> Tensor:
@@ -265,7 +269,11 @@ class StreamReader:
             return self._cached[1]  # type: ignore[no-any-return]
         if index != self._next:
             self._seek(index)
-        items = [self._one() for _ in range(self.batch_size)]
+        try:
+            items = [self._one() for _ in range(self.batch_size)]
+        except BaseException as e:
+            note(e, f"item {self.in_epoch} of epoch {self.epoch} of worker {self.place}'s part of the stream")
+            raise
         self._next = index + 1
         self._publish()
         out = self.split.collate(items)

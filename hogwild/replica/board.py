@@ -16,6 +16,7 @@ No other module indexes these tensors by number.
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
@@ -130,6 +131,13 @@ class Board:
         with os.fdopen(fd, "r+b") as f:
             if mode == "w+":
                 f.truncate(size)
+                try:
+                    # Every page now, not on first touch: a page a full disk cannot give kills the
+                    # process that writes the board (SIGBUS) instead of one line with exit 5.
+                    os.posix_fallocate(f.fileno(), 0, size)
+                except OSError as e:
+                    if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):  # a file system without it
+                        raise OSError(e.errno, e.strerror, str(self.path)) from None
             mm = np.memmap(f, dtype=np.float64, mode="r+", shape=(size // 8,))
         flat = torch.from_numpy(mm)  # MAP_SHARED: every process that maps the file sees each write
         self.stats_t = flat[:n_stats].view(self.workers, len(STATS.names))

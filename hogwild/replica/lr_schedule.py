@@ -56,18 +56,42 @@ class LRSchedule:
         warm = c.warmup_steps
         if warm and step < warm:
             # Linear warm-up to the schedule's value where warm-up ends.
-            return self.lr_after_warmup(warm, total) * (step + 1) / warm
-        return self.lr_after_warmup(step, total)
+            lr = self.lr_after_warmup(warm, total) * (step + 1) / warm
+        else:
+            lr = self.lr_after_warmup(step, total)
+        # A schedule that turns optim.lr into NaN, a negative rate or, from a finite optim.lr, inf
+        # (ExponentialLR with gamma=1e10) is refused at the step it does so, in the workers too:
+        # check_schedule reads most runs whole before anything starts, this catches the rest (exit 2
+        # rather than a model gone non-finite, exit 4). optim.lr=inf itself is the user's to try.
+        if not lr >= 0 or (math.isinf(lr) and math.isfinite(self.base)):
+            raise ConfigError(f"{self.key()}: the learning rate at step {step} of {total or self.total} is {lr} "
+                              f"(optim.lr={self.base:g}); a schedule must keep it finite and not negative")
+        return lr
 
     def lr_after_warmup(self, step: int, total: Optional[int] = None) -> float:
         c = self.cfg
         if self._torch is not None:
             return self._target_lr(step)  # a torch scheduler has its own length (T_max, total_steps)
-        return SCHEDULES.get(c.name)(c, self.base, max(step - c.warmup_steps, 0),
-                                     max((total or self.total) - c.warmup_steps, 1))
+        try:
+            return SCHEDULES.get(c.name)(c, self.base, max(step - c.warmup_steps, 0),
+                                         max((total or self.total) - c.warmup_steps, 1))
+        except OverflowError:  # float ** int past any float (sched.gamma=1e10): a rate of inf
+            return math.inf
+
+    def key(self) -> str:
+        """The keys that chose this schedule, as the user would write them."""
+        c = self.cfg
+        if c._target_:
+            return f"sched._target_={c._target_}"
+        shown = ", ".join(f"sched.{k}={getattr(c, k):g}" for k in BUILT_IN_KEYS.get(c.name, ()))
+        return f"sched.name={c.name}" + (f" ({shown})" if shown else "")
 
 
 # The built-in schedules after warm-up: (config, peak rate, steps since warm-up, steps it has).
+# The keys each reads besides sched.name, named when it gives a rate that cannot be used.
+BUILT_IN_KEYS = {"cosine": ("min_lr",), "step": ("gamma", "step_size")}
+
+
 @SCHEDULES.register("constant")
 def constant(c: SchedConfig, base: float, step: int, length: int) -> float:
     return base
@@ -83,30 +107,42 @@ def step_decay(c: SchedConfig, base: float, step: int, length: int) -> float:
     return base * c.gamma ** (step // c.step_size)
 
 
-# Stepping a torch scheduler through the whole run to check it costs about a microsecond a step;
-# past this many steps only the first ones are read.
+# A torch scheduler is read by stepping it (tens of microseconds a step on a loaded core): every
+# step of a run up to this long is read before anything starts; a longer run's later steps are
+# checked where a worker reaches them (LRSchedule.lr_at: exit 2 there).
 CHECK_ALL_STEPS = 200_000
+# A built-in schedule is a formula of the step, monotone or bounded between its ends: every step up
+# to this many, then this many more spread evenly to the last, find where it leaves the floats.
+CHECK_BUILT_IN = 10_000
+
+
+def steps_to_check(cfg: SchedConfig, total_steps: Optional[int]) -> list[int]:
+    """The steps :func:`check_schedule` reads, in increasing order (a torch scheduler only steps forward)."""
+    if total_steps is None:
+        return [0, 1, 2]
+    if cfg._target_:
+        return list(range(min(total_steps, CHECK_ALL_STEPS)))
+    head = min(total_steps, CHECK_BUILT_IN)
+    spread = {head + (total_steps - 1 - head) * i // CHECK_BUILT_IN for i in range(CHECK_BUILT_IN + 1)}
+    return [*range(head), *sorted(s for s in spread if head <= s < total_steps)]
 
 
 def check_schedule(cfg: SchedConfig, base_lr: float, total_steps: Optional[int] = None) -> None:
     """Build the schedule and read it where the run will, so a scheduler ``_target_`` that does
     not import, needs a metric (``ReduceLROnPlateau``), cannot run the planned steps
-    (``OneCycleLR`` with a shorter ``total_steps``) or divides by zero (``T_max=0``) fails in the
-    leader in one line, before any worker spawns, instead of in every worker. Without
-    ``total_steps`` (not known yet) only the first steps are read."""
+    (``OneCycleLR`` with a shorter ``total_steps``) or divides by zero (``T_max=0``), or a schedule
+    whose rate becomes inf, NaN or negative at some step (``ExponentialLR`` with ``gamma=1e10``,
+    ``sched.name=step`` with ``sched.gamma=1e10``), fails in the leader in one line naming the key,
+    the step and the rate, before any worker spawns, instead of in every worker or as a model gone
+    non-finite. Without ``total_steps`` (not known yet) only the first steps are read."""
     sched = LRSchedule(cfg, base_lr, total_steps or 100)
-    last = [total_steps - 1] if total_steps is not None and total_steps <= CHECK_ALL_STEPS else []
-    for step in sorted({0, 1, 2, *last}):
+    for step in steps_to_check(cfg, total_steps):
         try:
-            lr = sched.lr_at(step)
+            sched.lr_at(step)  # a rate that cannot be used raises ConfigError there
         except ConfigError:
             raise
         except Exception as e:  # noqa: BLE001 - the user's scheduler failed: say where, in one line
             planned = f" of the planned {total_steps}" if total_steps else ""
-            raise ConfigError(f"sched._target_: {cfg._target_} cannot give the learning rate of step {step}{planned} "
+            raise ConfigError(f"{sched.key()}: cannot give the learning rate of step {step}{planned} "
                               f"({type(e).__name__}: {first_line(e)}); hogwild steps a scheduler once per replica "
                               "step, with no metric") from None
-        # Not a finiteness check: optim.lr=inf is the user's to try, and the run's divergence
-        # checks handle it (exit 4); a schedule that turns a fine rate into NaN or a negative is not.
-        if math.isnan(lr) or lr < 0:
-            raise ConfigError(f"sched: the learning rate at step {step} is {lr}")

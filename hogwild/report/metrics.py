@@ -3,6 +3,7 @@ and progress: a tqdm bar on a terminal, rate-limited plain log lines otherwise."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -11,7 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from tqdm import tqdm
 
@@ -39,27 +40,42 @@ class Metrics:
 
     def __init__(self, run_dir: str | Path, enabled: bool) -> None:
         self._tb: Any = None
+        self._dir = Path(run_dir) / "tb"
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
             # TensorBoard opens its own files; it gets a tb/ that is a real folder of the run.
             os.close(open_dir(run_dir, "tb"))
             threading.excepthook = _quiet_tensorboard_thread
-            self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tb"))
+            with self._named():
+                self._tb = SummaryWriter(log_dir=str(self._dir))
+
+    @contextlib.contextmanager
+    def _named(self) -> Iterator[None]:
+        """TensorBoard's failed writes (a full disk) name no file: the one line (exit 5) names tb/."""
+        try:
+            yield
+        except OSError as e:
+            if e.filename:
+                raise
+            raise OSError(e.errno, e.strerror or str(e), str(self._dir)) from None
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         if self._tb is not None:
-            self._tb.add_scalar(tag, value, step)
+            with self._named():
+                self._tb.add_scalar(tag, value, step)
 
     def hparams(self, hparams: dict[str, Any], final: dict[str, float]) -> None:
         if self._tb is not None:
-            self._tb.add_hparams(hparams, {f"hparam/{k}": v for k, v in final.items()},
-                                 run_name="hparams")
+            with self._named():
+                self._tb.add_hparams(hparams, {f"hparam/{k}": v for k, v in final.items()},
+                                     run_name="hparams")
 
     def close(self) -> None:
         if self._tb is not None:
-            self._tb.flush()
-            self._tb.close()
+            with self._named():
+                self._tb.flush()
+                self._tb.close()
 
 
 def strict(obj: Any) -> Any:

@@ -10,7 +10,9 @@ The configuration mistakes caught before anything starts are in test_bad_input.p
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -209,7 +211,8 @@ def test_hostile_case(tmp_path: Path, good_run: Path, case: Case) -> None:
             for name, flat in after.items():
                 assert name in good or torch.equal(flat, newest), f"{name} holds a model the run did not start from"
             lost = set(good) - set(after)
-            assert not lost or any(torch.equal(f, newest) for f in after.values()), f"a good checkpoint was lost: {lost}"
+            assert not lost or any(torch.equal(f, newest) for f in after.values()), \
+                f"a good checkpoint was lost: {lost}"
             # Nor its report: the resumed run's failure is written beside the good run's metrics.
             if case.module == "hogwild.cli.train":
                 kept = [json.loads(p.read_text()) for p in (tmp_path / "run").glob("metrics-*.json")]
@@ -329,3 +332,226 @@ def test_sigterm_during_a_rendezvous_that_never_completes_stops_at_once(tmp_path
     assert time.monotonic() - t0 < 15, "SIGTERM waited for the rendezvous"
     assert "Traceback" not in out and "stopped during start-up" in out, out[-3000:]
     assert not list((tmp_path / "run").glob("checkpoints/*.pt"))
+
+
+# User code that raises in a worker mid-run is the user's error, not a fault: one line naming the
+# call, the item and the exception, exit 2 at once (a respawn would read the same item), and the
+# checkpoints written before it stay. Items past 100 raise once the first checkpoint exists (the
+# leader's own checks read items 0, 200 and 399, and its probe the first 64).
+FAILING_ITEMS = '''
+import os
+import torch
+
+
+class Items:
+    targets = [i % 2 for i in range(400)]
+
+    def __init__(self, gate):
+        self.gate = gate
+
+    def __len__(self):
+        return 400
+
+    def __getitem__(self, i):
+        if i >= 100 and i not in (200, 399) and os.path.exists(self.gate):
+            raise ValueError(f"corrupt record {i}")
+        return torch.full((64,), float(i % 2)), i % 2
+
+
+def items(gate):
+    return Items(gate), Items(gate + ".never")
+'''
+
+
+def test_a_dataset_item_that_raises_mid_run_stops_the_run_at_once_with_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "failing.py").write_text(FAILING_ITEMS)
+    run_dir = tmp_path / "run"
+    tag = uuid.uuid4().hex
+    shm_before = torch_shm()
+    proc = subprocess.run([sys.executable, "-m", "hogwild.cli.train", *QUICK, "workers=2", "train.max_steps=100000",
+                           "data._target_=failing.items", f"+data.gate={run_dir / 'checkpoints' / 'last.pt'}",
+                           f"run_dir={run_dir}"], cwd=tmp_path, capture_output=True, text=True, timeout=150,
+                          env=clean_env(HOGWILD_TEST_TAG=tag))
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("hogwild: error:")]
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("hogwild: error: data: reading a training batch raised ValueError: "
+                               "corrupt record "), lines
+    assert " of the train set; worker " in lines[0] and "the traceback is in " in lines[0], lines[0]
+    assert "Traceback" not in proc.stdout + proc.stderr and "respawning" not in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" in Path(lines[0].rsplit("the traceback is in ", 1)[1]).read_text()
+    assert torch.isfinite(checkpoint.load(run_dir / "checkpoints" / "last.pt")["flat"]).all()
+    time.sleep(0.5)
+    assert not _ours(tag), "a process of the run outlived it"
+    assert not leaked_torch_shm(shm_before), "a shared-memory segment was left behind"
+
+
+def _user_raises(message: str) -> None:  # the user's code: a file outside hogwild
+    raise ValueError(message)
+
+
+def _raised(fn: Callable[[], object]) -> BaseException:
+    try:
+        fn()
+    except BaseException as e:  # noqa: BLE001 - the exception itself is what is looked at
+        return e
+    raise AssertionError("it did not raise")
+
+
+def test_a_worker_blames_the_user_only_for_what_the_users_code_raised() -> None:
+    from hogwild.data.items import collate
+    from hogwild.errors import ConfigError
+    from hogwild.replica.blame import user_failure
+    from hogwild.replica.worker import _USER_ANYWHERE, _USER_OUTSIDE, DATA, FORWARD, OPTIM
+
+    def blame(e: BaseException, phase: str) -> Optional[str]:
+        return user_failure(e, phase, _USER_ANYWHERE, _USER_OUTSIDE)
+
+    mine = _raised(lambda: _user_raises("broke at step 30"))
+    ours = _raised(lambda: collate([]))  # an IndexError raised in hogwild's own file
+    assert blame(mine, FORWARD) == "model, loss, step: the forward pass and loss raised ValueError: broke at step 30"
+    assert blame(mine, OPTIM) == "optim: the optimizer's step raised ValueError: broke at step 30"
+    assert blame(ours, FORWARD) is None and blame(ours, OPTIM) is None, "a bug of hogwild's: exit 70 and respawns"
+    assert blame(ours, DATA) is not None, "collating the user's items is the user's data"
+    assert blame(mine, "the step") is None, "outside a user call nothing is the user's"
+    assert blame(_raised(lambda: sys.exit(4)), OPTIM) == \
+        "optim: the optimizer's step called sys.exit(4) instead of returning"
+    assert blame(ConfigError("data: a batch of the train stream: input 0 holds 1e+300"), FORWARD) == \
+        "data: a batch of the train stream: input 0 holds 1e+300"
+
+
+class _BadRecord(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == 3:
+            raise ValueError("corrupt record 3")
+        return torch.zeros(2)
+
+
+def test_an_item_that_raises_in_a_dataloader_process_is_named_by_its_own_type_and_message() -> None:
+    from hogwild.replica.blame import user_failure
+    from hogwild.replica.worker import _USER_ANYWHERE, _USER_OUTSIDE, DATA
+
+    loader = torch.utils.data.DataLoader(_BadRecord(), batch_size=2, num_workers=1)
+    e = _raised(lambda: list(loader))  # torch re-raises it as "Caught ValueError in DataLoader worker process 0..."
+    assert user_failure(e, DATA, _USER_ANYWHERE, _USER_OUTSIDE) == \
+        "data: reading a training batch raised ValueError: corrupt record 3"
+
+
+def test_a_notice_reaches_the_leader_whole_and_in_one_write() -> None:
+    from multiprocessing import Pipe
+
+    from hogwild.replica.blame import MAX_NOTICE, read_notice, tell_leader
+
+    r, w = Pipe(duplex=False)
+    w.send_bytes(b"r")
+    tell_leader(w, 1, "data: reading a training batch raised\nValueError: x")
+    tell_leader(w, 0, "y" * 10_000)
+    got = [r.recv_bytes() for _ in range(3)]
+    assert read_notice(got[0]) is None, "a wake-up is no notice"
+    assert read_notice(got[1]) == (1, "data: reading a training batch raised ValueError: x"), "one line"
+    assert len(got[2]) <= MAX_NOTICE < 4096, "one write the pipe never splits (PIPE_BUF)"
+
+
+def test_a_schedule_whose_rate_leaves_the_floats_is_refused_naming_the_key_the_step_and_the_rate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hogwild.config.train import SchedConfig
+    from hogwild.errors import ConfigError, UserError
+    from hogwild.leader.choose import leader_for
+    from hogwild.replica.lr_schedule import LRSchedule, check_schedule
+    from tests.conftest import compose_cfg
+
+    # The user's own command: refused by the leader with the run's real length, before any worker.
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_cfg(["sched._target_=torch.optim.lr_scheduler.ExponentialLR", "+sched.kwargs.gamma=1e10",
+                       f"run_dir={tmp_path / 'run'}"])
+    with pytest.raises(UserError) as info:
+        leader_for(cfg, str(tmp_path / "run")).run()
+    assert str(info.value).startswith("sched._target_=torch.optim.lr_scheduler.ExponentialLR: the learning rate at "
+                                      "step 31 of "), info.value
+    assert " is inf (optim.lr=" in str(info.value) and "None" not in str(info.value)
+    assert not list(tmp_path.glob("run/checkpoints/*.pt"))
+    # Built-in schedules: named by sched.name and their keys, found late in a long run too.
+    with pytest.raises(ConfigError, match=r"^sched.name=step \(sched.gamma=1e\+10, sched.step_size=1\): the learning "
+                                          r"rate at step 31 of 1000 is inf"):
+        check_schedule(SchedConfig(name="step", gamma=1e10, step_size=1), 0.1, 1000)
+    with pytest.raises(ConfigError, match=r"sched.gamma=1.001.* is inf"):
+        check_schedule(SchedConfig(name="step", gamma=1.001, step_size=1), 0.1, 10_000_000)
+    check_schedule(SchedConfig(name="cosine"), 0.1, 10_000_000)
+    check_schedule(SchedConfig(), math.inf, 1000)  # optim.lr=inf is the user's to try (exit 4 later)
+    # Past what is read ahead, a worker's own reading refuses it (exit 2 there, not a model gone NaN).
+    sched = LRSchedule(SchedConfig(_target_="torch.optim.lr_scheduler.ExponentialLR", kwargs={"gamma": 2.0}), 0.1, 10)
+    with pytest.raises(ConfigError, match="at step 1100 of 10 is inf"):
+        sched.lr_at(1100)
+
+
+def test_float64_data_past_float32_is_a_data_error_naming_the_key(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    from hogwild.data.items import beyond_float32
+    from hogwild.data.mapped import check_pair
+    from hogwild.data.streams import StreamSplit
+    from hogwild.errors import ConfigError, UserError
+    from hogwild.leader.choose import leader_for
+    from tests.conftest import compose_cfg
+
+    x = np.random.default_rng(0).random((200, 8))
+    x[150, 3] = 1e300  # float32 makes it inf, and the model NaN a few steps later (exit 4)
+    np.savez(tmp_path / "d.npz", X=x, y=np.arange(200) % 2)
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_cfg(["data=npz", f"data.path={tmp_path / 'd.npz'}", f"run_dir={tmp_path / 'run'}"])
+    with pytest.raises(UserError, match=r"^data.path: .*d.npz: X holds 1e\+300, past float32's largest value"):
+        leader_for(cfg, str(tmp_path / "run")).run()
+    assert not list(tmp_path.glob("run/progress/*")), "refused before any worker"
+    big = torch.zeros(3_000_000, dtype=torch.float64)
+    big[-1] = -1e39
+    assert beyond_float32(big) == -1e39 and beyond_float32(big.float()) is None  # read in chunks, to the end
+    tensors = torch.utils.data.TensorDataset(torch.full((4, 2), 1e300, dtype=torch.float64), torch.arange(4) % 2)
+    with pytest.raises(ConfigError, match=r"^data._target_: tensor 0 of the train set holds 1e\+300"):
+        check_pair(tensors, tensors, "data._target_")
+    items = [(torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64), i % 2) for i in range(8)]
+    items[5] = (items[5][0], torch.tensor([0.0, -1e300], dtype=torch.float64), 1)
+    with pytest.raises(ConfigError, match=r"^data._target_: item 5 of the train set holds -1e\+300"):
+        check_pair(items, items[:2], "data._target_")
+    stream = StreamSplit([], "train", "auto", "round_robin")  # a stream is checked batch by batch, in the worker
+    with pytest.raises(ConfigError, match=r"^data: a batch of the train stream: input 0 holds 1e\+300"):
+        stream.collate([(torch.full((2,), 1e300, dtype=torch.float64), 0)])
+
+
+def test_a_stderr_on_a_full_disk_keeps_the_exit_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hogwild.errors import ConfigError, report
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full")
+    full = open("/dev/full", "w")  # hogwild-train ... 2> run.err on a full disk
+    try:
+        monkeypatch.setattr(sys, "stderr", full)
+        with pytest.raises(SystemExit) as info:
+            report(ConfigError("workers: must be at least 1"))
+    finally:
+        monkeypatch.undo()
+        with contextlib.suppress(OSError):  # the line still held in its buffer
+            full.close()
+    assert info.value.code == 2, "not an OSError's traceback and exit 1"
+
+
+def test_a_progress_board_a_full_disk_cannot_hold_is_a_write_error_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from hogwild.errors import WriteFailed
+    from hogwild.replica.board import Board
+
+    def full(fd: int, offset: int, size: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    # Mapped but never given its pages, the board killed the leader with SIGBUS at its first write.
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    path = tmp_path / "run" / "progress" / "rank0.board"
+    path.parent.parent.mkdir()
+    with pytest.raises(OSError) as info:
+        Board(2, path)
+    assert str(WriteFailed.of(info.value)) == f"run_dir: cannot write {path}: No space left on device"
