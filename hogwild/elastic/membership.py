@@ -37,11 +37,13 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, TypeVar, Union
 
 from hogwild.elastic.link import CoordinatorAway, Link, Memory, call_deadline
 from hogwild.elastic.signing import Malformed, Signer, parse, token_from_env
 from hogwild.errors import Fault, StopNow, UserError
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -264,6 +266,22 @@ class Membership:
     def _moving(self) -> None:
         if self.progress.ticks:  # only a process that reports its loop (a leader) counts turns
             self.progress.turn()
+
+    def moving(self) -> None:
+        """The leader's main thread is busy but moving (a batch of a long evaluation)."""
+        self._moving()
+
+    def away_for(self) -> float:
+        """How long the coordinator has been unreachable (0: it is not)."""
+        return self.memory.away_for()
+
+    def fetch_as(self, key: str, fn: Callable[[bytes], T]) -> Optional[T]:
+        """A value at the coordinator, parsed (None: absent or the coordinator away)."""
+        return self.link.fetch_as(key, fn)
+
+    def set(self, key: str, value: Union[str, bytes]) -> None:
+        """Set at the coordinator, not kept (see :meth:`put`)."""
+        self.link.set(key, value)
 
     def beat_of(self, slot: int) -> Optional[Beat]:
         return self.link.fetch_as(f"hb/{slot}", Beat.decode)

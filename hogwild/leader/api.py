@@ -2,9 +2,10 @@
 
 The leader (core.py) runs one replica and meets the others in sync rounds. *How* it meets them
 is a :class:`Group`, handed to it: a torchrun group that never changes (torchrun.py), or an
-elastic group that re-forms around lost and returning replicas (elastic.py). The group reads
-and updates the replica through :class:`Crew`, the one record of everything the leader built,
-and reports trouble through :class:`Control`. Neither side touches the other's private state.
+elastic group that re-forms around lost and returning replicas (elastic.py), which also hands the
+leader its :class:`Changes` (the rounds' re-forming, the job's counts while members come and go).
+Both read and update the replica through :class:`Crew`, the one record of everything the leader
+built, and report trouble through :class:`Control`. Neither side touches the other's private state.
 """
 
 from __future__ import annotations
@@ -102,6 +103,10 @@ class Crew:
         """The lineage's step count now (TensorBoard's x axis)."""
         return self.base.steps + self.board.applied()
 
+    def scalar(self, tag: str, value: float) -> None:
+        """A TensorBoard scalar at the lineage's step now (written by the TensorBoard writer only)."""
+        self.tel.metrics.scalar(tag, value, self.step())
+
     def adopt_counters(self, base: Counts) -> None:
         """The lineage's counters before this process, received from the peer it healed from."""
         self.base = base
@@ -109,21 +114,17 @@ class Crew:
 
 
 class Changes:
-    """The optional part of a group: what one whose members change (elastic.py) provides. A
-    group of fixed members (torchrun.py) has none, and the leader uses this class itself, whose
-    every method is what a fixed group means: nothing to report, nothing to re-form, the
-    members' counts are the job's."""
+    """What a group whose members change adds (elastic.py's :class:`~hogwild.leader.elastic.Rejoins`),
+    handed to the leader beside its :class:`Group`. A group of fixed members (torchrun.py) has none,
+    and the leader uses this class itself, whose every method is what a fixed group means: nothing
+    to report, nothing to re-form, the members' counts are the job's."""
 
-    def progress(self, rounds: int, steps: int) -> None:
-        """The leader's main loop turned (at least every half second while it trains)."""
+    def progress(self, rounds: Optional[int] = None, steps: Optional[int] = None) -> None:
+        """The leader is alive: its main loop turned (``rounds``, ``steps``: how far it is), or its
+        main thread is busy but moving (a batch of a long evaluation; no figures)."""
 
-    def alive(self) -> None:
-        """The leader's main thread is busy but moving (a batch of a long evaluation)."""
-
-    def before_round(self) -> None:
-        pass
-
-    def wants_reform(self) -> bool:
+    def before_round(self) -> bool:
+        """Before each round: whether this member asks the group to re-form after it."""
         return False
 
     def reform(self) -> None:  # every leader calls it after the same round
@@ -141,12 +142,9 @@ class Changes:
         """The job's counters, from the sum of the group members' :meth:`own`."""
         return members
 
-    def may_write(self) -> bool:
-        """Checked before each checkpoint the writer writes after a collective."""
-        return True
-
-    def may_write_alone(self) -> bool:
-        """Checked before a checkpoint written without a collective (between rounds)."""
+    def may_write(self, alone: bool = False) -> bool:
+        """Checked before each checkpoint the writer writes after a collective, or ``alone``:
+        without one (between rounds)."""
         return True
 
     def finish(self, result: RunResult) -> RunResult:
@@ -158,17 +156,14 @@ class Changes:
 
 
 class Group(ABC):
-    """How this replica meets the others: the core every group implements. The leader calls, in
-    order: :meth:`connect` and :meth:`restore` while it builds the replica, :meth:`attach` once
-    all is built, :meth:`start` before the workers run, :meth:`positions` for each checkpoint,
-    and :meth:`close` always. A group whose members change also provides :attr:`changes` (per
-    round :meth:`Changes.before_round`, :meth:`Changes.wants_reform` and, when every leader
-    agreed, :meth:`Changes.reform`; :meth:`Changes.recover` after a failed collective)."""
+    """How this replica meets the others: what every group provides. The leader calls, in
+    order: :meth:`connect` and :meth:`restore` while it builds the replica, :meth:`start` once all
+    is built and before the workers run, :meth:`positions` for each checkpoint, and :meth:`close`
+    always. What a group whose members change adds is a :class:`Changes`, handed to the leader
+    beside it."""
 
     env: DistEnv
     """Where this leader sits: torchrun's rank, or the elastic slot among ``sync.replicas``."""
-    changes: Optional[Changes] = None
-    """The optional part; None: the members never change (the leader uses :class:`Changes`)."""
 
     @abstractmethod
     def connect(self, cfg: Config, run_dir: Path, workers: int, rep: Replica) -> tuple[Comm, Path]:
@@ -179,21 +174,18 @@ class Group(ABC):
                 previous: Optional[tuple[float, float]]) -> Optional[Restored]:
         """Load the checkpoint ``cfg.resume`` names into the replica, if any."""
 
-    def attach(self, crew: Crew) -> None:
-        self.crew = crew
-
     @property
     @abstractmethod
     def writer(self) -> bool:
         """This leader writes checkpoints and metrics.json now."""
 
     @abstractmethod
-    def start(self) -> None:
-        """Before the workers run: every member here, the replica at the group's state."""
+    def start(self, crew: Crew) -> None:
+        """Before the workers run, with everything the leader built: every member here, the
+        replica at the group's state."""
 
-    def positions(self) -> torch.Tensor:
+    def positions(self, crew: Crew) -> torch.Tensor:
         """Every replica's data positions, in rank order (collective in a torchrun group)."""
-        crew = self.crew
         return torch.stack(crew.comm.all_gather(torch.from_numpy(crew.board.stats["pos"].copy()))).cpu()
 
     @abstractmethod

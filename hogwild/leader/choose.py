@@ -10,6 +10,7 @@ from hogwild.config.schema import Config
 from hogwild.leader.api import Control
 from hogwild.leader.core import Leader
 from hogwild.leader.torchrun import TorchrunGroup
+from hogwild.replica.faults import Faults
 from hogwild.report.summary import RunResult
 
 
@@ -17,12 +18,13 @@ def leader_for(cfg: Config, run_dir: str, env: Optional[DistEnv] = None,
                overrides: Optional[Sequence[str]] = None) -> Leader:
     """The leader ``cfg`` asks for: elastic with ``sync.coordinator``, else a torchrun group.
     ``overrides``: the command line's, recorded in ``.hydra/overrides.yaml``."""
-    ctl = Control()
+    ctl, faults = Control(), Faults.from_env()  # the one place the environment's fault plan is read
     if cfg.sync.coordinator:
-        from hogwild.leader.elastic import ElasticGroup
+        from hogwild.leader.elastic import ElasticGroup, Rejoins
 
-        return Leader(cfg, run_dir, ElasticGroup(cfg, ctl, env), ctl, overrides)
-    return Leader(cfg, run_dir, TorchrunGroup(env, lambda: ctl.signalled), ctl, overrides)
+        group = ElasticGroup(cfg, ctl, env, faults)
+        return Leader(cfg, run_dir, group, ctl, overrides, changes=Rejoins(group), faults=faults)
+    return Leader(cfg, run_dir, TorchrunGroup(env, lambda: ctl.signalled), ctl, overrides, faults=faults)
 
 
 def run(cfg: Config, run_dir: str, env: Optional[DistEnv] = None) -> RunResult:

@@ -11,6 +11,7 @@ waits in a collective that the others will never enter.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -22,7 +23,7 @@ from omegaconf import OmegaConf
 
 from hogwild.checkpoint import store as checkpoint
 from hogwild.checkpoint.health import loss_bar
-from hogwild.checkpoint.saver import Saver
+from hogwild.checkpoint.saver import Record, Saver
 from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
 from hogwild.errors import EXIT_FAILED, StopNow
@@ -31,7 +32,7 @@ from hogwild.leader.target import Target
 from hogwild.replica import resources
 from hogwild.replica.board import Board, Counts, previous_attempt
 from hogwild.replica.build import build_replica, replica_device
-from hogwild.replica.faults import dump_final, exit_after_final, late_to_final
+from hogwild.replica.faults import Faults
 from hogwild.replica.lr_schedule import check_schedule
 from hogwild.replica.meeting import STEPS_KEY
 from hogwild.replica.optim import BARRIER, HOGWILD
@@ -44,10 +45,10 @@ from hogwild.report.memory import PeakMemory
 from hogwild.report.metrics import flatten, strict
 from hogwild.report.rundir import record_config, set_aside_earlier_run
 from hogwild.report.summary import RunResult, RunSummary, Status, Timing, write_report
-from hogwild.report.telemetry import Telemetry
-from hogwild.report.verdict import judge
+from hogwild.report.telemetry import Hooks, Telemetry
+from hogwild.report.verdict import Verdict, judge
 from hogwild.sync.comm import PeerLost
-from hogwild.sync.rounds import Rounds
+from hogwild.sync.rounds import RoundFlags, Rounds, SyncStats
 from hogwild.sync.rules import make_rule
 from hogwild.sync.schedule import SyncSchedule
 
@@ -60,12 +61,14 @@ LOCAL_GRACE = 0.25
 
 
 class Leader:
-    def __init__(self, cfg: Config, run_dir: str, group: Group,
-                 ctl: Optional[Control] = None, overrides: Optional[Sequence[str]] = None) -> None:
+    def __init__(self, cfg: Config, run_dir: str, group: Group, ctl: Optional[Control] = None,
+                 overrides: Optional[Sequence[str]] = None, *, changes: Optional[Changes] = None,
+                 faults: Faults = Faults()) -> None:
+        """``changes``: what a group whose members change adds (none: a fixed group); ``faults``:
+        what a test plans to go wrong (replica/faults.py), parsed once by whoever builds the leader."""
         self.cfg, self.run_dir, self.overrides = cfg, Path(run_dir), overrides
         self.ctl = ctl or Control()
-        self.group = group
-        self.changes: Changes = group.changes or Changes()
+        self.group, self.changes, self.faults = group, changes or Changes(), faults
         self.env: DistEnv = self.group.env
         self.t_start = time.monotonic()
         self.memory = PeakMemory()
@@ -99,33 +102,31 @@ class Leader:
             # Until the first round gathers them, the other replicas are where the checkpoint left
             # them: a checkpoint written alone before then must not put their shards back to zero.
             saver.gathered(restored.positions, Counts(), Counts())
-        specs = worker_specs(cfg, env, k, rep.ds.train, rep.compile)
+        specs = worker_specs(cfg, env, k, rep.ds.train, rep.compile, self.faults)
         per_step = batches_per_step(cfg, k)
-        check_schedule(cfg.sched, cfg.optim.lr, -(-(specs[0].replica_quota or specs[0].quota) // per_step))  # the real length
+        # The schedule's real length: what each worker reads it at.
+        check_schedule(cfg.sched, cfg.optim.lr, -(-(specs[0].replica_quota or specs[0].quota) // per_step))
         target = Target(cfg.train.target, rep.task, rep.model, rep.flat)
-        tel = Telemetry(cfg, run_dir, env.rank == 0, rep.model, rep.ds.test, device, rep.task, self.changes.alive,
-                        subject=target.subject, on_scores=target.saw)
-        rounds = Rounds(rep.flat, rule, comm, board, schedule, base.syncs)
+        tel = Telemetry(cfg, run_dir, env.rank == 0, rep, Hooks(self.changes.progress, target.subject, target.saw))
+        rounds = self.faults.rounds(Rounds(rep.flat, rule, comm, board, schedule, base.syncs), env.rank)
         pool = WorkerPool(cfg, specs, rep, board)
         crew = Crew(cfg=cfg, env=env, run_dir=run_dir, workers=k, rep=rep, comm=comm, rule=rule, board=board,
                     schedule=schedule, restored=restored, base=base, saver=saver, specs=specs, tel=tel,
                     rounds=rounds, pool=pool, target=target)
-        group.attach(crew)
         return crew
 
     # ---------------------------------------------------------------- rounds
     def _round(self, crew: Crew, done: bool, stop: bool, final: bool = False) -> tuple[bool, bool]:
         ctl, group = self.ctl, self.group
-        self.changes.before_round()
+        reform = self.changes.before_round()
         # A leader stopped by a signal or a fault may have a dead peer (torchrun SIGTERMs
         # survivors): bound the wait. A job that simply ended is not stopping, and its final round
         # may take as long as any round: a dense 128 MB round needs 11 s at 100 Mbit/s, and a
         # 10 s bound failed such a job at its very end with exit 3.
         bounded = stop and ctl.stopping
         wait_s = min(self.cfg.fault.shutdown_timeout_s, 10.0) if bounded else self.cfg.sync.timeout_s
-        out = crew.rounds.run(done=done, stop=stop, final=final, timeout_s=wait_s,
-                              want_checkpoint=group.writer and time.monotonic() >= ctl.next_ckpt,
-                              reached=self._reached(crew), reform=self.changes.wants_reform())
+        out = crew.rounds.run(flags=RoundFlags(done, stop, group.writer and time.monotonic() >= ctl.next_ckpt,
+                                               self._reached(crew), reform, final), timeout_s=wait_s)
         crew.tel.round(out.stats)
         crew.pool.release()  # workers waiting at the lag limit may go on
         if out.checkpoint and not final:
@@ -152,7 +153,7 @@ class Leader:
     def _gather(self, crew: Crew) -> tuple[torch.Tensor, Counts]:
         """Every replica's data positions and the job-wide totals (collective)."""
         own = self._own(crew)
-        positions = self.group.positions()
+        positions = self.group.positions(crew)
         job = self.changes.job(Counts.from_tensor(crew.comm.all_reduce(own.to_tensor())))
         crew.saver.gathered(positions, job, own)
         return positions, job
@@ -166,15 +167,15 @@ class Leader:
     def _write(self, crew: Crew, positions: torch.Tensor, job: Counts, stopped: bool = False) -> None:
         self.ctl.checkpoint_in(self.cfg.checkpoint.every_s)
         if self.group.writer:
-            failed = crew.saver.write(crew.rep, positions=positions, counters=crew.base.plus(job, crew.rounds.syncs),
-                                      sync_state=crew.rule.state_dict(), config=self._config_dict(),
-                                      loss=crew.board.loss(), stopped=stopped, rank=self.env.rank)
+            counters = crew.base.plus(job, crew.rounds.syncs)
+            record = Record(positions, counters, crew.rule.state_dict(), self._config_dict())
+            failed = crew.saver.write(crew.rep, record, loss=crew.board.loss(), stopped=stopped, rank=self.env.rank)
             if failed is not None:
                 self.ctl.fail(*failed)
 
     def _write_alone(self, crew: Crew) -> None:
         """A checkpoint of this replica alone, without a collective (see Saver.local_view)."""
-        if not self.changes.may_write_alone():
+        if not self.changes.may_write(alone=True):
             self.ctl.checkpoint_in(self.cfg.checkpoint.every_s)
             return
         self._write(crew, *crew.saver.local_view(crew.board, self.env.rank, self.env.world_size, self._own(crew)))
@@ -263,7 +264,7 @@ class Leader:
                     raise StopNow()  # a signal while the workers warmed up: nothing trained yet
                 crew.tel.warm_up(crew.base.steps)
                 crew.saver.set_loss_bar(loss_bar(crew.tel.test_loss, crew.rep.task.classes))
-                self.group.start()
+                self.group.start(crew)
                 if self.group.writer:  # the run_dir lock is held: the record is this run's to write
                     if crew.restored is None:
                         set_aside_earlier_run(crew.run_dir)
@@ -274,7 +275,7 @@ class Leader:
                 crew.tel.start(crew.board, sum(s.quota for s in crew.specs), batches_per_step(self.cfg, crew.workers))
                 self._loop(crew)
             finally:
-                pool.stop(self.cfg.fault.shutdown_timeout_s, self.changes.alive)
+                pool.stop(self.cfg.fault.shutdown_timeout_s, self.changes.progress)
                 crew.tel.close()
             return self.changes.finish(self._finish(crew, time.monotonic() - self.t_train))
         except StopNow:
@@ -291,46 +292,62 @@ class Leader:
                          peer_lost=peer_lost)
 
     def _finish(self, crew: Crew, train_s: float) -> RunResult:
-        ctl, group = self.ctl, self.group
-        # The final round and the collectives after it are one unit: a peer lost in any of them
-        # (elastic mode) re-forms the group and the survivors run the whole unit again, so no
-        # survivor is left in a collective the others have finished.
-        while not ctl.degraded:  # degraded: a peer is gone and no collective can run
+        """The end of a run whose workers have stopped: the final collectives, then (the writer)
+        the verdict, the final checkpoint and metrics.json."""
+        final = self._final_collectives(crew)
+        if final is None:
+            return self._end_degraded(crew)
+        positions, job, sync_stats = final
+        verdict = self._judge(crew, positions, job) if self.group.writer else None
+        crew.tel.round(sync_stats.final)
+        if verdict is None:
+            return self._outcome()
+        return self._report(crew, train_s, job, sync_stats, verdict)
+
+    def _final_collectives(self, crew: Crew) -> Optional[tuple[torch.Tensor, Counts, SyncStats]]:
+        """The final round and the collectives after it (positions, totals, every replica's round
+        figures); None when a peer is gone and no collective can run. They are one unit: a peer
+        lost in any of them (elastic mode) re-forms the group and the survivors run the whole unit
+        again, so no survivor is left in a collective the others have finished."""
+        while not self.ctl.degraded:
             try:
                 if self.env.distributed:
-                    late_to_final(self.env.rank)
                     self._round(crew, True, True, final=True)
-                    exit_after_final(self.env.rank)
                 hand_back_judged(crew)
                 positions, job = self._gather(crew)  # workers are stopped: final totals
-                sync_stats = crew.rounds.close(self.memory.peak_mb)
-                break
+                return positions, job, crew.rounds.close(self.memory.peak_mb)
             except PeerLost as e:
                 self._recover(e)
-        if ctl.degraded:
-            # No collective can run, but the writer's own replica (workers stopped) is still worth
-            # keeping: a peer that froze before the first checkpoint must not cost everything.
-            logger.error("a peer replica is gone: no final sync%s",
-                         "; the writer checkpoints its own replica" if group.writer else "")
-            if group.writer:
-                self._write_alone(crew)
-            return self._outcome(peer_lost=True)
-        dump_final(crew.rep.flat, self.env.rank, crew.rule.state_dict(), crew.rounds.syncs)
+        return None
+
+    def _end_degraded(self, crew: Crew) -> RunResult:
+        """No collective can run, but the writer's own replica (workers stopped) is still worth
+        keeping: a peer that froze before the first checkpoint must not cost everything."""
+        logger.error("a peer replica is gone: no final sync%s",
+                     "; the writer checkpoints its own replica" if self.group.writer else "")
+        if self.group.writer:
+            self._write_alone(crew)
+        return self._outcome(peer_lost=True)
+
+    def _judge(self, crew: Crew, positions: torch.Tensor, job: Counts) -> Verdict:
+        """The writer's final evaluation and verdict, then the final checkpoint: judged first, so
+        a failed run never writes one."""
         tel, board = crew.tel, crew.board
-        if group.writer:  # judged before the final checkpoint: a failed run never writes one
-            tel.evaluate_final(crew.base.steps + board.applied() * self.env.world_size)
-            verdict = judge(crew.rep, tel.scores, crew.saver.loss_bar, board.applied(), board.skipped())
-            if verdict.failure:
-                ctl.fail(f"{verdict.failure}; {crew.saver.kept()}", EXIT_FAILED)
-            if ctl.fault_code != EXIT_FAILED:
-                self._store(crew, positions, job, stopped=True)  # the final round is done: no snapshot
-        tel.round(sync_stats.final)
-        if not group.writer:
-            return self._outcome()
+        tel.evaluate_final(crew.base.steps + board.applied() * self.env.world_size)
+        verdict = judge(crew.rep, tel.scores, crew.saver.loss_bar, board.applied(), board.skipped())
+        if verdict.failure:
+            self.ctl.fail(f"{verdict.failure}; {crew.saver.kept()}", EXIT_FAILED)
+        if self.ctl.fault_code != EXIT_FAILED:
+            self._store(crew, positions, job, stopped=True)  # the final round is done: no snapshot
+        return verdict
+
+    def _report(self, crew: Crew, train_s: float, job: Counts, sync_stats: SyncStats, verdict: Verdict) -> RunResult:
+        """metrics.json, and TensorBoard's hyperparameters, from the writer."""
+        ctl, tel, board = self.ctl, crew.tel, crew.board
         # The writer's own figure also covers the final evaluation and checkpoint, after the gather.
         self.memory.sample()
-        mine = crew.comm.rank if crew.comm.rank < len(sync_stats.peak_memory_mb) else 0
-        sync_stats.peak_memory_mb[mine] = self.memory.peak_mb
+        peaks = list(sync_stats.peak_memory_mb)
+        peaks[crew.comm.rank if crew.comm.rank < len(peaks) else 0] = self.memory.peak_mb
         status = Status.of(ctl.stopper.signal, ctl.fault, ctl.fault_code)
         assert self.t_train is not None
         timing = Timing(wall_s=time.monotonic() - self.t_start, train_s=train_s, startup_s=self.t_train - self.t_start,
@@ -339,7 +356,8 @@ class Leader:
                         eval_s=tel.eval_s, max_time_reached=self.out_of_time or time.monotonic() >= self._deadline())
         metrics = RunSummary(status=status, error=ctl.fault, counters=crew.base.plus(job, crew.rounds.syncs),
                              job=job, task=crew.rep.task, scores=tel.scores, train_loss=board.loss(),
-                             timing=timing, sync=sync_stats, workers=crew.workers, threads=crew.specs[0].threads,
+                             timing=timing, sync=dataclasses.replace(sync_stats, peak_memory_mb=peaks),
+                             workers=crew.workers, threads=crew.specs[0].threads,
                              replicas=self.env.world_size, sync_mode=self.cfg.sync.mode,
                              schedule=crew.schedule, resumed=crew.restored, run_dir=crew.run_dir,
                              update={**update_report(crew), **input_report(crew)}).metrics()
@@ -350,8 +368,13 @@ class Leader:
             # model that still exists in the checkpoints: nothing already written is lost.
             set_aside_earlier_run(crew.run_dir, ("metrics.json",))
         write_report(crew.run_dir / "metrics.json", metrics)
-        tel.metrics.hparams(flatten("", self._config_dict()), {f"test_{k}": v for k, v in tel.scores.items()})
-        tel.metrics.close()
+        try:
+            tel.metrics.hparams(flatten("", self._config_dict()), {f"test_{k}": v for k, v in tel.scores.items()})
+            tel.metrics.close()
+        except OSError as e:  # a full disk: a run that failed already keeps its own line as the error
+            if metrics["exit_code"] == 0:
+                raise
+            logger.warning("%s", e)
         return RunResult(status=Status(metrics["status"]), exit_code=metrics["exit_code"], error=metrics.get("error"),
                          run_dir=crew.run_dir, metrics=strict(metrics))  # as metrics.json holds it
 
@@ -399,21 +422,18 @@ def hand_back_judged(crew: Crew) -> None:
     plateau can read a little below the copy that met the target; every replica then lands on that
     copy instead, sent by the leader that judged it. Collective whenever a target is set, so every
     leader makes the same calls."""
-    tel, cfg, target = crew.tel, crew.cfg, crew.target
+    tel, target = crew.tel, crew.target
     if not target.is_set:
         return
     flat, rank = crew.rep.flat, crew.comm.rank
     miss = torch.zeros(crew.comm.world_size)
     miss[rank] = float(target.judged is not None and target.final_misses(tel.score_final()))
-    crew.comm.all_reduce(miss, cfg.sync.timeout_s, "the check of the final model")
+    crew.comm.all_reduce(miss, crew.cfg.sync.timeout_s, "the check of the final model")
     if not bool(miss.any()):
         return
     src = int(torch.nonzero(miss)[0])
     if rank == src:
-        t = cfg.train.target
-        logger.warning("the final model reads test %s %.4f, below train.target.value=%g that stopped the run: "
-                       "handing back the model that met it", t.metric, tel.scores[str(t.metric)], t.value)
-        target.restore()
+        target.restore(tel.scores)
         tel.rescore()
     crew.comm.broadcast(flat, src)
     crew.rule.settle(flat)

@@ -36,10 +36,10 @@ from hogwild.elastic.link import CoordinatorAway
 from hogwild.elastic.membership import Dropped, Epoch, Membership
 from hogwild.errors import Fault, StopNow, UserError
 from hogwild.files import RunDirLock
-from hogwild.leader.api import Changes, Control, Group
+from hogwild.leader.api import Changes, Control, Crew, Group
 from hogwild.replica.board import Board, Counts
 from hogwild.replica.build import Replica
-from hogwild.replica.faults import leader_faults
+from hogwild.replica.faults import Faults
 from hogwild.replica.models import model_id
 from hogwild.report.summary import RunResult, Status
 from hogwild.replica.meeting import STEPS_KEY
@@ -70,18 +70,20 @@ def job_fingerprint(cfg: Config, params: int, workers: int) -> str:
             f"train.batch_size={cfg.train.batch_size}")
 
 
-class ElasticGroup(Group, Changes):
-    def __init__(self, cfg: Config, ctl: Control, env: Optional[DistEnv] = None) -> None:
+class ElasticGroup(Group):
+    """Membership: registering, forming each epoch's group, healing joiners and members left
+    behind, and who writes. What the leader's rounds need besides is :class:`Rejoins`."""
+
+    def __init__(self, cfg: Config, ctl: Control, env: Optional[DistEnv] = None,
+                 faults: Faults = Faults()) -> None:
         sc = cfg.sync
         assert sc.slot is not None and sc.coordinator is not None
         self.env = dataclasses.replace(env or DistEnv.from_env(), rank=sc.slot, world_size=sc.replicas)
-        self.cfg, self.ctl = cfg, ctl
-        self.changes = self  # members come and go: this group provides the optional part too
+        self.cfg, self.ctl, self.faults = cfg, ctl, faults
         self.connected = False  # the membership and its communicator exist from connect() on
         self.lock: Optional[RunDirLock] = None
         self.lock_refused = False
-        self.is_writer = False  # decided by each epoch (see _became)
-        self.round_t0 = time.monotonic()
+        self.is_writer = False  # decided by each epoch (see elect)
         self.ledger: Optional[Ledger] = None  # the job's counts and positions as this slot keeps them
         self.members: tuple[int, ...] = ()
         self.tally = {"replicas_lost": 0, "replicas_joined": 0}  # as this slot saw them, for TensorBoard
@@ -99,7 +101,7 @@ class ElasticGroup(Group, Changes):
         # while the coordinator is slow to answer stops this replica cleanly.
         self.m = Membership(sc.coordinator, self.env.rank, self.env.world_size, sc.peer_timeout_s,
                             sc.min_replicas, sc.timeout_s, lambda: self.ctl.signalled)
-        self.comm = ElasticComm(self.m, sc.timeout_s, frozenset(leader_faults(self.env.rank).get("lose", ())))
+        self.comm = ElasticComm(self.m, sc.timeout_s, self.faults.lose(self.env.rank))
         self.connected = True
         run_dir = Path(self.m.agree_job(job_fingerprint(cfg, rep.flat.numel(), workers), str(run_dir)))
         # Before this process touches anything in run_dir: a second process started in a live
@@ -123,14 +125,15 @@ class ElasticGroup(Group, Changes):
         self.books.restored(restored.positions)
         return restored
 
-    def start(self) -> None:
+    def start(self, crew: Crew) -> None:
         """Join the running group (or form the first one) before the workers start."""
+        self.crew = crew
         t0 = time.monotonic()
         # Its heartbeat shows how far its restored state is, for the choice of a heal source.
-        self.m.tick(self.crew.rounds.syncs, self.crew.base.steps)
+        self.m.tick(crew.rounds.syncs, crew.base.steps)
         self._enter(self.m.join(), fresh=True)
         self.m.put(f"heal/{self.m.epoch.number}/{self.env.rank}", str(time.monotonic() - t0))
-        self._tb("heal_s", time.monotonic() - t0)
+        crew.scalar("elastic/heal_s", time.monotonic() - t0)
 
     # ------------------------------------------------------------ membership
     def _enter(self, ep: Epoch, fresh: bool = False) -> None:
@@ -139,14 +142,14 @@ class ElasticGroup(Group, Changes):
         if source is not None and (ep.joiners or behind):
             self._heal(ep, source, behind, fresh)
         self.m.settled(ep)  # only now: a joiner whose group or heal failed is healed in the next epoch
-        self._became(ep)
+        self.elect()
         if self.members:
             self.tally["replicas_lost"] += (len(set(self.members) - set(ep.members))
                                             + len(set(ep.joiners) & set(self.members)))
             self.tally["replicas_joined"] += len(ep.joiners)
         self.members = ep.members
         for tag, value in (("epoch", ep.number), ("members", len(ep.members)), *self.tally.items()):
-            self._tb(tag, value)
+            self.crew.scalar(f"elastic/{tag}", value)
         logs.stamp(slot=self.env.rank, epoch=ep.number)
         logger.info("members %s, rank %d of %d%s", list(ep.members), self.comm.rank, self.comm.world_size,
                     " (writer)" if self.writer else "")
@@ -180,7 +183,7 @@ class ElasticGroup(Group, Changes):
         got = self.comm.send_state(state, ep.members.index(source))
         if mine or (self.env.rank not in ep.joiners and self.env.rank not in behind):
             if restart:
-                self._publish()
+                self.publish()
             return
         crew.saver.adopt(str(got["lineage"]))
         with torch.no_grad():
@@ -200,12 +203,12 @@ class ElasticGroup(Group, Changes):
             table = got["positions"]
             crew.board.set_positions(table[self.env.rank].numpy() if table is not None else np.zeros(crew.workers))
             self.books.carry(None)
-            self._publish()  # what an earlier lineage left at the coordinator must not be read again
+            self.publish()  # what an earlier lineage left at the coordinator must not be read again
         else:
-            pos = self.m.link.fetch_as(f"pos/{self.env.rank}", floats(crew.workers)) if fresh else None
+            pos = self.m.fetch_as(f"pos/{self.env.rank}", floats(crew.workers)) if fresh else None
             if pos is not None:  # workers not started: resume this slot's shard
                 crew.board.set_positions(pos)
-            done = self.m.link.fetch_as(f"done/{self.env.rank}", floats(Counts().to_tensor().numel())) if fresh else None
+            done = self.m.fetch_as(f"done/{self.env.rank}", floats(Counts().to_tensor().numel())) if fresh else None
             if done is not None:  # and count on from its earlier processes' totals at their last round
                 self.books.carry(torch.from_numpy(done))
         crew.rounds.rebase()
@@ -216,12 +219,12 @@ class ElasticGroup(Group, Changes):
     def _reset_absent(self, ep: Epoch) -> None:
         """A group of joiners only goes back to the source's restore point. The slots outside it
         left at the coordinator the positions and totals of the lineage that went back: read by
-        :meth:`job` and :meth:`positions`, and by such a slot when it joins later, they counted
-        its steps before the checkpoint twice and skipped its data after it. The restore point's positions replace them, and zero totals: its
-        steps up to the checkpoint are in the counters every member restored. Set before the
-        state is sent, so no later epoch can admit such a slot before they are in place; set,
-        not kept (Membership.put), so a coordinator restart never puts them back over what the
-        slot itself publishes later."""
+        :meth:`Rejoins.job` and :meth:`positions`, and by such a slot when it joins later, they
+        counted its steps before the checkpoint twice and skipped its data after it. The restore
+        point's positions replace them, and zero totals: its steps up to the checkpoint are in the
+        counters every member restored. Set before the state is sent, so no later epoch can admit
+        such a slot before they are in place; set, not kept (Membership.put), so a coordinator
+        restart never puts them back over what the slot itself publishes later."""
         table = self.books.restored_positions
         for s in range(self.env.world_size):
             if s in ep.members:
@@ -229,11 +232,13 @@ class ElasticGroup(Group, Changes):
             pos = table[s].numpy() if table is not None else np.zeros(self.crew.workers)
             try:
                 for key, raw in slot_record(s, pos, Counts()).items():
-                    self.m.link.set(key, raw)
+                    self.m.set(key, raw)
             except CoordinatorAway:  # the stale ones stay: say so, a resume would show it
                 logger.warning("the coordinator went away before slot %d's positions were reset", s)
 
-    def _became(self, ep: Epoch) -> None:
+    def elect(self) -> None:
+        """The current epoch's lowest member writes, while it holds the run_dir lock: a dropped
+        writer may still hold it, and may let it go at any round."""
         writer = self.comm.rank == 0
         if writer and self.lock is None:
             lock = RunDirLock(self.crew.run_dir)
@@ -249,7 +254,7 @@ class ElasticGroup(Group, Changes):
             self.lock = None
         self.is_writer = writer and self.lock is not None
 
-    def _regroup(self) -> None:
+    def regroup(self) -> None:
         """Move to the next epoch, whatever the reason; rejoin if the others dropped us."""
         while True:
             try:
@@ -264,132 +269,31 @@ class ElasticGroup(Group, Changes):
             except PeerLost as e:  # a member died while the group formed: next epoch
                 logger.warning("%s", e)
 
-    # ---------------------------------------------------------------- rounds
-    def progress(self, rounds: int, steps: int) -> None:
-        self.m.tick(rounds, steps)
-
-    def alive(self) -> None:
-        if self.connected and self.m.progress.ticks:
-            self.m.tick()
-
-    def before_round(self) -> None:
-        self.round_t0 = time.monotonic()
-        self._publish()
-
-    def _publish(self) -> None:
+    def publish(self) -> None:
         """This slot's data positions and totals, for a restarted slot to go on from and for the
         job's count while the slot is away."""
-        totals = self.own(self.crew.board.totals(self.crew.pool.restarts))
+        totals = Counts.from_tensor(self.books.own(self.crew.board.totals(self.crew.pool.restarts).to_tensor()))
         for key, raw in slot_record(self.env.rank, self.crew.board.stats["pos"], totals).items():
             self.m.put(key, raw)
-
-    def wants_reform(self) -> bool:
-        self._became(self.m.epoch)  # the writer may take the lock a dropped writer has let go
-        away = self.m.memory.away_for()
-        if away > self.cfg.sync.timeout_s:  # the group could not change any more: stop while it is whole
-            self.ctl.fail(f"sync.coordinator {self.m.endpoint} unreachable for {away:.0f}s (sync.timeout_s); "
-                          "stopping with a final sync and checkpoint")
-        return not self.ctl.stopping and self.m.changed()
-
-    def reform(self) -> None:
-        try:
-            self._regroup()
-        except StopNow:  # stopped while the group re-formed: the lost-group path stops it cleanly
-            raise PeerLost("sync: stopped by a signal while the group re-formed") from None
-
-    def recover(self, e: PeerLost) -> Optional[str]:
-        logger.warning("%s; re-forming the group", e)
-        try:
-            self._regroup()
-        except (Fault, StopNow) as f:  # no quorum in time, or a signal: a minority stops, never writes
-            self.is_writer = False
-            return super().recover(PeerLost(str(f) or "sync: stopped by a signal while waiting for a group"))
-        stall = time.monotonic() - self.round_t0
-        self.m.put(f"stall/{self.m.epoch.number}/{self.env.rank}", str(stall))
-        self._tb("survivor_stall_s", stall)
-        return None
-
-    def _tb(self, tag: str, value: float) -> None:
-        """TensorBoard's ``elastic/*`` as they happen (from slot 0's leader, the TensorBoard writer)."""
-        self.crew.tel.metrics.scalar(f"elastic/{tag}", value, self.crew.step())
-
-    # --------------------------------------------------------------- writing
-    def may_write(self) -> bool:
-        # A writer that was stopped past the timeout wakes up believing it still writes; the
-        # others have moved on. One look at the epoch before each write keeps it out.
-        # While the coordinator is away, the collective that gathered the totals just now is the
-        # proof that this group is whole and current (may_write_alone, which has none, waits).
-        try:
-            newer = self.m.current() != self.m.epoch.number
-        except CoordinatorAway:
-            newer = False
-        if self.writer and newer:
-            logger.warning("a newer group exists; not writing")
-        return not newer
-
-    def may_write_alone(self) -> bool:
-        # A healed writer knows the others only from its first gather: before it, a checkpoint of
-        # its own would hold their positions at zero and the job's steps at its own.
-        return self.m.memory.away_since is None and self.crew.saver.has_view
 
     @property
     def books(self) -> Ledger:
         assert self.ledger is not None, "the ledger exists from connect() on"
         return self.ledger
 
-    def own(self, totals: Counts) -> Counts:
-        return Counts.from_tensor(self.books.own(totals.to_tensor()))
-
-    def job(self, members: Counts) -> Counts:
-        """The members' totals plus, for each slot outside this epoch, its totals as it published
-        them at its last round: the group merged those updates, and a slot lost for good must
-        not take them out of the job's count. (A slot that comes back carries the same totals
-        into its own, so nothing counts twice.)"""
-        total = members.to_tensor()
-        fetch = lambda s: self.m.link.fetch_as(f"done/{s}", floats(total.numel()))  # noqa: E731
-        return Counts.from_tensor(self.books.job(total, self._absent(), fetch))
-
-    def positions(self) -> torch.Tensor:
+    def positions(self, crew: Crew) -> torch.Tensor:
         """Every slot's data positions (collective): the members' as they are now, gathered in the
         group next to the totals, and an absent slot's as it published them at its last round,
-        as its totals are counted (see :meth:`job`). The members' never come from the
+        as its totals are counted (see :meth:`Rejoins.job`). The members' never come from the
         coordinator: while it is away it holds old positions, which beside fresh totals would make
         a resume read their shards again."""
-        mine = torch.from_numpy(self.crew.board.stats["pos"].astype(np.float64))
+        mine = torch.from_numpy(crew.board.stats["pos"].astype(np.float64))
         members = dict(zip(self.m.epoch.members, self.comm.all_gather(mine)))
-        fetch = lambda s: self.m.link.fetch_as(f"pos/{s}", floats(self.crew.workers))  # noqa: E731
-        return self.books.positions(members, self._absent(), fetch)
+        fetch = lambda s: self.m.fetch_as(f"pos/{s}", floats(crew.workers))  # noqa: E731
+        return self.books.positions(members, self.absent(), fetch)
 
-    def _absent(self) -> list[int]:
+    def absent(self) -> list[int]:
         return [s for s in range(self.env.world_size) if s not in self.m.epoch.members]
-
-    # ------------------------------------------------------------------- end
-    def finish(self, result: RunResult) -> RunResult:
-        if self.ctl.degraded:
-            return result
-        self.m.put("finished", str(self.m.epoch.number))  # a replica that wakes later exits
-        if self.comm.rank == 0 and not self.writer:
-            return dataclasses.replace(
-                result, status=Status.FAILED, exit_code=Status.FAILED.exit_code,
-                error=f"no metrics.json and no final checkpoint: the run_dir lock is held by a dropped "
-                      f"writer (its pid is in {self.crew.run_dir}/.hogwild.lock)")
-        return result
-
-    def report(self) -> dict[str, Any]:
-        history = self.m.history()
-        lost = sum(len(set(a.members) - set(b.members)) + len(set(b.joiners) & set(a.members))
-                   for a, b in zip(history, history[1:]))
-        joined = sum(len(ep.joiners) for ep in history[1:])
-        heal = [self._float(f"heal/{ep.number}/{s}") for ep in history[1:] for s in ep.joiners]
-        stall = [self._float(f"stall/{ep.number}/{s}") for ep in history[1:] for s in ep.members
-                 if s not in ep.joiners]
-        return {"elastic": True, "epochs": len(history), "replicas_lost": lost, "replicas_joined": joined,
-                "heal_s": max((h for h in heal if h is not None), default=0.0),
-                "survivor_stall_s": max((s for s in stall if s is not None), default=0.0),
-                "slot_positions": self.books.report()}
-
-    def _float(self, key: str) -> Optional[float]:
-        return self.m.link.fetch_as(key, float)
 
     def close(self, degraded: bool) -> None:
         if not degraded:
@@ -399,6 +303,108 @@ class ElasticGroup(Group, Changes):
         if self.connected:
             self.comm.abandon(midway=degraded)
             self.m.close()
+
+
+class Rejoins(Changes):
+    """What elastic mode adds to the leader's rounds, beside its :class:`ElasticGroup`: a member
+    that re-forms the group around lost and returning replicas, counts the job's steps while
+    slots are away, and writes only while its epoch is current."""
+
+    def __init__(self, group: ElasticGroup) -> None:
+        self.group, self.cfg, self.ctl = group, group.cfg, group.ctl
+        self.round_t0 = time.monotonic()
+
+    def progress(self, rounds: Optional[int] = None, steps: Optional[int] = None) -> None:
+        if rounds is not None:
+            self.group.m.tick(rounds, steps)
+        elif self.group.connected:
+            self.group.m.moving()
+
+    def before_round(self) -> bool:
+        g = self.group
+        self.round_t0 = time.monotonic()
+        g.publish()
+        g.elect()  # the writer may take the lock a dropped writer has let go
+        away = g.m.away_for()
+        if away > self.cfg.sync.timeout_s:  # the group could not change any more: stop while it is whole
+            self.ctl.fail(f"sync.coordinator {g.m.endpoint} unreachable for {away:.0f}s (sync.timeout_s); "
+                          "stopping with a final sync and checkpoint")
+        return not self.ctl.stopping and g.m.changed()
+
+    def reform(self) -> None:
+        try:
+            self.group.regroup()
+        except StopNow:  # stopped while the group re-formed: the lost-group path stops it cleanly
+            raise PeerLost("sync: stopped by a signal while the group re-formed") from None
+
+    def recover(self, e: PeerLost) -> Optional[str]:
+        g = self.group
+        logger.warning("%s; re-forming the group", e)
+        try:
+            g.regroup()
+        except (Fault, StopNow) as f:  # no quorum in time, or a signal: a minority stops, never writes
+            g.is_writer = False
+            return super().recover(PeerLost(str(f) or "sync: stopped by a signal while waiting for a group"))
+        stall = time.monotonic() - self.round_t0
+        g.m.put(f"stall/{g.m.epoch.number}/{g.env.rank}", str(stall))
+        g.crew.scalar("elastic/survivor_stall_s", stall)
+        return None
+
+    def may_write(self, alone: bool = False) -> bool:
+        g = self.group
+        if alone:
+            # A healed writer knows the others only from its first gather: before it, a checkpoint of
+            # its own would hold their positions at zero and the job's steps at its own.
+            return g.m.away_for() == 0.0 and g.crew.saver.has_view
+        # A writer that was stopped past the timeout wakes up believing it still writes; the
+        # others have moved on. One look at the epoch before each write keeps it out.
+        # While the coordinator is away, the collective that gathered the totals just now is the
+        # proof that this group is whole and current (a write alone, which has none, waits).
+        try:
+            newer = g.m.current() != g.m.epoch.number
+        except CoordinatorAway:
+            newer = False
+        if g.writer and newer:
+            logger.warning("a newer group exists; not writing")
+        return not newer
+
+    def own(self, totals: Counts) -> Counts:
+        return Counts.from_tensor(self.group.books.own(totals.to_tensor()))
+
+    def job(self, members: Counts) -> Counts:
+        """The members' totals plus, for each slot outside this epoch, its totals as it published
+        them at its last round: the group merged those updates, and a slot lost for good must
+        not take them out of the job's count. (A slot that comes back carries the same totals
+        into its own, so nothing counts twice.)"""
+        g, total = self.group, members.to_tensor()
+        fetch = lambda s: g.m.fetch_as(f"done/{s}", floats(total.numel()))  # noqa: E731
+        return Counts.from_tensor(g.books.job(total, g.absent(), fetch))
+
+    def finish(self, result: RunResult) -> RunResult:
+        g = self.group
+        if self.ctl.degraded:
+            return result
+        g.m.put("finished", str(g.m.epoch.number))  # a replica that wakes later exits
+        if g.comm.rank == 0 and not g.writer:
+            return dataclasses.replace(
+                result, status=Status.FAILED, exit_code=Status.FAILED.exit_code,
+                error=f"no metrics.json and no final checkpoint: the run_dir lock is held by a dropped "
+                      f"writer (its pid is in {g.crew.run_dir}/.hogwild.lock)")
+        return result
+
+    def report(self) -> dict[str, Any]:
+        g = self.group
+        history = g.m.history()
+        lost = sum(len(set(a.members) - set(b.members)) + len(set(b.joiners) & set(a.members))
+                   for a, b in zip(history, history[1:]))
+        joined = sum(len(ep.joiners) for ep in history[1:])
+        seconds = lambda key: g.m.fetch_as(key, float)  # noqa: E731
+        heal = [seconds(f"heal/{ep.number}/{s}") for ep in history[1:] for s in ep.joiners]
+        stall = [seconds(f"stall/{ep.number}/{s}") for ep in history[1:] for s in ep.members if s not in ep.joiners]
+        return {"elastic": True, "epochs": len(history), "replicas_lost": lost, "replicas_joined": joined,
+                "heal_s": max((h for h in heal if h is not None), default=0.0),
+                "survivor_stall_s": max((s for s in stall if s is not None), default=0.0),
+                "slot_positions": g.books.report()}
 
 
 def slot_record(slot: int, positions: np.ndarray, totals: Counts) -> dict[str, bytes]:

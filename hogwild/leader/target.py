@@ -81,9 +81,13 @@ class Target:
         which near a plateau can read a little lower than the replica that met the target."""
         return self.judged is not None and not reached(self.task, self.cfg, final_scores)
 
-    def restore(self) -> None:
-        """The live buffer (workers stopped) takes the copy that met the target back."""
+    def restore(self, final_scores: dict[str, float]) -> None:
+        """The live buffer (workers stopped) takes the copy that met the target back: the final
+        model (``final_scores``) read below it."""
         assert self.judged is not None and self.flat is not None
+        logger.warning("the final model reads test %s %.4f, below train.target.value=%g that stopped the run: "
+                       "handing back the model that met it", self.cfg.metric, final_scores[str(self.cfg.metric)],
+                       self.cfg.value)
         self.flat.copy_(self.judged)
 
     def held(self, final_scores: dict[str, float]) -> Optional[bool]:

@@ -16,7 +16,7 @@ from hogwild.checkpoint.resume import Restored, resume
 from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
 from hogwild.files import RunDirLock
-from hogwild.leader.api import Group
+from hogwild.leader.api import Crew, Group
 from hogwild.replica.board import Board
 from hogwild.replica.build import Replica
 from hogwild.sync.comm import Comm
@@ -52,8 +52,7 @@ class TorchrunGroup(Group):
         assert self.comm is not None
         return resume(cfg, run_dir, rep, board, rule, self.comm, self.env, previous)
 
-    def start(self) -> None:
-        crew = self.crew
+    def start(self, crew: Crew) -> None:
         crew.comm.all_reduce(torch.zeros(1), crew.cfg.sync.timeout_s, "the start barrier")
 
     def close(self, degraded: bool) -> None:

@@ -1,22 +1,26 @@
-"""Fault injection for tests, e.g. ``HOGWILD_FAULT=nan:0:20,crash:1:50`` (kind:worker:step).
+"""Fault injection for tests: one :class:`Faults` object, parsed once from the environment by
+the process that builds the leader and handed in (to the leader, and to its workers in their
+:class:`~hogwild.replica.worker.WorkerSpec`). With nothing planned every hook gives back what
+it was given, so neither the leader's nor a worker's production path carries test code.
 
-The worker asks for its hook once, at start; with the variable unset it gets its step
-function back untouched, so the training loop carries no test code.
-
-Kinds: ``nan`` poisons the first gradient of that step, ``crash`` raises in that step,
+``HOGWILD_FAULT`` plans a worker's faults (kind:worker:step, e.g. ``nan:0:20,crash:1:50``):
+``nan`` poisons the first gradient of that step, ``crash`` raises in that step,
 ``slow:W:MS`` makes every step of worker W MS milliseconds longer (a slow or loaded machine),
-``start:W:0`` kills worker W's first start during its warm-up, before it is ready, and
-``warm:W:MS`` makes that warm-up MS milliseconds longer (a signal that lands in it).
+``start:W:0`` kills worker W's first start during its warm-up, before it is ready,
+``warm:W:MS`` makes that warm-up MS milliseconds longer (a signal that lands in it), and
+``rewarm:W:MS`` makes only a respawned worker's warm-up MS milliseconds longer (a slow respawn).
 
 ``HOGWILD_LEADER_FAULT`` does the same for a leader (kind:slot:n): ``lose:S:N`` makes slot S's
 N-th sync round fail there after its collective completed everywhere (the others apply the
-round, S does not: each member decides a peer's loss on its own), and ``exit:S:0`` kills slot
-S's leader (exit 137, no cleanup) right after the job's final round, and ``late:S:SECONDS`` makes
+round, S does not: each member decides a peer's loss on its own), ``exit:S:0`` kills slot S's
+leader (exit 137, no cleanup) right after the job's final round, and ``late:S:SECONDS`` makes
 slot S's leader come SECONDS late to the job's final round (a final round whose payload takes that
 long on a slow link, as seen from its peers).
 
 ``HOGWILD_SLOW_WHILE=FILE`` limits ``slow`` to while FILE exists: a test keeps a job slow for
 as long as its faults need live training, then removes the file, and the rest runs at speed.
+``HOGWILD_DUMP_FINAL=DIR``: each replica's final parameters, its sync rule's state and rounds
+applied, written after the final round, to check consensus bit for bit.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping, Optional, TypeVar, cast
 
 import torch
 from torch import Tensor
@@ -37,50 +42,91 @@ LEADER_FAULT_ENV = "HOGWILD_LEADER_FAULT"
 
 # Computes batch ``step``'s gradients into the parameters' ``.grad``: (loss, batch size).
 StepFn = Callable[[int], tuple[Tensor, int]]
+R = TypeVar("R")
 
 
-def planned_faults(global_index: int, spec: str | None = None) -> dict[str, set[int]]:
-    """The steps at which worker ``global_index`` should fail, by kind."""
-    spec = os.environ.get(FAULT_ENV, "") if spec is None else spec
+def planned_faults(index: int, spec: str) -> dict[str, set[int]]:
+    """The steps (or rounds, or seconds) at which worker or slot ``index`` should fail, by kind."""
     faults: dict[str, set[int]] = {}
     for item in filter(None, spec.split(",")):
         kind, who, step = item.split(":")
-        if int(who) == global_index:
+        if int(who) == index:
             faults.setdefault(kind, set()).add(int(step))
     return faults
 
 
-def inject_faults(step_fn: StepFn, params: list[Tensor], global_index: int) -> StepFn:
-    faults = planned_faults(global_index)
-    if not faults:
-        return step_fn
-    nan_at, crash_at = faults.get("nan", set()), faults.get("crash", set())
-    delay_s = sum(faults.get("slow", set())) / 1000.0
-    slow_while = os.environ.get(SLOW_WHILE_ENV)
+@dataclass(frozen=True)
+class Faults:
+    """What a test plans to go wrong in this job (a no-op by default)."""
 
-    def faulty(step: int) -> tuple[Tensor, int]:
-        nonlocal delay_s
-        if delay_s and slow_while and not os.path.exists(slow_while):
-            delay_s = 0.0  # for good: the test is done with its faults
-        if delay_s:
-            time.sleep(delay_s)
-        if step in crash_at:
-            raise RuntimeError(f"injected crash at step {step}")
-        loss, batch = step_fn(step)
-        if step in nan_at:
-            g = params[0].grad
-            assert g is not None
-            params[0].grad = g * float("nan") if g.is_sparse else torch.full_like(g, float("nan"))
-        return loss, batch
-    return faulty
+    workers: str = ""
+    """``HOGWILD_FAULT``."""
+    leaders: str = ""
+    """``HOGWILD_LEADER_FAULT``."""
+    dump_dir: Optional[str] = None
+    """``HOGWILD_DUMP_FINAL``."""
+    slow_while: Optional[str] = None
+    """``HOGWILD_SLOW_WHILE``."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Faults:
+        return cls(environ.get(FAULT_ENV, ""), environ.get(LEADER_FAULT_ENV, ""),
+                   environ.get(DUMP_ENV) or None, environ.get(SLOW_WHILE_ENV) or None)
+
+    def step(self, step_fn: StepFn, params: list[Tensor], global_index: int, leader_pid: int) -> StepFn:
+        """Worker ``global_index``'s step function with its planned faults. Its first call is the
+        warm-up: the ``start`` and ``warm`` faults land there; the others from the next call on."""
+        faults = planned_faults(global_index, self.workers)
+        if not faults:
+            return step_fn
+        nan_at, crash_at = faults.get("nan", set()), faults.get("crash", set())
+        delay_s = sum(faults.get("slow", set())) / 1000.0
+        slow_while, warmed = self.slow_while, [False]
+
+        def faulty(step: int) -> tuple[Tensor, int]:
+            nonlocal delay_s
+            if not warmed[0]:
+                warmed[0] = True
+                _startup(faults, global_index, leader_pid)
+                return step_fn(step)
+            if delay_s and slow_while and not os.path.exists(slow_while):
+                delay_s = 0.0  # for good: the test is done with its faults
+            if delay_s:
+                time.sleep(delay_s)
+            if step in crash_at:
+                raise RuntimeError(f"injected crash at step {step}")
+            loss, batch = step_fn(step)
+            if step in nan_at:
+                g = params[0].grad
+                assert g is not None
+                params[0].grad = g * float("nan") if g.is_sparse else torch.full_like(g, float("nan"))
+            return loss, batch
+        return faulty
+
+    def lose(self, slot: int) -> frozenset[int]:
+        """The sync rounds that fail at ``slot`` after completing everywhere else."""
+        return frozenset(planned_faults(slot, self.leaders).get("lose", ()))
+
+    def rounds(self, rounds: R, rank: int) -> R:
+        """Replica ``rank``'s sync rounds (sync/rounds.py ``Rounds``) with its final-round faults
+        and the dump; the same object when nothing is planned for it."""
+        plan = planned_faults(rank, self.leaders)
+        if not (plan.keys() & {"late", "exit"} or self.dump_dir):
+            return rounds
+        return cast(R, _FaultyRounds(rounds, plan, self.dump_dir, rank))
 
 
-def startup_faults(global_index: int, leader_pid: int) -> None:
+def _startup(faults: dict[str, set[int]], global_index: int, leader_pid: int) -> None:
     """In worker W's warm-up, before it is ready. ``start:W:0``: its first process dies; its
     respawn lives (a marker file named by the leader's pid tells the two apart). ``warm:W:MS``:
-    it touches ``<marker>.warm`` (for a test to wait on), then takes MS ms longer."""
-    faults = planned_faults(global_index)
+    it touches ``<marker>.warm`` (for a test to wait on), then takes MS ms longer. ``rewarm:W:MS``:
+    every start after its first takes MS ms longer."""
     marker = Path(tempfile.gettempdir()) / f"hogwild-fault-{leader_pid}-{global_index}"
+    if "rewarm" in faults:
+        started = marker.with_suffix(".started")
+        if started.exists():
+            time.sleep(sum(faults["rewarm"]) / 1000.0)
+        started.touch()
     if "warm" in faults:
         marker.with_suffix(".warm").touch()
         time.sleep(sum(faults["warm"]) / 1000.0)
@@ -89,25 +135,31 @@ def startup_faults(global_index: int, leader_pid: int) -> None:
         os._exit(70)  # dies like an OOM-killed process: no cleanup, no traceback
 
 
-def leader_faults(rank: int) -> dict[str, set[int]]:
-    """What ``HOGWILD_LEADER_FAULT`` plans for the leader of replica (or slot) ``rank``."""
-    return planned_faults(rank, os.environ.get(LEADER_FAULT_ENV, ""))
+class _FaultyRounds:
+    """Forwards to the replica's rounds; the final round comes ``late`` and the leader ``exit``s
+    right after it; :meth:`close` (after the final round and gather) dumps the final state. Not a
+    subclass: every attribute, and every write a method of the rounds makes, stays theirs."""
 
+    def __init__(self, rounds: Any, plan: dict[str, set[int]], dump_dir: Optional[str], rank: int) -> None:
+        self._rounds, self._plan, self._dump, self._rank = rounds, plan, dump_dir, rank
 
-def late_to_final(rank: int) -> None:
-    for seconds in leader_faults(rank).get("late", ()):
-        time.sleep(seconds)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._rounds, name)
 
+    def run(self, **kwargs: Any) -> Any:
+        final = kwargs["flags"].final  # sync/rounds.py: RoundFlags
+        if final:
+            for seconds in self._plan.get("late", ()):
+                time.sleep(seconds)
+        out = self._rounds.run(**kwargs)
+        if final and "exit" in self._plan:
+            os._exit(137)  # as a SIGKILL would leave it: nothing flushed, no lock released
+        return out
 
-def exit_after_final(rank: int) -> None:
-    if "exit" in leader_faults(rank):
-        os._exit(137)  # as a SIGKILL would leave it: nothing flushed, no lock released
-
-
-def dump_final(flat: Tensor, rank: int, sync_state: dict[str, Tensor], syncs: int) -> None:
-    """``HOGWILD_DUMP_FINAL=DIR``: each replica's final parameters, to check consensus bit for
-    bit, and beside them its sync rule's state and rounds applied, which must agree too."""
-    dump = os.environ.get(DUMP_ENV)
-    if dump:
-        torch.save(flat.cpu().clone(), Path(dump) / f"rank{rank}.pt")
-        torch.save({"sync": sync_state, "syncs": syncs}, Path(dump) / f"rank{rank}.state.pt")
+    def close(self, *args: Any, **kwargs: Any) -> Any:
+        stats = self._rounds.close(*args, **kwargs)
+        if self._dump:
+            r = self._rounds
+            torch.save(r.flat.cpu().clone(), Path(self._dump) / f"rank{self._rank}.pt")
+            torch.save({"sync": r.rule.state_dict(), "syncs": r.syncs}, Path(self._dump) / f"rank{self._rank}.state.pt")
+        return stats

@@ -18,12 +18,14 @@ from hogwild.config.schema import Config
 from hogwild.data.datasets import shard
 from hogwild.data.streams import StreamSplit
 from hogwild.errors import ConfigError, Fault
+from hogwild.replica.blame import USER_EXIT, read_notice
 from hogwild.replica.board import Board
 from hogwild.replica.build import Replica
+from hogwild.replica.faults import Faults
 from hogwild.replica.meeting import STEPS_KEY, Chair
 from hogwild.replica.resources import available_cores
 from hogwild.replica.start import environment, worker_context
-from hogwild.replica.worker import WORKER_NICENESS, WorkerSpec, worker_main
+from hogwild.replica.worker import WORKER_NICENESS, Held, Lines, WorkerSpec, worker_main
 
 logger = logging.getLogger(__name__)
 
@@ -32,9 +34,10 @@ logger = logging.getLogger(__name__)
 UNBOUNDED = 2**52
 
 
-def worker_specs(cfg: Config, env: DistEnv, k: int, train: Any, compile_mode: str = "off") -> list[WorkerSpec]:
-    """This replica's K workers: global shard index, thread budget and batch quota of each, and the
-    torch.compile mode they use."""
+def worker_specs(cfg: Config, env: DistEnv, k: int, train: Any, compile_mode: str = "off",
+                 faults: Faults = Faults()) -> list[WorkerSpec]:
+    """This replica's K workers: global shard index, thread budget and batch quota of each, the
+    torch.compile mode they use, and what a test plans to go wrong in them."""
     num_global = k * env.world_size
     threads = max(1, available_cores() // (k * env.local_world_size))
     stream = isinstance(train, StreamSplit)
@@ -50,8 +53,8 @@ def worker_specs(cfg: Config, env: DistEnv, k: int, train: Any, compile_mode: st
             n_shard = len(shard(len(train), num_global, env.rank * k + i, cfg.train.seed))
             quotas.append(cfg.train.epochs * -(-n_shard // min(cfg.train.batch_size, n_shard)))
     nice = WORKER_NICENESS if env.distributed else 0  # only a replica that meets others has sync bursts
-    return [WorkerSpec(i, env.rank * k + i, num_global, threads, q, sum(quotas), os.getpid(), compile_mode, nice)
-            for i, q in enumerate(quotas)]
+    return [WorkerSpec(i, env.rank * k + i, num_global, threads, q, sum(quotas), os.getpid(), compile_mode, nice,
+                       faults) for i, q in enumerate(quotas)]
 
 
 def check_stream_length(cfg: Config, train: StreamSplit, num_global: int) -> None:
@@ -80,6 +83,8 @@ class WorkerPool:
         self._life_r, self._life_w = self._ctx.Pipe(duplex=False)
         self.procs: list[Any] = [None] * len(specs)
         self.restarts = 0
+        self._said: dict[int, str] = {}
+        """The line of each worker that the user's code ended (replica/blame.py), by worker index."""
         # optim.update=barrier with several workers: the thread that closes their steps, and the pipe
         # on which they tell it they arrived or finished a shard (replica/meeting.py).
         self.chair: Optional[Chair] = None
@@ -100,10 +105,10 @@ class WorkerPool:
             # still never outlive the leader: they leave their loop when it is gone, and stop()
             # ends them on every exit path.
             target=worker_main, name=f"hogwild-worker-{self.specs[i].global_index}", daemon=False,
-            args=(self.cfg, self.specs[i], self.rep.ds, self.rep.flat, self.rep.opt_state, self.board,
-                  self._wake_w, kick_r, environment(), self._life_r),
-            kwargs={"marks": self.rep.marks, "meeting": self.rep.meeting,
-                    "notices": self._notices[1] if self._notices else None, "streams": self.rep.streams})
+            args=(self.cfg, self.specs[i], self.rep.ds,
+                  Held(self.rep.flat, self.rep.opt_state, self.rep.marks, self.rep.meeting, self.rep.streams),
+                  Lines(self.board, self._wake_w, kick_r, self._life_r, self._notices[1] if self._notices else None),
+                  environment()))
         p.start()
         self.procs[i] = p
 
@@ -118,8 +123,14 @@ class WorkerPool:
         live = [p.sentinel for p in self.procs if p is not None and p.exitcode is None]
         for obj in wait([self._wake_r, *live], timeout=max(0.0, timeout)):
             if obj is self._wake_r:
-                while self._wake_r.poll():
-                    self._wake_r.recv_bytes()
+                self._drain()
+
+    def _drain(self) -> None:
+        """Read the wake pipe: a wake-up only says "look again"; a notice is a worker's line."""
+        while self._wake_r.poll():
+            said = read_notice(self._wake_r.recv_bytes())
+            if said is not None:
+                self._said.setdefault(*said)
 
     def wait_ready(self, timeout: float, max_restarts: int, stopping: Callable[[], bool]) -> bool:
         """Block until every worker has built its model and shard; a worker that dies on the
@@ -144,11 +155,19 @@ class WorkerPool:
 
     def check(self, max_restarts: int, stopping: bool = False) -> Optional[str]:
         """Respawn dead workers on their own shard; a message once the bound is passed. None
-        once the leader is ``stopping`` (a signal or a fault): a stop respawns nobody."""
+        once the leader is ``stopping`` (a signal or a fault): a stop respawns nobody. A worker that
+        the user's code ended raises :class:`ConfigError` with its line (exit 2)."""
         stats, stopping = self.board.stats, stopping or bool(self.board.control["stop"])
         for i, p in enumerate(self.procs):
             if p is None or p.exitcode is None or stats[i]["done"] > 0 or stopping:
                 continue
+            if p.exitcode == USER_EXIT:
+                self._drain()  # its notice was written before it exited: it is in the pipe now
+            if p.exitcode == USER_EXIT and i in self._said:
+                # The user's code failed in it (an item, a forward, a loss, a step): a respawn meets the
+                # same batch and fails the same way, so the run stops now with exit 2 and the worker's one
+                # line, and the checkpoints written so far stay as they are.
+                raise ConfigError(self._said[i])
             if self.restarts >= max_restarts:
                 return (f"worker {self.specs[i].global_index} died (exit code {p.exitcode}) and "
                         f"fault.max_worker_restarts={max_restarts} respawns are used up")

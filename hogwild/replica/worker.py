@@ -29,7 +29,7 @@ from hogwild import logs
 from hogwild.errors import escaped, first_line, save_traceback
 from hogwild.replica.board import Board
 from hogwild.replica.compiled import compile_model, warm_up_in_training_mode
-from hogwild.replica.faults import StepFn, inject_faults, startup_faults
+from hogwild.replica.faults import Faults, StepFn
 from hogwild.replica.lr_schedule import LRSchedule
 from hogwild.replica.bound import build_bound
 from hogwild.replica.meeting import Meeting
@@ -47,11 +47,17 @@ logger = logging.getLogger(__name__)
 
 WORKER_NICENESS = 5
 
-# Which user call a worker is in, for the one line when that code leaves with SystemExit or
-# KeyboardInterrupt (one process per worker: a module global is this worker's own).
+# Which user call a worker is in, for the one line when that code fails, leaves with SystemExit or
+# raises KeyboardInterrupt (one process per worker: a module global is this worker's own).
 _phase = ["the step"]
 DATA, FORWARD = "data: reading a training batch", "model, loss, step: the forward pass and loss"
 OPTIM, SCHED = "optim: the optimizer's step", "sched: the learning-rate schedule"
+# Whose an exception is (replica/blame.py). Reading and collating a batch and a built-in schedule's
+# formula are thin glue around the user's data and sched.* values: what fails there is the user's.
+# A phase stays set after its call returns, and hogwild's own code runs on in it (the gradient
+# checks after the forward, the bookkeeping after the optimizer's step): there only what is raised
+# outside hogwild's files is the user's.
+_USER_ANYWHERE, _USER_OUTSIDE = (DATA, SCHED), (FORWARD, OPTIM)
 
 
 @dataclass(frozen=True)
@@ -72,40 +78,94 @@ class WorkerSpec:
     """The torch.compile mode of this worker's model (train.compile, resolved by the leader)."""
     niceness: int = WORKER_NICENESS
     """How much lower than the leader's this worker's priority is: 0 for a replica that meets no other."""
+    faults: Faults = Faults()
+    """What a test plans to go wrong in this worker (replica/faults.py): nothing, by default."""
 
 
-def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor,
-                opt_state: Optional[dict[str, Tensor]], board: Board, wake: Connection,
-                kick: Connection, environ: Optional[dict[str, str]] = None,
-                life: Optional[Connection] = None, marks: Optional[RowMarks] = None,
-                meeting: Optional[Meeting] = None, notices: Optional[Connection] = None,
-                streams: Optional[StreamRecords] = None) -> None:
+@dataclass(frozen=True)
+class Held:
+    """What a worker shares with its replica besides the data: the model's flat buffer and the
+    pieces the update path and the data need (each None where the run has none)."""
+
+    flat: Tensor
+    opt_state: Optional[dict[str, Tensor]] = None
+    """The replica's one optimizer state (optim.state=shared, or the barrier's); None: the worker's own."""
+    marks: Optional[RowMarks] = None
+    """Row-sparse rounds: the rows this replica's workers touched."""
+    meeting: Optional[Meeting] = None
+    """The barrier's meeting (optim.update=barrier)."""
+    streams: Optional[StreamRecords] = None
+    """A training stream's shared positions."""
+
+
+@dataclass(frozen=True)
+class Lines:
+    """How a worker and its leader reach each other: the board, and the pipes (None: not there)."""
+
+    board: Board
+    wake: Optional[Connection] = None
+    """The worker wakes its leader (ready, a sync point passed, done, its one line before it dies)."""
+    kick: Optional[Connection] = None
+    """The leader wakes workers waiting at the lag bound or at the barrier."""
+    life: Optional[Connection] = None
+    """Its end closes when the leader dies: a worker never outlives it."""
+    notices: Optional[Connection] = None
+    """The barrier's notices to the chair."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How the loop turns gradients into updates, beyond the updater: the rate's schedule, the
+    clipping norm, the time budget the schedule may be cut to, and batches per update."""
+
+    sched: Optional[LRSchedule] = None
+    clip: Optional[float] = None
+    time_budget_s: Optional[float] = None
+    accumulate: int = 1
+
+
+def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, held: Held, lines: Lines,
+                environ: Optional[dict[str, str]] = None) -> None:
     """A spawned worker. An exception ends it with one line and its traceback in a file of the
     run directory (the leader then respawns it or stops the run); without this, each death
     printed a full traceback, four or five times over for a bug that every respawn hits."""
     if environ is not None:
         adopt_environment(environ)
+    board, wake = lines.board, lines.wake
     try:
-        _work(cfg, spec, ds, flat, opt_state, board, wake, kick, life, marks, meeting, notices, streams)
+        _work(cfg, spec, ds, held, lines)
     except (SystemExit, KeyboardInterrupt) as e:
+        from hogwild.replica.blame import USER_EXIT, context, tell_leader
+
         # The user's code (a dataset item, a forward, a loss) left: workers ignore SIGINT and
         # SIGTERM and never call sys.exit, so this ends a worker that did not finish, never as 0.
-        sys.stderr.write(f"hogwild: worker {spec.global_index}: {escaped(e, _phase[0])}\n")
-        sys.stderr.flush()
-        os._exit(1)
+        # Its line goes to the leader, which stops the run with exit 2: a respawn would meet it again.
+        where = context(e, spec.global_index, int(board.row(spec.local_index)["pos"]))
+        tell_leader(wake, spec.local_index, f"{escaped(e, _phase[0])}{where}")
+        os._exit(USER_EXIT)
     except Exception as e:  # noqa: BLE001 - the worker's one exit for what nobody expected
+        from hogwild.replica.blame import USER_EXIT, context, tell_leader, user_failure
+
         run_dir = board.path.parent.parent if board.path is not None else None
         path = save_traceback(e, run_dir)
-        sys.stderr.write(f"hogwild: worker {spec.global_index}: {type(e).__name__}: {first_line(e)} "
-                         f"(traceback in {path})\n")
-        sys.stderr.flush()
+        line = user_failure(e, _phase[0], _USER_ANYWHERE, _USER_OUTSIDE)
+        if line is not None:
+            # The user's code failed (an item that raises, a forward that breaks at step 30): the same
+            # batch fails the same way in every respawn, so the leader stops the run now, with exit 2
+            # and this one line, instead of respawning fault.max_worker_restarts times first.
+            where = context(e, spec.global_index, int(board.row(spec.local_index)["pos"]))
+            tell_leader(wake, spec.local_index, f"{line}{where}; the traceback is in {path}")
+            os._exit(USER_EXIT)
+        try:
+            sys.stderr.write(f"hogwild: worker {spec.global_index}: {type(e).__name__}: {first_line(e)} "
+                             f"(traceback in {path})\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):  # a stderr on a full disk: the leader still sees the death
+            pass
         os._exit(1)  # a worker never runs the interpreter's teardown with shared tensors half-written
 
 
-def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor, opt_state: Optional[dict[str, Tensor]],
-          board: Board, wake: Connection, kick: Connection, life: Optional[Connection],
-          marks: Optional[RowMarks] = None, meeting: Optional[Meeting] = None,
-          notices: Optional[Connection] = None, streams: Optional[StreamRecords] = None) -> None:
+def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, held: Held, lines: Lines) -> None:
     # Oversubscribed intra-op threads make Hogwild slower than one process (design rule 4
     # in docs/design.md).
     torch.set_num_threads(spec.threads)
@@ -124,15 +184,16 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor, opt_state: O
     logs.setup(worker=spec.global_index)
     torch.manual_seed(cfg.train.seed + spec.global_index)
 
+    flat, board = held.flat, lines.board
     model = build_bound(cfg.model, ds, cfg.train.seed, flat)  # no private copy of the values first
     compile_model(model, spec.compile)  # in place: the parameters stay the shared views
     params = list(model.parameters())
-    alive = leader_watch(life)
-    updater = make_updater(cfg, spec, flat, params, param_slots(model), opt_state, meeting, notices, kick,
+    alive = leader_watch(lines.life)
+    updater = make_updater(cfg, spec, held, params, param_slots(model), lines,
                            lambda: bool(board.control["stop"]) or not alive(), row_tables(model))
     sampler: Union[ShardSampler, StreamReader]
     if isinstance(ds.train, StreamSplit):  # its own part of the stream, from its position (data/streams.py)
-        sampler = StreamReader(ds.train, spec.global_index, spec.num_global, cfg.train.batch_size, streams,
+        sampler = StreamReader(ds.train, spec.global_index, spec.num_global, cfg.train.batch_size, held.streams,
                                spec.local_index)
     else:
         sampler = ShardSampler(shard(len(ds.train), spec.num_global, spec.global_index, cfg.train.seed),
@@ -140,25 +201,25 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, flat: Tensor, opt_state: O
     step = make_step(cfg.step, cfg.loss, make_loss(cfg.loss, task_kind(cfg, ds)), model)
     step_fn = make_step_fn(model, params, ds, sampler, flat.device, step, cfg.data.loader_workers,
                            bf16=cfg.train.precision == "bf16")
+    step_fn = spec.faults.step(step_fn, params, spec.global_index, spec.leader_pid)
     sched = LRSchedule(cfg.sched, cfg.optim.lr, -(-(spec.replica_quota or spec.quota) // updater.batches_per_step))
     # One throw-away forward/backward: the allocator's and autograd's first-call costs land
     # in startup (reported as such), not in the first training steps.
-    startup_faults(spec.global_index, spec.leader_pid)
     # eval: a training-mode forward would move BatchNorm's shared running statistics; a compiled
     # model without them warms up its training graph instead (replica/compiled.py).
     model.train(warm_up_in_training_mode(model, spec.compile))
     step_fn(int(board.row(spec.local_index)["pos"]))
     model.train()
-    run_loop(inject_faults(step_fn, params, spec.global_index), updater, params, spec, board, wake, kick,
-             sched, cfg.optim.clip_grad_norm, alive, cfg.train.max_time, marks, cfg.train.accumulate)
+    run_loop(step_fn, updater, params, spec, lines,
+             Recipe(sched, cfg.optim.clip_grad_norm, cfg.train.max_time, cfg.train.accumulate), alive, held.marks)
 
 
-def make_updater(cfg: Config, spec: WorkerSpec, flat: Tensor, params: list[Tensor], slots: list[Slot],
-                 opt_state: Optional[dict[str, Tensor]], meeting: Optional[Meeting], notices: Optional[Connection],
-                 kick: Optional[Connection], stopping: Callable[[], bool], tables: Sequence[Slot] = ()) -> Updater:
+def make_updater(cfg: Config, spec: WorkerSpec, held: Held, params: list[Tensor], slots: list[Slot], lines: Lines,
+                 stopping: Callable[[], bool], tables: Sequence[Slot] = ()) -> Updater:
     """How this worker's gradients reach the model (replica/update.py): under the barrier, its
     meeting with the others, and the direct writes of a sparse table's rows; else its own optimizer
     (``tables``: the model's embedding tables, whose state is row-wise under ``optim.rowwise``)."""
+    flat, opt_state, meeting = held.flat, held.opt_state, held.meeting
     if opt_state is None:
         opt_state = FlatOptimizer.new_state(cfg.optim, state_numel(cfg.optim, flat.numel(), tables),
                                             lambda n: torch.zeros(n, device=flat.device))
@@ -174,8 +235,8 @@ def make_updater(cfg: Config, spec: WorkerSpec, flat: Tensor, params: list[Tenso
             bind_views(direct.opt, [params[i] for i in tables], [probe[i] for i in tables], [views[i] for i in tables])
         else:  # every worker writes rows of the one state: racing, as optim.state=shared under hogwild
             direct = FlatOptimizer(cfg.optim, flat, slots, opt_state, racing=True)
-    return BarrierUpdate(cfg.optim, meeting, spec.local_index, flat, params, slots, opt_state, direct, notices, kick,
-                         stopping, cfg.train.accumulate)
+    return BarrierUpdate(cfg.optim, meeting, spec.local_index, flat, params, slots, opt_state, direct, lines.notices,
+                         lines.kick, stopping, cfg.train.accumulate)
 
 
 def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, sampler: Union[ShardSampler, StreamReader],
@@ -238,11 +299,13 @@ def schedule_length(pos: int, ctrl: np.void, total: int, time_budget_s: Optional
     return max(1, min(total, int(pos / min(spent, 1.0))))
 
 
-def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: WorkerSpec,
-             board: Board, wake: Optional[Connection], kick: Optional[Connection] = None,
-             sched: Optional[LRSchedule] = None, clip: Optional[float] = None,
-             leader_alive: Optional[Callable[[], bool]] = None, time_budget_s: Optional[float] = None,
-             marks: Optional[RowMarks] = None, accumulate: int = 1) -> None:
+def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: WorkerSpec, lines: Lines,
+             recipe: Recipe = Recipe(), leader_alive: Optional[Callable[[], bool]] = None,
+             marks: Optional[RowMarks] = None) -> None:
+    """The worker's steps until its quota is done or the run stops: each reads a batch, computes
+    its gradient and applies it through ``updater``, and the board counts it."""
+    board, wake, kick = lines.board, lines.wake, lines.kick
+    sched, clip, time_budget_s, accumulate = recipe.sched, recipe.clip, recipe.time_budget_s, recipe.accumulate
     stats, ctrl = board.stats, board.control
     row = stats[spec.local_index]
     leader_alive = leader_alive or leader_watch(None)

@@ -15,12 +15,11 @@ from hogwild.leader.core import Leader
 from hogwild.sync.rounds import RoundOutcome
 
 
-class _Group(Group, Changes):
-    """A group whose members change, which records what the leader asked of it."""
+class _Group(Group):
+    """A fixed group: the leader asks nothing of it after a round."""
 
     def __init__(self) -> None:
-        self.env, self.did = DistEnv(), []  # type: DistEnv, list[str]
-        self.changes = self
+        self.env = DistEnv()
 
     @property
     def writer(self) -> bool:
@@ -32,29 +31,36 @@ class _Group(Group, Changes):
     def restore(self, *a: Any) -> Optional[Any]:
         raise AssertionError("not here")
 
-    def start(self) -> None:
+    def start(self, crew: Any) -> None:
         pass
-
-    def reform(self) -> None:
-        self.did.append("reform")
 
     def close(self, degraded: bool) -> None:
         pass
+
+
+class _Changes(Changes):
+    """Members that change, which records what the leader asked of them."""
+
+    def __init__(self) -> None:
+        self.did: list[str] = []
+
+    def reform(self) -> None:
+        self.did.append("reform")
 
 
 def _after_round(final: bool = False, **flags: bool) -> list[str]:
     """Leader._round on a leader whose round's agreed flags are ``flags`` (a re-formation
     asked for by someone); what the leader did next."""
     agreed = {"all_done": False, "any_stop": False, "checkpoint": False, "reached": False, "reform": True, **flags}
-    group = _Group()
-    leader = Leader(Config(), str(Path("unused")), group)
+    changes = _Changes()
+    leader = Leader(Config(), str(Path("unused")), _Group(), changes=changes)
     leader.ctl.next_ckpt = float("inf")
     crew = SimpleNamespace(
         rounds=SimpleNamespace(run=lambda **kw: RoundOutcome(healthy=True, drift=0.0, last_drifts=[], **agreed)),
         pool=SimpleNamespace(release=lambda: None),
         tel=SimpleNamespace(round=lambda stats: None), target=SimpleNamespace(met=False))
     leader._round(crew, done=final, stop=final, final=final)  # type: ignore[arg-type]
-    return group.did
+    return changes.did
 
 
 @pytest.mark.parametrize("ending", [dict(all_done=True), dict(any_stop=True), dict(reached=True), dict(final=True)])
@@ -84,3 +90,23 @@ def test_an_elastic_jobs_identity_covers_what_replicas_must_share(override: str)
     mine = job_fingerprint(compose_cfg(base), 9610, 2)
     assert job_fingerprint(compose_cfg([*base, override]), 9610, 2) != mine
     assert job_fingerprint(compose_cfg([*base, "train.log_every_s=5"]), 9610, 2) == mine
+
+
+def test_no_test_hook_sits_on_the_production_path() -> None:
+    """Faults are planned in one object, read from the environment once (leader/choose.py) and
+    handed in: the leader and the worker loop import nothing else of replica/faults.py, and no other
+    module reads a HOGWILD_* fault variable."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2] / "hogwild"
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "hogwild.replica.faults":
+                names = {a.name for a in node.names}
+                assert names <= {"Faults", "StepFn"}, f"{path}: imports {names - {'Faults', 'StepFn'}} from faults"
+        if path.name != "faults.py":
+            for var in ("HOGWILD_FAULT", "HOGWILD_LEADER_FAULT", "HOGWILD_DUMP_FINAL", "HOGWILD_SLOW_WHILE"):
+                assert f'"{var}"' not in path.read_text(), f"{path} reads {var} itself"
+    choose = (root / "leader" / "choose.py").read_text()
+    assert choose.count("Faults.from_env()") == 1

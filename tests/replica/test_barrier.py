@@ -62,7 +62,8 @@ def test_a_poisoned_gradient_never_reaches_the_shared_state(tmp_cwd: Path, monke
 def test_a_frozen_parameter_is_never_stepped(tmp_cwd: Path, update: str) -> None:
     out = tmp_cwd / "run"
     m = run(compose_cfg(["model._target_=tests.user_models.PartlyFrozen", "optim=adamw", "optim.weight_decay=0.1",
-                         f"optim.update={update}", "workers=2", "train.max_steps=40", *QUIET, f"run_dir={out}"]), str(out))
+                         f"optim.update={update}", "workers=2", "train.max_steps=40", *QUIET, f"run_dir={out}"]),
+              str(out))
     assert m["update"] == update
     sd = checkpoint.load(out / "checkpoints" / "last.pt")["state_dict"]
     assert bool((sd["features.weight"] == 0.01).all())  # no gradient and no weight decay reached it
@@ -94,12 +95,13 @@ def test_a_slow_worker_holds_no_step_past_the_bound(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_dead_worker_holds_no_step_while_it_is_respawned(tmp_path: Path) -> None:
-    """A worker killed with SIGKILL mid-run is respawned, which takes over 10 s here (its warm-up is
-    slowed): its peer's steps go on without it meanwhile, and the run ends with every step."""
+    """A worker killed with SIGKILL mid-run is respawned, which takes over 10 s here (a respawn's
+    warm-up is slowed, the first start's is not): its peer's steps go on without it meanwhile, and
+    the run ends with every step."""
     from tests.leader.test_faults import _start, _wait_training
 
     out = tmp_path / "run"
-    env = clean_env(HOGWILD_FAULT="slow:0:30,slow:1:30,warm:0:10000,warm:1:10000")
+    env = clean_env(HOGWILD_FAULT="slow:0:30,slow:1:30,rewarm:0:10000,rewarm:1:10000")
     proc = _start(tmp_path, "optim=adamw", "workers=2", "train.max_steps=400", *QUIET, f"run_dir={out}", env=env)
     victim = _wait_training(proc, 2)[1]
     wait_training(out, proc)

@@ -12,11 +12,11 @@ from torch import nn
 from hogwild.config.schema import OptimConfig
 from hogwild.data.datasets import Dataset, ShardSampler, Split
 from hogwild.replica.board import Board
-from hogwild.replica.faults import FAULT_ENV, inject_faults, planned_faults
+from hogwild.replica.faults import FAULT_ENV, Faults, planned_faults
 from hogwild.replica.optim import FlatOptimizer
 from hogwild.replica.shared import layout, share_model
 from hogwild.replica.update import HogwildUpdate
-from hogwild.replica.worker import WorkerSpec, make_step_fn, run_loop
+from hogwild.replica.worker import Lines, Recipe, WorkerSpec, make_step_fn, run_loop
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,12 +35,8 @@ def tiny_worker(quota: int, fault: str = "", rows: int = 1, bf16: bool = False, 
     opt = HogwildUpdate(FlatOptimizer(OptimConfig(lr=0.5), flat, layout(model), {}), params)
     step_fn = make_step_fn(model, params, ds, ShardSampler(torch.arange(256), 16, 0), torch.device("cpu"), bf16=bf16)
     if fault:
-        import os
-        os.environ[FAULT_ENV] = fault
-        try:
-            step_fn = inject_faults(step_fn, params, 0)
-        finally:
-            del os.environ[FAULT_ENV]
+        step_fn = Faults(workers=fault).step(step_fn, params, 0, 0)
+        step_fn(0)  # the warm-up, as a worker makes it: its faults start with the next call
     board = Board(rows)
     board.control["go"] = 1.0
     board.control["next_sync_at"] = math.inf
@@ -56,7 +52,7 @@ def _accuracy(model: nn.Module, ds: Dataset) -> float:
 def test_run_loop_trains_the_shared_model_and_counts_its_work() -> None:
     step_fn, opt, params, spec, board, flat, ds, model = tiny_worker(quota=60)
     before = flat.clone()
-    run_loop(step_fn, opt, params, spec, board, wake=None)
+    run_loop(step_fn, opt, params, spec, Lines(board))
     row = board.row(0)
     assert (row["pos"], row["applied"], row["samples"], row["skipped"]) == (60, 60, 60 * 16, 0)
     assert row["done"] == 1 and row["ready"] == 1 and 0 < row["loss"] < 0.5
@@ -66,7 +62,7 @@ def test_run_loop_trains_the_shared_model_and_counts_its_work() -> None:
 
 def test_poisoned_update_is_skipped_and_never_reaches_the_model() -> None:
     step_fn, opt, params, spec, board, flat, _, _ = tiny_worker(quota=20, fault="nan:0:3,nan:0:7,nan:1:5")
-    run_loop(step_fn, opt, params, spec, board, wake=None)
+    run_loop(step_fn, opt, params, spec, Lines(board))
     row = board.row(0)
     assert (row["applied"], row["skipped"], row["pos"]) == (18, 2, 20)
     assert torch.isfinite(flat).all()
@@ -75,19 +71,19 @@ def test_poisoned_update_is_skipped_and_never_reaches_the_model() -> None:
 def test_injected_crash_raises_at_its_step_and_the_position_says_where() -> None:
     step_fn, opt, params, spec, board, _, _, _ = tiny_worker(quota=20, fault="crash:0:4")
     with pytest.raises(RuntimeError, match="injected crash at step 4"):
-        run_loop(step_fn, opt, params, spec, board, wake=None)
+        run_loop(step_fn, opt, params, spec, Lines(board))
     assert board.row(0)["pos"] == 4  # a respawned worker resumes at step 4
 
 
 def test_stop_flag_ends_the_loop_and_a_respawn_resumes_at_its_position() -> None:
     step_fn, opt, params, spec, board, _, _, _ = tiny_worker(quota=50)
     board.control["stop"] = 1.0
-    run_loop(step_fn, opt, params, spec, board, wake=None)
+    run_loop(step_fn, opt, params, spec, Lines(board))
     assert board.row(0)["pos"] == 0 and board.row(0)["done"] == 1
     board.control["stop"] = 0.0
     board.row(0)["pos"] = 30
     board.row(0)["done"] = 0
-    run_loop(step_fn, opt, params, spec, board, wake=None)
+    run_loop(step_fn, opt, params, spec, Lines(board))
     assert board.row(0)["pos"] == 50 and board.row(0)["applied"] == 20
 
 
@@ -103,7 +99,7 @@ def test_workers_wake_the_leader_once_per_point_crossed(sync_at: float, report_a
     board.control["next_sync_at"] = sync_at
     board.control["next_report_at"] = report_at
     r, w = Pipe(duplex=False)
-    run_loop(step_fn, opt, params, spec, board, wake=w)
+    run_loop(step_fn, opt, params, spec, Lines(board, wake=w))
     msgs = []
     while r.poll():
         msgs.append(r.recv_bytes())
@@ -114,7 +110,11 @@ def test_fault_plan_parses_only_this_workers_faults() -> None:
     assert planned_faults(1, "nan:0:3,crash:1:5,nan:1:9") == {"crash": {5}, "nan": {9}}
     assert planned_faults(2, "nan:0:3") == {}
     fn = lambda step: (torch.tensor(0.0), 1)  # noqa: E731
-    assert inject_faults(fn, [], 0) is fn  # unset: the loop runs the plain step function
+    assert Faults().step(fn, [], 0, 0) is fn  # nothing planned: the loop runs the plain step function
+    assert Faults(workers="nan:1:3").step(fn, [], 0, 0) is fn
+    rounds = object()
+    assert Faults().rounds(rounds, 0) is rounds and Faults(leaders="late:1:4").rounds(rounds, 0) is rounds
+    assert Faults.from_env({FAULT_ENV: "crash:0:5"}) == Faults(workers="crash:0:5")
 
 
 def test_workers_wait_at_the_lag_limit_until_the_round_completes() -> None:
@@ -124,7 +124,7 @@ def test_workers_wait_at_the_lag_limit_until_the_round_completes() -> None:
     step_fn, opt, params, spec, board, _, _, _ = tiny_worker(quota=30)
     board.control["lag_limit"] = 10  # a round is pending; max_lag allows 10 steps
     kick_r, kick_w = Pipe(duplex=False)
-    worker = threading.Thread(target=run_loop, args=(step_fn, opt, params, spec, board, None, kick_r))
+    worker = threading.Thread(target=run_loop, args=(step_fn, opt, params, spec, Lines(board, kick=kick_r)))
     worker.start()
     deadline = time.monotonic() + 20
     while board.row(0)["pos"] < 10 and time.monotonic() < deadline:
@@ -138,11 +138,11 @@ def test_workers_wait_at_the_lag_limit_until_the_round_completes() -> None:
     assert board.row(0)["lag_wait_s"] >= 0.3
 
 
-def test_slow_fault_delays_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_slow_fault_delays_every_step_after_the_warm_up() -> None:
     import time
 
-    monkeypatch.setenv(FAULT_ENV, "slow:0:30")
-    fn = inject_faults(lambda step: (torch.tensor(0.0), 1), [], 0)
+    fn = Faults(workers="slow:0:30").step(lambda step: (torch.tensor(0.0), 1), [], 0, 0)
+    fn(0)  # the warm-up
     t0 = time.perf_counter()
     fn(0)
     fn(1)
@@ -215,6 +215,6 @@ def test_accumulated_batches_make_one_update_on_their_mean_gradient() -> None:
             w -= 0.5 * (grads[0] + grads[1]) / 2
     expected = w.detach()
     updater = HogwildUpdate(opt.opt, params, accumulate=2)
-    run_loop(step_fn, updater, params, spec, board, wake=None, accumulate=2)
+    run_loop(step_fn, updater, params, spec, Lines(board), Recipe(accumulate=2))
     assert (board.row(0)["pos"], board.row(0)["applied"]) == (6, 3)
     torch.testing.assert_close(flat, expected, rtol=1e-5, atol=1e-6)

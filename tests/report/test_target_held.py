@@ -16,7 +16,8 @@ from hogwild.config.schema import SyncConfig
 from hogwild.config.train import TargetConfig
 from hogwild.leader.core import hand_back_judged
 from hogwild.leader.target import Target
-from hogwild.report.telemetry import Telemetry
+from hogwild.replica.tasks import LOSS, SHARE
+from hogwild.report.telemetry import Hooks, Telemetry
 from hogwild.sync.comm import Comm
 from hogwild.sync.rules import make_rule
 from tests.conftest import compose_cfg
@@ -24,7 +25,7 @@ from tests.fake_comm import run_ranks
 
 
 def _target(reached_at: float | None) -> Target:
-    task = SimpleNamespace(metrics={"accuracy": True, "loss": False})
+    task = SimpleNamespace(metrics={"accuracy": SHARE, "loss": LOSS})
     target = Target(TargetConfig("accuracy", 0.96), task, torch.nn.Linear(1, 1))  # type: ignore[arg-type]
     target.reached_s = reached_at
     return target
@@ -50,8 +51,7 @@ def _replica(tmp_path: Path, target: list[str]) -> tuple[Telemetry, Target, Tens
     cfg = compose_cfg(["workers=1", f"run_dir={tmp_path}", *target])
     rep = build_replica(cfg, torch.device("cpu"))
     judge = Target(cfg.train.target, rep.task, rep.model, rep.flat)
-    tel = Telemetry(cfg, tmp_path, False, rep.model, rep.ds.test, torch.device("cpu"), rep.task,
-                    subject=judge.subject, on_scores=judge.saw)
+    tel = Telemetry(cfg, tmp_path, False, rep, Hooks(subject=judge.subject, on_scores=judge.saw))
     return tel, judge, rep.flat
 
 
@@ -71,7 +71,7 @@ def test_with_a_target_evaluations_read_a_still_copy_and_the_one_that_met_it_is_
     assert torch.equal(target.judged, before), "the copy that met the target is the one evaluated, not the live model"
     flat.fill_(float("nan"))  # the final model misses the target
     assert target.final_misses(tel.score_final())
-    target.restore()
+    target.restore(tel.scores)
     tel.rescore()
     assert torch.equal(flat, before)
     tel.evaluate_final(1)  # the model changed since it was checked: scored again
@@ -96,7 +96,7 @@ def _hand_back(world: int, judged_misses: bool) -> list[tuple[Tensor, Tensor]]:
         judged = torch.full((6,), 2.0) if comm.rank == 0 else None
         tel = SimpleNamespace(scores={"accuracy": 0.95}, score_final=lambda: {"accuracy": 0.95}, rescore=lambda: None)
         target = SimpleNamespace(is_set=True, judged=judged, final_misses=lambda scores: judged_misses,
-                                 restore=lambda: flat.copy_(judged))
+                                 restore=lambda scores: flat.copy_(judged))
         cfg = SimpleNamespace(sync=SimpleNamespace(timeout_s=10.0), train=SimpleNamespace(
             target=TargetConfig("accuracy", 0.96)))
         crew = SimpleNamespace(tel=tel, cfg=cfg, rep=SimpleNamespace(flat=flat), comm=comm, rule=rule, target=target)
