@@ -248,8 +248,8 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
             close(t)
     if acc and until_time is None:  # the last gradients of a fixed count still land
         step(list(acc), opts[0], t)
-    return {"test_loss": _test_loss(model, x_test, y_test), "steps": n["version"], "computed": n["computed"], "applied": n["applied"],
-            "dropped": n["dropped"], "virtual_time": t}
+    return {"test_loss": _test_loss(model, x_test, y_test), "steps": n["version"], "computed": n["computed"],
+            "applied": n["applied"], "dropped": n["dropped"], "virtual_time": t}
 
 
 def replicas_run(mode: str, replicas: int, interval: int, gradients: int, lr: float, seed: int,
@@ -261,20 +261,18 @@ def replicas_run(mode: str, replicas: int, interval: int, gradients: int, lr: fl
     also averages the replicas' AdamW moments; ``dense_steps``: the first steps average the replicas
     after every step, as post-local SGD (Lin et al. 2020) runs synchronously before it goes local,
     and the rule starts from their mean (designs tried, not options of hogwild's)."""
-    import dataclasses
-
     from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-    from hogwild.bench import LocalComm, OuterRule, SyncConfig, make_rule, sync_round
+    from hogwild.bench import sync_round, sync_rule
 
     x_all, y_all, x_test, y_test = _data()
     models = [_gpt(seed) for _ in range(replicas)]  # one seed: the same initial weights
     opts = [_adamw(m, lr) for m in models]
-    rule = make_rule(SyncConfig(mode=mode, outer_lr=outer_lr, outer_momentum=outer_momentum), LocalComm())
-    if isinstance(rule, OuterRule) and outer_momentum is None:  # the default for R replicas, as a job gets it
-        rule.cfg = dataclasses.replace(rule.cfg, outer_momentum=rule.default_momentum(replicas))
-    synced = parameters_to_vector(models[0].parameters()).detach().clone()
-    rule.prime(synced)
+
+    def rule_from(flat: torch.Tensor) -> Any:  # the rule as an R-replica job gets it
+        return sync_rule(flat, mode, lockstep=replicas, outer_lr=outer_lr, outer_momentum=outer_momentum)
+
+    rule = rule_from(parameters_to_vector(models[0].parameters()).detach().clone())
     gens = [torch.Generator().manual_seed(seed + 1 + r) for r in range(replicas)]
     steps = gradients // replicas
     warmup = max(1, steps // 6)
@@ -294,13 +292,12 @@ def replicas_run(mode: str, replicas: int, interval: int, gradients: int, lr: fl
                 for m in models:
                     vector_to_parameters(mean.clone(), m.parameters())
             if t + 1 == dense_steps:
-                rule.global_params = None
-                rule.prime(mean)  # the outer rule goes on from where the synchronous phase left
+                rule = rule_from(mean)  # the outer rule goes on from where the synchronous phase left
             continue
         if (t + 1) % interval == 0 or t + 1 == steps:
             mean = torch.stack([parameters_to_vector(m.parameters()).detach() for m in models]).mean(0)
-            if t + 1 == steps:
-                rule.ending = True  # the final round lands on the replicas' mean, as a job's does
+            # The last round is an ordinary one, as it always was here: the ``rule.ending = True`` once
+            # set before it was reset by the round (a job's final round, ``final=True``, lands on the mean).
             sync_round(mean, rule)
             with torch.no_grad():
                 for m in models:
@@ -311,8 +308,8 @@ def replicas_run(mode: str, replicas: int, interval: int, gradients: int, lr: fl
                             avg = torch.stack([o.state[p][key] for o, p in zip(opts, ps)]).mean(0)
                             for o, p in zip(opts, ps):
                                 o.state[p][key].copy_(avg)
-    return {"test_loss": _test_loss(models[0], x_test, y_test), "steps": steps, "computed": steps * replicas, "applied": steps * replicas,
-            "dropped": 0, "virtual_time": 0.0}
+    return {"test_loss": _test_loss(models[0], x_test, y_test), "steps": steps, "computed": steps * replicas,
+            "applied": steps * replicas, "dropped": 0, "virtual_time": 0.0}
 
 
 def main_meet(args: argparse.Namespace) -> None:
@@ -374,7 +371,8 @@ def main() -> None:
     ap.add_argument("--intervals", type=int, nargs="+", default=[50], help="--meet replicas_*: steps between rounds")
     ap.add_argument("--outer-lr", type=float, default=None, help="--meet replicas_*: sync.outer_lr")
     ap.add_argument("--outer-momentum", type=float, default=None, help="--meet replicas_*: sync.outer_momentum")
-    ap.add_argument("--sync-moments", action="store_true", help="--meet replicas_*: rounds also average AdamW's moments")
+    ap.add_argument("--sync-moments", action="store_true",
+                    help="--meet replicas_*: rounds also average AdamW's moments")
     ap.add_argument("--dense-steps", type=int, default=0,
                     help="--meet replicas_*: the first steps average the replicas after every step (post-local SGD)")
     args = ap.parse_args()

@@ -6,35 +6,25 @@
   parameter), no thread pinning, the full dataset in every process, SGD per process.
 
 Baselines evaluate every ``eval_every`` steps *off* the clock; hogwild evaluates in its leader
-on the clock, as it does in real use. Also here: the bare-all_reduce floor of the sync cost,
-and a proportional-set-size sampler for memory.
+on the clock, as it does in real use. Also here: the bare-all_reduce floor of the sync cost.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import socket
 import statistics
-import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from common import free_port
 
-from hogwild.bench import DataConfig, ModelConfig
-from hogwild.bench import Dataset, ShardSampler, load_dataset, shard
-from hogwild.bench import build_model
-from hogwild.bench import DEFAULT_LOSS, Task, evaluate
-
-CLASSIFY = Task("classification", DEFAULT_LOSS["classification"])
-
-CPU = torch.device("cpu")
+from hogwild.bench import build_model, digits, evaluate, shard_sampler, sync_round, sync_rule
 
 
 @dataclass(frozen=True)
@@ -61,26 +51,26 @@ class Workload:
     """The digits' train/test split (``data.split_seed``): which 360 images are the test set."""
 
     def hydra(self) -> list[str]:
-        model = [f"model._target_={self.target_path}", "+model.num_classes=10"] if self.target_path else [f"model={self.model}",
-                                                                                  f"model.hidden={self.hidden}"]
+        model = ([f"model._target_={self.target_path}", "+model.num_classes=10"] if self.target_path
+                 else [f"model={self.model}", f"model.hidden={self.hidden}"])
         return [*model, f"data.image_size={self.image_size}", f"data.channels={self.channels}",
                 f"optim.lr={self.lr}", f"train.batch_size={self.bs}", f"train.epochs={self.max_epochs}",
                 f"eval.every_s={self.eval_every_s}", f"train.seed={self.seed}",
                 f"data.split_seed={self.split_seed}"]
 
-    def data(self) -> Dataset:
-        return load_dataset(DataConfig(name="digits", image_size=self.image_size, channels=self.channels,
-                                       split_seed=self.split_seed))
+    def data(self) -> Any:
+        return digits(self.image_size, self.channels, self.split_seed)
 
-    def sampler(self, ds: Dataset, shards: int, index: int) -> ShardSampler:
+    def sampler(self, ds: Any, shards: int, index: int) -> Any:
         """Worker ``index`` of ``shards``: its shard and data order as ``train.seed`` makes them in
         a hogwild job, so a baseline's rank or replica reads what hogwild's worker would."""
-        return ShardSampler(shard(len(ds.train), shards, index, self.seed), self.bs, self.seed + index)
+        return shard_sampler(len(ds.train), self.bs, self.seed, shards, index)
 
-    def build(self, ds: Dataset) -> torch.nn.Module:
-        return build_model(ModelConfig(name=self.model, hidden=self.hidden, _target_=self.target_path or None,
-                                       kwargs={"num_classes": 10} if self.target_path else {}), ds,
-                           self.seed)
+    def build(self, ds: Any) -> torch.nn.Module:
+        return build_model(ds, self.seed, name=self.model, hidden=self.hidden, target=self.target_path or None)
+
+    def accuracy(self, model: torch.nn.Module, ds: Any) -> float:
+        return evaluate(model, ds.test)["accuracy"]
 
 
 MLP = Workload("mlp_digits", "mlp", target=0.97, lr=0.1, max_epochs=60, eval_every=5, eval_every_s=0.02)
@@ -103,12 +93,6 @@ def workload_from_args(args: Any) -> Workload:
     if args.epochs is not None:
         w = dataclasses.replace(w, max_epochs=args.epochs)
     return dataclasses.replace(w, seed=args.seed, split_seed=args.split_seed)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RankResults:
@@ -139,7 +123,7 @@ def spawn_ranks(fn: Callable[..., None], world: int, *args: Any) -> dict[Any, An
     return out
 
 
-def sgd_step(model: torch.nn.Module, opt: torch.optim.Optimizer, ds: Dataset, idx: torch.Tensor) -> None:
+def sgd_step(model: torch.nn.Module, opt: torch.optim.Optimizer, ds: Any, idx: torch.Tensor) -> None:
     """One step of the baselines' recipe (cross-entropy, the optimizer given) on training rows ``idx``."""
     (x,), y = ds.train.batch(idx)
     opt.zero_grad()
@@ -147,7 +131,7 @@ def sgd_step(model: torch.nn.Module, opt: torch.optim.Optimizer, ds: Dataset, id
     opt.step()
 
 
-def _sgd_until(model: torch.nn.Module, ds: Dataset, sampler: ShardSampler, w: Workload,
+def _sgd_until(model: torch.nn.Module, ds: Any, sampler: Any, w: Workload,
                reached: Callable[[], tuple[bool, float]]) -> tuple[float, int, float]:
     """SGD steps until ``reached()`` says so; returns (training clock, steps, last accuracy)."""
     opt = torch.optim.SGD(model.parameters(), lr=w.lr)
@@ -175,10 +159,10 @@ def single(w: Workload) -> dict[str, float]:
     model = w.build(ds)
 
     def reached() -> tuple[bool, float]:
-        acc = evaluate(model, ds.test, CPU, CLASSIFY)["accuracy"]
+        acc = w.accuracy(model, ds)
         return acc >= w.target, acc
 
-    sampler = ShardSampler(torch.arange(len(ds.train)), w.bs, w.seed)
+    sampler = shard_sampler(len(ds.train), w.bs, w.seed)
     return _result(*_sgd_until(model, ds, sampler, w, reached), w, 1)
 
 
@@ -194,7 +178,7 @@ def _ddp_rank(rank: int, world: int, port: int, out: Any, w: Workload, addr: str
     def reached() -> tuple[bool, float]:
         flag, acc = torch.zeros(1), 0.0
         if rank == 0:  # rank 0 evaluates, everyone learns the verdict
-            acc = evaluate(model.module, ds.test, CPU, CLASSIFY)["accuracy"]
+            acc = w.accuracy(model.module, ds)
             flag[0] = float(acc >= w.target)
         dist.broadcast(flag, 0)
         return bool(flag[0] > 0), acc
@@ -248,12 +232,12 @@ def mnist_hogwild(procs: int, w: Workload) -> dict[str, float]:
     t_start, acc = time.perf_counter(), 0.0
     while any(p.is_alive() for p in ps):
         time.sleep(0.02)
-        acc = evaluate(model, ds.test, CPU, CLASSIFY)["accuracy"]
+        acc = w.accuracy(model, ds)
         if acc >= w.target:
             break
     elapsed = time.perf_counter() - t_start
     if acc < w.target:
-        acc = evaluate(model, ds.test, CPU, CLASSIFY)["accuracy"]  # budget spent: the accuracy of the final model
+        acc = w.accuracy(model, ds)  # budget spent: the accuracy of the final model
     stop.set()
     for p in ps:
         p.join(30)
@@ -263,17 +247,11 @@ def mnist_hogwild(procs: int, w: Workload) -> dict[str, float]:
 def _sync_cost_rank(rank: int, world: int, port: int, out: Any, n: int, reps: int, modes: tuple[str, ...]) -> None:
     """Bare all_reduce of an n-float buffer vs hogwild's sync round (each rule of ``modes``) on
     one, interleaved in the same processes."""
-    from hogwild.bench import SyncConfig
-    from hogwild.bench import DistComm
-    from hogwild.bench import make_rule
-
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     flat = torch.randn(n)
     for mode in modes:
-        rule = make_rule(SyncConfig(mode=mode), DistComm(flat.device))
-        rule.prime(flat)  # as the leader does before training: outer rules start from the initial model
-        bare, ours = time_bare_and_round(flat, rule, reps)
+        bare, ours = time_bare_and_round(flat, sync_rule(flat, mode), reps)
         if rank == 0:
             out[mode] = {"bare_allreduce_s": bare, "sync_round_s": ours}
     dist.destroy_process_group()
@@ -284,8 +262,6 @@ def time_bare_and_round(flat: torch.Tensor, rule: Any, reps: int, warmup: int = 
     """Medians of a bare all_reduce of a copy of ``flat`` and of hogwild's sync round on ``flat``,
     interleaved in the same processes. ``settle`` waits for queued device work (CUDA's kernels
     run after the call returns); the first ``warmup`` pairs are not counted."""
-    from hogwild.bench import sync_round
-
     buf = flat.clone()
     bare, ours = [], []
     for i in range(warmup + reps):
@@ -312,48 +288,3 @@ def sync_cost(n: int, world: int = 2, reps: int = 100, modes: tuple[str, ...] = 
     """Per rule of ``modes``: the median bare all_reduce and sync round, in seconds. One process
     group for all of them (each start of ``world`` interpreters costs seconds)."""
     return spawn_ranks(_sync_cost_rank, world, n, reps, tuple(modes))
-
-
-def _tree(root: int) -> list[int]:
-    pids, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        pids.append(pid)
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            try:
-                todo += [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                pass
-    return pids
-
-
-def _pss_kib(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-class PeakPss:
-    """Peak over time of the summed PSS of a process tree: shared pages count once in total."""
-
-    def __init__(self, root: int, every_s: float = 0.05) -> None:
-        self.root, self.every_s, self.peak_kib = root, every_s, 0
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak_kib = max(self.peak_kib, sum(_pss_kib(p) for p in _tree(self.root)))
-            time.sleep(self.every_s)
-
-    def __enter__(self) -> "PeakPss":
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._t.join()

@@ -27,25 +27,15 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
-from baselines import (  # noqa: E402
-    CONVNET,
-    MLP,
-    RESNET,
-    TINY,
-    PeakPss,
-    Workload,
-    ddp,
-    free_port,
-    mnist_hogwild,
-    single,
-    sync_cost,
-)
+from baselines import CONVNET, MLP, RESNET, TINY, Workload, ddp, mnist_hogwild, single, sync_cost  # noqa: E402
+from common import names, table_head, train_cmd  # noqa: E402
 
-from hogwild.bench import available_cores  # noqa: E402
+from hogwild.bench import PeakPss, available_cores  # noqa: E402
 
 logger = logging.getLogger("bench")
 SECTIONS = ("tta", "bn", "final", "scaling", "sync", "memory")
 HERE = Path(__file__).resolve()
+
 
 def _run(cmd: list[str], run_root: Path, env: dict[str, str] | None = None,
          measure_memory: bool = False) -> dict[str, Any]:
@@ -53,32 +43,28 @@ def _run(cmd: list[str], run_root: Path, env: dict[str, str] | None = None,
     cmd = [*cmd, f"run_dir={run_dir}", "checkpoint.every_s=3600"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})})
-    peak = PeakPss(proc.pid)
+    peak = PeakPss(proc.pid, every_s=0.05)
     with peak if measure_memory else contextlib.nullcontext():
         log, _ = proc.communicate(timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{log[-3000:]}")
     m = json.loads((run_dir / "metrics.json").read_text())
-    m["peak_pss_mib"] = peak.peak_kib / 1024
+    m["peak_pss_mib"] = peak.peak_mib
     return m
 
 
 def hogwild(workers: int, w: Workload, target: float | None, run_root: Path, extra: tuple[str, ...] = (),
             measure_memory: bool = False) -> dict[str, Any]:
-    args = [f"workers={workers}", *w.hydra(), *extra]
-    if target is not None:
-        args.append(f"train.target_accuracy={target}")
-    return _run([sys.executable, "-m", "hogwild.cli.train", *args], run_root, measure_memory=measure_memory)
+    return hogwild_torchrun(1, workers, w, run_root, extra, target, measure_memory=measure_memory)
 
 
 def hogwild_torchrun(replicas: int, workers: int, w: Workload, run_root: Path, extra: tuple[str, ...] = (),
-                     target: float | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
+                     target: float | None = None, env: dict[str, str] | None = None,
+                     measure_memory: bool = False) -> dict[str, Any]:
+    """``replicas`` x ``workers`` on ``w`` (one replica: the CLI alone, more: under torchrun)."""
     args = [f"workers={workers}", *w.hydra(), *extra]
-    if target is not None:
-        args.append(f"train.target_accuracy={target}")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={replicas}",
-           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "hogwild.cli.train", *args]
-    return _run(cmd, run_root, env=env)
+    args += [f"train.target_accuracy={target}"] if target is not None else []
+    return _run(train_cmd(args, replicas), run_root, env=env, measure_memory=measure_memory)
 
 
 def reached(value: Any) -> bool:
@@ -146,8 +132,8 @@ def scaling(cores: int, reps: int, steps: int, runs: Path) -> dict[str, Any]:
     logger.info("intra-machine scaling, 1..%d workers", cores)
     res: dict[str, Any] = {}
     for name, extra in (("mlp_digits", ()), ("sparse_synthetic", ("+experiment=sparse",))):
-        rates = {k: median_of(lambda k=k: _run([sys.executable, "-m", "hogwild.cli.train", f"workers={k}", *extra,
-                                                "eval.every_s=60", f"train.max_steps={steps * k}"], runs),
+        rates = {k: median_of(lambda k=k: _run(train_cmd([f"workers={k}", *extra, "eval.every_s=60",
+                                                          f"train.max_steps={steps * k}"]), runs),
                               reps, "samples_per_s")["median"] for k in range(1, cores + 1)}
         res[name] = {str(k): {"samples_per_s": r, "efficiency": r / (k * rates[1])} for k, r in rates.items()}
     return res
@@ -161,11 +147,11 @@ def memory(procs: int, runs: Path, tiny: bool) -> dict[str, Any]:
     h = hogwild(procs, w, None, runs, measure_memory=True)
     proc = subprocess.Popen([sys.executable, str(HERE), "--ddp-child", str(procs), "--hidden", str(hidden),
                              "--epochs", str(w.max_epochs)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with PeakPss(proc.pid) as peak:
+    with PeakPss(proc.pid, every_s=0.05) as peak:
         proc.wait(900)
     params = 64 * hidden + hidden + hidden * 10 + 10
     return {"params": params, "model_mib": params * 4 / 2**20, "processes": procs,
-            "hogwild_peak_pss_mib": h["peak_pss_mib"], "ddp_peak_pss_mib": peak.peak_kib / 1024}
+            "hogwild_peak_pss_mib": h["peak_pss_mib"], "ddp_peak_pss_mib": peak.peak_mib}
 
 
 def main() -> None:
@@ -179,9 +165,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=128, help=argparse.SUPPRESS)
     ap.add_argument("--epochs", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    only = set(args.only.split(","))
-    if not only <= set(SECTIONS):
-        ap.error(f"--only: unknown section(s) {', '.join(sorted(only - set(SECTIONS)))}; choose from {', '.join(SECTIONS)}")
+    only = set(names(ap, "--only", args.only, SECTIONS, "section(s) "))
     logging.basicConfig(level=logging.INFO, format="[bench] %(message)s")
     if args.ddp_child:  # memory run of the DDP baseline, measured from the parent
         ddp(args.ddp_child, Workload("mlp_wide", "mlp", 1.01, 0.01, args.epochs, 10**9, 60, hidden=args.hidden))
@@ -198,8 +182,8 @@ def main() -> None:
     workloads = [TINY] if args.tiny else [MLP, CONVNET]
     plan = {TINY.name: "one", MLP.name: "all", CONVNET.name: "none"}
     if "tta" in only:
-        res["time_to_accuracy"] = {w.name: {"target": w.target, **time_to_accuracy(w, procs, reps, runs, plan[w.name])}
-                                   for w in workloads}
+        res["time_to_accuracy"] = {
+            w.name: {"target": w.target, **time_to_accuracy(w, procs, reps, runs, plan[w.name])} for w in workloads}
     if "bn" in only and not args.tiny:
         logger.info("time to %.2f on %s: DDP against hogwild, %d processes", RESNET.target, RESNET.name, procs)
         key = "time_to_target_s"
@@ -237,8 +221,8 @@ def table(res: dict[str, Any]) -> str:
         ref = next(v["median"] for k, v in t.items() if k.startswith("hogwild 1x"))
         lines += [f"### Time to {t['target']:.2f} test accuracy, {wname}, {res['processes']} processes "
                   f"(median of {res['repeats']}, training clock)", "",
-                  "| method | median s | missed | median final acc | DDP time / this | this / hogwild 1xK |",
-                  "|---|---|---|---|---|---|"]
+                  *table_head("method", "median s", "missed", "median final acc", "DDP time / this",
+                              "this / hogwild 1xK")]
         for k, v in t.items():
             if k == "target":
                 continue
@@ -249,17 +233,17 @@ def table(res: dict[str, Any]) -> str:
     if "final_accuracy" in res:
         fa = res["final_accuracy"]
         lines += [f"### Final test accuracy after {fa['epochs']} epochs' worth of samples, same for every method "
-                  f"(median of {res['repeats']})", "", "| method | accuracy | minus DDP, points |", "|---|---|---|"]
+                  f"(median of {res['repeats']})", "", *table_head("method", "accuracy", "minus DDP, points")]
         lines += [f"| {k} | {v['median']:.4f} | {100 * (v['median'] - fa['ddp']['median']):+.2f} |"
                   for k, v in fa.items() if k != "epochs"]
         lines.append("")
     for name, rows in res.get("scaling", {}).items():
-        lines += [f"### Scaling, {name}", "", "| workers | samples/s | efficiency |", "|---|---|---|"]
+        lines += [f"### Scaling, {name}", "", *table_head("workers", "samples/s", "efficiency")]
         lines += [f"| {k} | {v['samples_per_s']:,.0f} | {v['efficiency']:.2f} |" for k, v in rows.items()]
         lines.append("")
     if "sync" in res:
         lines += ["### Sync cost, 2 ranks, Gloo on loopback (median; same processes)", "",
-                  "| buffer | floats | rule | bare all_reduce ms | sync round ms | ratio |", "|---|---|---|---|---|---|"]
+                  *table_head("buffer", "floats", "rule", "bare all_reduce ms", "sync round ms", "ratio")]
         lines += [f"| {k.rsplit(' ', 1)[0]} | {v['floats']:,} | {v['rule']} | {v['bare_allreduce_s'] * 1e3:.3f} | "
                   f"{v['sync_round_s'] * 1e3:.3f} | {v['ratio']:.2f}x |" for k, v in res["sync"].items()]
         lines.append("")

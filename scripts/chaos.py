@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import random
 import re
 import shutil
@@ -39,18 +38,15 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+from common import clean_env, free_port, write_results  # noqa: E402
 
-from hogwild.bench import checkpoint_store as checkpoint  # noqa: E402
-from hogwild.bench import Epoch  # noqa: E402
-from hogwild.bench import CONTROL, STATS  # noqa: E402
+from hogwild.bench import Coordinator, checkpoints, last_checkpoint, read_board  # noqa: E402
 
 logger = logging.getLogger("chaos")
 SLOTS, PEER_S, STEP_MS, INTERVAL = 3, 2.0, 20, 20
@@ -87,9 +83,8 @@ class Run:
         self.run_dir, self.dump, self.slow = self.dir / "run", self.dir / "finals", self.dir / "slow"
         self.dump.mkdir(exist_ok=True)
         self.slow.touch()
-        self.port = _free_port()
+        self.port = free_port()
         self.coordinator: Optional[subprocess.Popen[bytes]] = None
-        self.client: Optional[Any] = None  # a store client of the driver's own, to read epochs
         self.start_coordinator()
         # Training outlasts the faults (about 10 s each on a loaded host); the rest runs at full speed.
         self.epochs = max(100, faults * 40)
@@ -104,11 +99,11 @@ class Run:
 
     # ------------------------------------------------------------ processes
     def start_coordinator(self) -> None:
-        self.client = None
+        self.view = Coordinator(self.port)  # a client of the driver's own, to read epochs
         log = (self.dir / "coordinator.log").open("ab")
         self.coordinator = subprocess.Popen(
             [sys.executable, "-m", "hogwild.cli.coordinator", "--host", "127.0.0.1", "--port", str(self.port)],
-            stdout=log, stderr=subprocess.STDOUT, env=_env())
+            stdout=log, stderr=subprocess.STDOUT, env=clean_env(OMP_NUM_THREADS="1"))
         _until(lambda: _connects(self.port), 60, "the coordinator to listen")
 
     def start(self, slot: int) -> subprocess.Popen[bytes]:
@@ -118,7 +113,7 @@ class Run:
         return self.procs[slot]
 
     def _launch(self, slot: int, log: Path) -> subprocess.Popen[bytes]:
-        env = _env(HOGWILD_DUMP_FINAL=str(self.dump), HOGWILD_SLOW_WHILE=str(self.slow),
+        env = clean_env(OMP_NUM_THREADS="1", HOGWILD_DUMP_FINAL=str(self.dump), HOGWILD_SLOW_WHILE=str(self.slow),
                    HOGWILD_FAULT=",".join(f"slow:{g}:{STEP_MS}" for g in range(SLOTS)), LOCAL_WORLD_SIZE=str(SLOTS))
         return subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", f"sync.slot={slot}", *self.args],
                                 cwd=self.dir, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
@@ -137,16 +132,8 @@ class Run:
     # ---------------------------------------------------------------- views
     def pos(self, slot: int) -> float:
         """The slot's data position (steps through its shard), from its progress board."""
-        path = self.run_dir / "progress" / f"rank{slot}.board"
-        try:
-            data = np.fromfile(path, dtype=np.float64)
-        except OSError:
-            return 0.0
-        s, c = len(STATS.names), len(CONTROL.names)
-        workers, rest = divmod(data.size - c, s)
-        if rest or workers < 1:
-            return 0.0
-        return float(data[:workers * s].view(STATS)["pos"].sum())
+        board = read_board(self.run_dir, slot)
+        return board.pos if board is not None else 0.0
 
     def log(self, slot: int) -> str:
         return self.logs[slot][-1].read_text(errors="replace") if self.logs[slot] else ""
@@ -159,29 +146,12 @@ class Run:
         quota = self.quota()
         return quota is not None and any(self.pos(s) > 0.8 * quota for s in range(SLOTS))
 
-    def whole(self) -> bool:
-        """Every slot a member of the newest epoch and no join pending (read at the coordinator)."""
-        if self.client is None:
-            self.client = _store(self.port)
-        store = self.client
-        if store is None:
-            return False
-        try:
-            number = int(store.add("epoch", 0))
-            if number < 1 or not store.check([f"members/{number}"]):
-                return False
-            ep = Epoch.decode(number, store.get(f"members/{number}").decode(), SLOTS)
-            return ep.members == tuple(range(SLOTS)) and not any(store.check([f"want/{s}"]) for s in range(SLOTS))
-        except (RuntimeError, ValueError, dist.DistError):
-            self.client = None  # the coordinator restarted, or is away: connect again next time
-            return False
-
     def settle(self, since: float, what: str) -> float:
         """Until the job is whole and every slot trains again: seconds since ``since``."""
         def whole() -> bool:
             if any(p.poll() is not None for p in self.procs.values()):
                 raise Broken(f"a replica exited during recovery from {what}: {self._exits()}")
-            return self.whole()
+            return self.view.whole(SLOTS)  # every slot a member of the newest epoch, no join pending
         _until(whole, BOUND_S, what)
         at = {s: self.pos(s) for s in range(SLOTS)}
         _until(lambda: all(self.pos(s) > at[s] for s in range(SLOTS)), BOUND_S, f"training after {what}")
@@ -197,8 +167,8 @@ class Run:
         _until(lambda: self.pos(slot) >= target or self.near_end(), BOUND_S, "training between faults")
 
     def last_sequence(self) -> int:
-        last = checkpoint.ckpt_dir(self.run_dir) / "last.pt"
-        return _sequence(Path(os.path.realpath(last))) if last.exists() else -1
+        last = last_checkpoint(self.run_dir)
+        return last.sequence if last is not None else -1
 
 
 # ------------------------------------------------------------------- faults
@@ -279,29 +249,19 @@ def all_killed(run: Run, f: Fault) -> None:
     last = run.last_sequence()
     for s in range(SLOTS):
         run.start(s)
-    _until(lambda: all(f"[slot {s} epoch " in run.log(s) for s in range(SLOTS)), BOUND_S, "the restarted replicas' epoch")
+    _until(lambda: all(f"[slot {s} epoch " in run.log(s) for s in range(SLOTS)), BOUND_S,
+           "the restarted replicas' epoch")
     f.steps_lost = max(0.0, before - sum(run.pos(s) for s in range(SLOTS)))  # back to the checkpoint: redone
     f.recovery_s = run.settle(t0, "every replica killed")
     run.resumes.append((last, [m for s in range(SLOTS) for m in re.findall(r"resumed from (\S+)", run.log(s))]))
 
 
-def inject(run: Run, f: Fault) -> None:
-    if f.kind == "kill":
-        kill(run, f)
-    elif f.kind == "stop_short":
-        stop(run, f, run.rng.uniform(0.2, 0.6) * PEER_S)
-    elif f.kind == "stop_long":
-        stop(run, f, run.rng.uniform(1.5, 3.0) * PEER_S)
-    elif f.kind == "coordinator_killed":
-        coordinator_killed(run, f)
-    elif f.kind == "coordinator_stopped":
-        coordinator_stopped(run, f)
-    elif f.kind == "joiner_killed_mid_heal":
-        joiner_killed_mid_heal(run, f)
-    elif f.kind == "duplicate_slot":
-        duplicate_slot(run, f)
-    else:
-        all_killed(run, f)
+INJECT: dict[str, Callable[[Run, Fault], None]] = {  # KINDS' faults
+    "kill": kill, "stop_short": lambda run, f: stop(run, f, run.rng.uniform(0.2, 0.6) * PEER_S),
+    "stop_long": lambda run, f: stop(run, f, run.rng.uniform(1.5, 3.0) * PEER_S),
+    "coordinator_killed": coordinator_killed, "coordinator_stopped": coordinator_stopped,
+    "joiner_killed_mid_heal": joiner_killed_mid_heal, "duplicate_slot": duplicate_slot, "all_killed": all_killed,
+}
 
 
 # ------------------------------------------------------------------- checks
@@ -323,23 +283,20 @@ def check_end(run: Run) -> dict[str, Any]:
     logs = [p for ps in run.logs.values() for p in ps] + [log for _, log in run.duplicates]
     writers: dict[int, set[int]] = {}
     for log in logs:
-        for slot, epoch in re.findall(r"\[slot (\d+) epoch (\d+)\] members .*\(writer\)", log.read_text(errors="replace")):
+        text = log.read_text(errors="replace")
+        for slot, epoch in re.findall(r"\[slot (\d+) epoch (\d+)\] members .*\(writer\)", text):
             writers.setdefault(int(epoch), set()).add(int(slot))
     broken += [f"epoch {e} had writers {sorted(w)}" for e, w in writers.items() if len(w) > 1]
-    ckpts = []
-    for path in checkpoint.ckpt_dir(run.run_dir).glob("step_*.pt"):
-        c = checkpoint.load(path)
-        ckpts.append((float(c["written_at"]), _sequence(path), int(c["counters"]["steps"]),
-                      int(c["counters"]["syncs"]), c["positions"].sum(dim=1)))
-    ckpts.sort(key=lambda c: c[0])
-    for a, b in zip(ckpts, ckpts[1:]):
+    found = checkpoints(run.run_dir)  # the earliest written first
+    ckpts = [((c.sequence, c.steps, c.syncs), c.positions.sum(dim=1)) for c in found]
+    for (a, pa), (b, pb) in zip(ckpts, ckpts[1:]):
         # A killed slot redoes the steps it made after its last round: at most REDO a slot.
-        if (b[1] <= a[1] or b[3] < a[3] or b[2] < a[2] - REDO * SLOTS
-                or bool((b[4] < a[4] - REDO).any())):
-            broken.append(f"checkpoints went backwards: (sequence, steps, syncs, positions) {a[1:4]} "
-                          f"{a[4].tolist()} then {b[1:4]} {b[4].tolist()}")
+        if b[0] <= a[0] or b[2] < a[2] or b[1] < a[1] - REDO * SLOTS or bool((pb < pa - REDO).any()):
+            broken.append(f"checkpoints went backwards: (sequence, steps, syncs, positions) {a} "
+                          f"{pa.tolist()} then {b} {pb.tolist()}")
+    sequences = {c.path.name: c.sequence for c in found}
     for last, paths in run.resumes:
-        older = [p for p in paths if _sequence(Path(p)) < last]
+        older = [p for p in paths if sequences.get(Path(p).name, -1) < last]
         if older:
             broken.append(f"restored {older} though last.pt had sequence {last}")
     steps_diff = float("nan")
@@ -388,7 +345,7 @@ def campaign(out: Path, total: int, per_run: int, seed: int, first_run: int = 0)
                 f = Fault(index, len(done), kind, None if kind.startswith(("coordinator", "all")) else
                           run.rng.randrange(SLOTS))
                 try:
-                    inject(run, f)
+                    INJECT[f.kind](run, f)
                 except Broken as e:
                     f.broken.append(str(e))
                 done.append(f)
@@ -448,27 +405,13 @@ def table(faults: list[Fault], runs: list[dict[str, Any]], seed: int) -> str:
         rec = [f.recovery_s for f in fs if not f.broken]
         lost = [f.steps_lost for f in fs if f.steps_lost is not None]
         lines.append(f"| {kind} | {len(fs)} | {len(rec)} | {pct(rec, 50):.1f} | {pct(rec, 95):.1f} | "
-                     f"{statistics.mean(lost):.1f} |" if lost else
-                     f"| {kind} | {len(fs)} | {len(rec)} | {pct(rec, 50):.1f} | {pct(rec, 95):.1f} | — |")
+                     + (f"{statistics.mean(lost):.1f} |" if lost else "— |"))
     broken = [b for r in runs for b in r["broken"]] + [b for f in faults for b in f.broken]
     lines += ["", f"Invariants broken: {len(broken)}" + ("" if not broken else ": " + "; ".join(broken[:20]))]
     return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------ helpers
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOGWILD_", "MASTER_", "RANK", "WORLD_"))}
-    return {**env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _connects(port: int) -> bool:
     import socket
 
@@ -477,18 +420,6 @@ def _connects(port: int) -> bool:
         return True
     except OSError:
         return False
-
-
-def _store(port: int) -> Optional[Any]:
-    try:
-        return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=3))
-    except (RuntimeError, dist.DistError):
-        return None
-
-
-def _sequence(path: Path) -> int:
-    found = re.search(r"-q(\d+)\.pt$", path.name)
-    return int(found.group(1)) if found else -1
 
 
 def _until(cond: Callable[[], bool], bound_s: float, what: str) -> None:
@@ -506,7 +437,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("bench_results/chaos"))
     ap.add_argument("--first-run", type=int, default=0,
-                    help="go on with a campaign that was cut off: same seed, runs from this one, appended to its journal")
+                    help="go on with a campaign that was cut off: same seed, runs from this one, "
+                         "appended to its journal")
     args = ap.parse_args()
     if args.faults < 1 or args.per_run < 1 or args.first_run < 0:
         ap.error("--faults and --per-run must be at least 1, --first-run at least 0")
@@ -518,10 +450,8 @@ def main() -> None:
     faults, runs = finished(args.out / "chaos.jsonl")
     text = table(faults, runs, args.seed) + (f"\nRuns' wall time in all: "
                                              f"{sum(r['wall_s'] for r in runs) / 60:.0f} min\n")
-    (args.out / "chaos.json").write_text(json.dumps({"seed": args.seed, "faults": [asdict(f) for f in faults],
-                                                     "runs": runs}, indent=1) + "\n")
-    (args.out / "chaos.md").write_text(text)
-    sys.stdout.write(text)
+    write_results(args.out, "chaos", {"seed": args.seed, "faults": [asdict(f) for f in faults], "runs": runs}, text,
+                  indent=1)
     if any(r["broken"] for r in runs) or any(f.broken for f in faults):
         sys.exit(1)
 

@@ -25,7 +25,6 @@ compiled run then pays the cold cache, tens of seconds).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 import subprocess
@@ -35,7 +34,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-REPO = Path(__file__).resolve().parent.parent
+from common import REPO, metrics, table_head, train_cmd, write_results
+
 logger = logging.getLogger("compile_bench")
 
 WORKLOADS = {"gpt": ["+experiment=gpt", "+data.test_chars=120000"], "digits": []}
@@ -46,20 +46,20 @@ PRIME_STEPS = 40
 
 def run(args: list[str], run_dir: Path, timeout: float) -> dict[str, Any]:
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "hogwild.cli.train", *COMMON, *args, f"run_dir={run_dir}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(train_cmd([*COMMON, *args, f"run_dir={run_dir}"]), cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
     process_s = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"compile_bench: {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
-    m = json.loads((run_dir / "metrics.json").read_text())
+    m = metrics(run_dir)
     return {"steps": m["steps"], "train_s": m["train_s"], "steps_per_s": m["steps"] / m["train_s"],
             "startup_s": m["startup_s"], "process_s": process_s, "test_loss": m.get("test_loss"),
             "test_accuracy": m.get("test_accuracy")}
 
 
 def table(runs: dict[str, dict[str, list[dict[str, Any]]]], repeats: int) -> str:
-    lines = [f"| workload | mode | steps/s (median of {repeats}) | start-up s (median) | process s (median) | "
-             "test loss (median) | steps/s, runs |", "|---|---|---|---|---|---|---|"]
+    lines = table_head("workload", "mode", f"steps/s (median of {repeats})", "start-up s (median)",
+                       "process s (median)", "test loss (median)", "steps/s, runs")
     for work, by in runs.items():
         for mode, rs in by.items():
             med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
@@ -102,12 +102,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                     logger.info("repeat %d/%d %s %s: %.1f steps/s, start-up %.1f s, process %.1f s, test loss %.4f",
                                 rep + 1, args.repeats, work, mode, r["steps_per_s"], r["startup_s"], r["process_s"],
                                 r["test_loss"])
-    out = table(runs, args.repeats)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps({"command": sys.argv, "steps": args.steps, "mode": args.mode,
-                                                            "cold": args.cold, "runs": runs}, indent=1) + "\n")
-    (args.out / f"{args.name}.md").write_text(out)
-    sys.stdout.write(out)
+    write_results(args.out, args.name, {"command": sys.argv, "steps": args.steps, "mode": args.mode, "cold": args.cold,
+                                        "runs": runs}, table(runs, args.repeats), indent=1)
 
 
 if __name__ == "__main__":

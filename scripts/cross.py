@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import statistics
 import sys
@@ -26,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from baselines import CONVNET, MLP, TINY, Workload  # noqa: E402
 from bench import hogwild, hogwild_torchrun, pyplot  # noqa: E402
 from bench import reached as target_reached  # noqa: E402
+from common import names, write_results  # noqa: E402
 
 logger = logging.getLogger("cross")
 SECTIONS = ("scaling", "drift")
@@ -143,16 +143,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench_results"))
     ap.add_argument("--tiny", action="store_true", help="smoke-test size: seconds, not minutes")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated, of: {', '.join(SECTIONS)}")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"scaling: comma-separated, of: {', '.join(WORKLOADS)}")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS),
+                    help=f"scaling: comma-separated, of: {', '.join(WORKLOADS)}")
     ap.add_argument("--interval", type=int, default=50, help="scaling: sync.interval of the R x 1 runs")
-    ap.add_argument("--target", type=float, default=None, help="scaling: test accuracy to reach (default: the workload's)")
+    ap.add_argument("--target", type=float, default=None,
+                    help="scaling: test accuracy to reach (default: the workload's)")
     args = ap.parse_args()
-    only = set(args.only.split(","))
-    if not only <= set(SECTIONS):
-        ap.error(f"--only: unknown section(s) {', '.join(sorted(only - set(SECTIONS)))}; choose from {', '.join(SECTIONS)}")
-    unknown = set(args.workloads.split(",")) - set(WORKLOADS)
-    if unknown:
-        ap.error(f"--workloads: unknown {', '.join(sorted(unknown))}; choose from {', '.join(WORKLOADS)}")
+    only = set(names(ap, "--only", args.only, SECTIONS, "section(s) "))
+    workloads = names(ap, "--workloads", args.workloads, WORKLOADS)
     logging.basicConfig(level=logging.INFO, format="[cross] %(message)s")
     from hogwild.bench import available_cores
 
@@ -163,7 +161,7 @@ def main() -> None:
     if "scaling" in only:
         # The MLP's best test accuracy on this digits split is ~0.967: 0.96 is a target every rule can reach.
         known = {"mlp": dataclasses.replace(MLP, target=0.96), "convnet": CONVNET}
-        workloads = [TINY] if args.tiny else [known[n] for n in args.workloads.split(",")]
+        workloads = [TINY] if args.tiny else [known[n] for n in workloads]
         if args.target is not None:
             workloads = [dataclasses.replace(w, target=args.target) for w in workloads]
         res["scaling"] = {w.name: scaling(w, reps, 2 if args.tiny else args.replicas, runs, args.interval)
@@ -171,11 +169,8 @@ def main() -> None:
     if "drift" in only:
         res["drift"] = drift(TINY if args.tiny else dataclasses.replace(MLP, max_epochs=20),
                              (5, 20) if args.tiny else (5, 20, 100, 1000), runs)
-    (args.out / "cross.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
-    text = table(res)
-    (args.out / "cross.md").write_text(text)
+    write_results(args.out, "cross", res, table(res))
     plot(res, args.out)
-    sys.stdout.write(text)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ wall time from launch to the last exit, and steps lost. Results: ``<out>/failove
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -20,19 +19,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import numpy as np  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from baselines import free_port  # noqa: E402
+from common import free_port, metrics, table_head, train_cmd, write_results  # noqa: E402
 
-from hogwild.bench import serve_coordinator as serve  # noqa: E402
-from hogwild.bench import previous_attempt  # noqa: E402
+from hogwild.bench import Coordinator, read_board, serve_coordinator  # noqa: E402
 
 logger = logging.getLogger("failover")
 REPLICAS, KILL_AT = 3, 200
@@ -44,8 +39,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "LOCAL_WOR
 
 
 def _applied(run_dir: Path, slot: int) -> float:
-    seen = previous_attempt(run_dir / "progress" / f"rank{slot}.board")
-    return seen[1] if seen else 0.0
+    board = read_board(run_dir, slot)
+    return board.applied if board is not None else 0.0
 
 
 def _wait_step(run_dir: Path, slot: int, steps: float, procs: list[subprocess.Popen[str]]) -> None:
@@ -67,9 +62,7 @@ def _children_with_rank(pid: int, rank: int) -> Optional[int]:
 
 def torchrun_job(kill: bool, root: Path) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(dir=root))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={REPLICAS}",
-           "--max-restarts=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-           "-m", "hogwild.cli.train", *COMMON, f"run_dir={run_dir}"]
+    cmd = train_cmd([*COMMON, f"run_dir={run_dir}"], REPLICAS, "--max-restarts=1")
     t0 = time.monotonic()
     agent = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
     if kill:
@@ -78,22 +71,21 @@ def torchrun_job(kill: bool, root: Path) -> dict[str, Any]:
         assert leader is not None, "rank 2's leader not found"
         os.kill(leader, signal.SIGKILL)
     agent.wait(600)
-    m = json.loads((run_dir / "metrics.json").read_text())
+    m = metrics(run_dir)
     return {"wall_s": time.monotonic() - t0, "steps_lost": m.get("steps_lost_on_resume") or 0,
             "test_accuracy": m["test_accuracy"], "stall_s": float("nan")}
 
 
 def elastic_job(kill: bool, root: Path) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(dir=root))
-    port, stop, ready = free_port(), threading.Event(), threading.Event()
-    threading.Thread(target=serve, args=("127.0.0.1", port, ready, stop), daemon=True).start()
-    ready.wait(30)
+    port = free_port()
+    stop = serve_coordinator(port)
     args = [*COMMON, f"sync.coordinator=127.0.0.1:{port}", f"sync.replicas={REPLICAS}", f"run_dir={run_dir}",
             "sync.peer_timeout_s=2"]
 
     def start(slot: int) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", f"sync.slot={slot}", *args], env=ENV,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+        return subprocess.Popen(train_cmd([f"sync.slot={slot}", *args]), env=ENV, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, text=True)
     t0 = time.monotonic()
     procs = [start(s) for s in range(REPLICAS)]
     lost = 0.0
@@ -101,14 +93,13 @@ def elastic_job(kill: bool, root: Path) -> dict[str, Any]:
         _wait_step(run_dir, 2, KILL_AT, procs)
         procs[2].kill()
         procs[2].wait()
-        store = dist.TCPStore("127.0.0.1", port, is_master=False)
-        published = np.frombuffer(store.get("pos/2"), dtype=np.float64).sum() if store.check(["pos/2"]) else 0.0
+        published = Coordinator(port, timeout_s=300).position(2) or 0.0
         lost = _applied(run_dir, 2) - published  # made after its last round: redone after the heal
         procs[2] = start(2)
     for p in procs:
         p.wait(600)
     stop.set()
-    m = json.loads((run_dir / "metrics.json").read_text())
+    m = metrics(run_dir)
     return {"wall_s": time.monotonic() - t0, "steps_lost": lost, "test_accuracy": m["test_accuracy"],
             "stall_s": m.get("survivor_stall_s", 0.0), "heal_s": m.get("heal_s", 0.0)}
 
@@ -133,14 +124,11 @@ def main() -> None:
     med = {k: {f: statistics.median(r[f] for r in v) for f in v[0]} for k, v in runs.items()}
     lines = [f"3 replicas x 1 worker, mlp on digits, workers slowed 10 ms/step, leader of slot 2 SIGKILLed at its "
              f"step {KILL_AT}; medians of {args.repeats}", "",
-             "| scenario | job wall s | steps lost | survivor stall s | heal s | accuracy |", "|---|---|---|---|---|---|"]
+             *table_head("scenario", "job wall s", "steps lost", "survivor stall s", "heal s", "accuracy")]
     for k, v in med.items():
         lines.append(f"| {k} | {v['wall_s']:.1f} | {v['steps_lost']:.0f} | {v['stall_s']:.2f} | "
                      f"{v.get('heal_s', float('nan')):.2f} | {v['test_accuracy']:.3f} |")
-    text = "\n".join(lines) + "\n"
-    (args.out / "failover.json").write_text(json.dumps({"runs": runs, "median": med}, indent=2) + "\n")
-    (args.out / "failover.md").write_text(text)
-    sys.stdout.write(text)
+    write_results(args.out, "failover", {"runs": runs, "median": med}, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

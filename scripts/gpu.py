@@ -31,7 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from baselines import MLP, RESNET, Workload, free_port, spawn_ranks, time_bare_and_round  # noqa: E402
+from baselines import MLP, RESNET, Workload, spawn_ranks, time_bare_and_round  # noqa: E402
+from common import free_port, metrics, names, table_head, train_cmd  # noqa: E402
+
+from hogwild.bench import sync_rule  # noqa: E402
 
 logger = logging.getLogger("gpu")
 SECTIONS = ("sync", "train", "replicas")
@@ -41,20 +44,15 @@ RULES = (("average", "fp32"), ("slowmo", "fp32"), ("slowmo", "int8"))
 def _sync_rank(rank: int, world: int, port: int, out: Any, backend: str, sizes: tuple[int, ...],
                reps: int) -> None:
     """Per size and rule: the median bare all_reduce and sync round on CUDA tensors, interleaved."""
-    from hogwild.bench import SyncConfig
-    from hogwild.bench import DistComm
-    from hogwild.bench import make_rule
-
     torch.cuda.set_device(0)
     dev = torch.device("cuda", 0)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     for n in sizes:
         flat = torch.randn(n, device=dev)
         for mode, dtype in RULES:
-            rule = make_rule(SyncConfig(mode=mode, dtype=dtype), DistComm(dev), flat.numel())
-            rule.prime(flat)
             # Two warm-ups: NCCL builds its communicator on first use.
-            bare, ours = time_bare_and_round(flat, rule, reps, warmup=2, settle=torch.cuda.synchronize)
+            bare, ours = time_bare_and_round(flat, sync_rule(flat, mode, dtype=dtype), reps, warmup=2,
+                                             settle=torch.cuda.synchronize)
             if rank == 0:
                 out[f"{backend}/{world}/{n}/{mode}/{dtype}"] = {
                     "backend": backend, "ranks": world, "floats": n, "rule": mode, "wire": dtype,
@@ -78,15 +76,15 @@ def _train(args: list[str], run_root: Path, torchrun_nodes: int = 0, timeout: fl
         port, rid = free_port(), f"gpu{time.time_ns()}"
         cmds = [[sys.executable, "-m", "torch.distributed.run", f"--nnodes={torchrun_nodes}", "--nproc-per-node=1",
                  "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={rid}",
-                 "-m", "hogwild.cli.train", *hydra] for _ in range(torchrun_nodes)]
+                 *train_cmd(hydra)[1:]] for _ in range(torchrun_nodes)]
     else:
-        cmds = [[sys.executable, "-m", "hogwild.cli.train", *hydra]]
+        cmds = [train_cmd(hydra)]
     procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
              for c in cmds]
     logs = [p.communicate(timeout=timeout)[0] for p in procs]
     if any(p.returncode for p in procs):
         raise RuntimeError(f"{' '.join(cmds[0])} failed:\n" + "\n".join(log[-3000:] for log in logs))
-    return json.loads((run_dir / "metrics.json").read_text())
+    return metrics(run_dir)
 
 
 def _keep(m: dict[str, Any]) -> dict[str, Any]:
@@ -129,15 +127,15 @@ def replicas_section(run_root: Path, repeats: int) -> list[dict[str, Any]]:
 def _md(res: dict[str, Any]) -> str:
     out = [f"# GPU: {res['gpu']}, torch {res['torch']}, NCCL {res['nccl']}\n"]
     if "sync" in res:
-        out += ["| backend | ranks | floats | rule | wire | bare all_reduce ms | round ms | round / bare |",
-                "|---|---|---|---|---|---|---|---|"]
+        out += table_head("backend", "ranks", "floats", "rule", "wire", "bare all_reduce ms", "round ms",
+                          "round / bare")
         for r in res["sync"]:
             out.append(f"| {r['backend']} | {r['ranks']} | {r['floats']:,} | {r['rule']} | {r['wire']} | "
                        f"{r['bare_allreduce_s'] * 1e3:.3f} | {r['sync_round_s'] * 1e3:.3f} | "
                        f"{r['sync_round_s'] / r['bare_allreduce_s']:.2f}x |")
         out.append("")
     if "train" in res:
-        out += ["| workload | device | workers | threads/worker | steps | samples/s |", "|---|---|---|---|---|---|"]
+        out += table_head("workload", "device", "workers", "threads/worker", "steps", "samples/s")
         out += [f"| {r['workload']} | {r['device']} | {r['workers']} | {r['threads_per_worker']} | {r['steps']} | "
                 f"{r['samples_per_s']:,.0f} |" for r in res["train"]]
         out.append("")
@@ -145,8 +143,7 @@ def _md(res: dict[str, Any]) -> str:
         groups: dict[str, list[dict[str, Any]]] = {}
         for r in res["replicas"]:
             groups.setdefault(r["setup"], []).append(r)
-        out += ["| setup | median s to target | runs | median steps | median final acc | mean round s |",
-                "|---|---|---|---|---|---|"]
+        out += table_head("setup", "median s to target", "runs", "median steps", "median final acc", "mean round s")
         for label, rs in groups.items():
             tt = [r["time_to_target_s"] for r in rs if r["time_to_target_s"] is not None]
             out.append(f"| {label} | {statistics.median(tt) if tt else float('nan'):.2f} | "
@@ -171,12 +168,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="replicas: interleaved repeats")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    unknown = set(a.only.split(",")) - set(SECTIONS)
-    if unknown:
-        ap.error(f"--only: unknown section(s) {','.join(sorted(unknown))}; choose from {','.join(SECTIONS)}")
+    only = set(names(ap, "--only", a.only, SECTIONS, "section(s) "))
     if not torch.cuda.is_available():
         raise SystemExit("gpu.py: no CUDA GPU is visible (torch.cuda.is_available() is False)")
-    only = set(a.only.split(","))
     a.out.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
                            "nccl": ".".join(map(str, _tuple(torch.cuda.nccl.version()))), "cpus": os.cpu_count()}

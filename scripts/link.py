@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from baselines import WORKLOADS, Workload, workload_from_args  # noqa: E402
-from bench import reached  # noqa: E402
+from bench import pyplot, reached  # noqa: E402
+from common import metrics, put_result, result_line, train_cmd  # noqa: E402
 
 from hogwild.bench import ring_all_reduce_bytes  # noqa: E402
 
@@ -253,11 +254,10 @@ def hogwild(w: Workload, machines: int, interval: int, extra: list[str], root: P
     interval_arg = [] if any(o.startswith("sync.interval=") for o in extra) else [f"sync.interval={interval}"]
     cmds = [[sys.executable, "-m", "torch.distributed.run", f"--nnodes={machines}", "--nproc-per-node=1",
              f"--node-rank={i}", f"--master-addr={addr(0)}", f"--master-port={port}",
-             "-m", "hogwild.cli.train",
-             *w.hydra(), "workers=1", f"train.target_accuracy={w.target}", *interval_arg,
-             f"run_dir={run_dir}", "checkpoint.every_s=3600", *extra] for i in range(machines)]
+             *train_cmd([*w.hydra(), "workers=1", f"train.target_accuracy={w.target}", *interval_arg,
+                         f"run_dir={run_dir}", "checkpoint.every_s=3600", *extra])[1:]] for i in range(machines)]
     _, sent = on_machines(cmds, RUN_TIMEOUT_S)
-    m = json.loads((run_dir / "metrics.json").read_text())
+    m = metrics(run_dir)
     steps = max(m["steps"], 1) / machines
     return {"time_to_target_s": m["time_to_target_s"], "test_accuracy": m["test_accuracy"],
             "bytes_per_step": m["sync_bytes_per_step"], "tx_bytes_per_step": sent / steps,
@@ -265,9 +265,12 @@ def hogwild(w: Workload, machines: int, interval: int, extra: list[str], root: P
             "wall_s": m["wall_s"], "target_held": m.get("target_held")}
 
 
-def _result_line(logs: list[str]) -> dict[str, Any]:
-    line = next(ln for ln in logs[0].splitlines() if ln.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+def _baseline(cmds: list[list[str]], bytes_per_step: float) -> dict[str, Any]:
+    """A baseline's ranks, one a machine: rank 0's ``RESULT`` and the bytes a replica step sent."""
+    logs, sent = on_machines(cmds, RUN_TIMEOUT_S)
+    r = result_line(logs[0])
+    steps = r["steps"] / len(cmds)
+    return {**r, "bytes_per_step": bytes_per_step, "tx_bytes_per_step": sent / steps, "steps_per_replica": steps}
 
 
 def ddp(w: Workload, machines: int, params: int) -> dict[str, Any]:
@@ -277,11 +280,7 @@ def ddp(w: Workload, machines: int, params: int) -> dict[str, Any]:
              "--epochs", str(w.max_epochs), "--seed", str(w.seed), "--split-seed", str(w.split_seed),
              *(["--loopback"] if LOOPBACK else [])]
             for i in range(machines)]
-    logs, sent = on_machines(cmds, RUN_TIMEOUT_S)
-    r = _result_line(logs)
-    steps = r["steps"] / machines
-    return {**r, "bytes_per_step": ring_all_reduce_bytes(4 * params, machines),  # every step's gradients
-            "tx_bytes_per_step": sent / steps, "steps_per_replica": steps}
+    return _baseline(cmds, ring_all_reduce_bytes(4 * params, machines))  # every step's gradients
 
 
 def torchft(w: Workload, machines: int, interval: int, params: int) -> dict[str, Any]:
@@ -292,11 +291,7 @@ def torchft(w: Workload, machines: int, interval: int, params: int) -> dict[str,
              key(w), "--interval", str(interval), "--target", str(w.target), "--epochs", str(w.max_epochs),
              "--seed", str(w.seed), "--split-seed", str(w.split_seed)]
             for i in range(machines)]
-    logs, sent = on_machines(cmds, RUN_TIMEOUT_S)
-    r = _result_line(logs)
-    steps = r["steps"] / machines
-    return {**r, "tx_bytes_per_step": sent / steps, "steps_per_replica": steps,
-            "bytes_per_step": ring_all_reduce_bytes(4 * params, machines) / interval}  # fp32 pseudo-gradients
+    return _baseline(cmds, ring_all_reduce_bytes(4 * params, machines) / interval)  # fp32 pseudo-gradients
 
 
 def key(w: Workload) -> str:
@@ -313,7 +308,7 @@ def _ddp_rank(rank: int, machines: int, port: int, w: Workload) -> None:
     out: dict[str, Any] = {}
     run_rank(rank, machines, port, out, w, addr=addr(0))
     if rank == 0:
-        sys.stdout.write("RESULT " + json.dumps(out["r"]) + "\n")
+        put_result(out["r"])
     sys.stdout.flush()
     # The result is out. torch 2.14's exit, after a Gloo DDP run, sometimes aborts in a C++
     # destructor ("terminate called without an active exception", 1 in 6 on loopback): skip it.
@@ -334,15 +329,9 @@ def report(res: dict[str, Any], label: str, out: Path) -> None:
                      f"{v.get('final_below_target', 0)} |")
     (out / f"{label}.md").write_text("\n".join(lines) + "\n")
     sys.stdout.write("\n".join(lines) + "\n")
-    if not any(reached(r.get("time_to_target_s")) for v in res["methods"].values() for r in v["runs"]):
+    plt = pyplot()
+    if plt is None or not any(reached(r.get("time_to_target_s")) for v in res["methods"].values() for r in v["runs"]):
         return  # a budget run (no target reached): nothing to plot
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
     fig, ax = plt.subplots(figsize=(7, 4))
     for k, v in res["methods"].items():
         xs = [r["bytes_per_step"] for r in v["runs"]]
@@ -430,7 +419,8 @@ def main() -> None:
                                     float("nan"), "tx_bytes_per_step": float("nan"), "error": str(e)[-2000:],
                                     "seed": wr.seed})
                 # Hours of runs: what is done so far is on disk if the host or the operator stops it.
-                (args.out / f"{label}.json").write_text(json.dumps(summary(head, runs), indent=2, default=str) + "\n")
+                (args.out / f"{label}.json").write_text(json.dumps(summary(head, runs), indent=2, default=str)
+                                                        + "\n")
     finally:
         if not LOOPBACK:
             teardown(args.machines)

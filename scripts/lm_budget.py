@@ -36,7 +36,7 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -45,6 +45,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from common import busy_core, clean_env, free_port, metrics, table_head, train_cmd, write_results  # noqa: E402
+
+from hogwild.bench import evaluate, last_checkpoint, read_board  # noqa: E402
 
 logger = logging.getLogger("lm_budget")
 LR, WD, WARMUP, CLIP, BATCH = 3e-3, 0.05, 100, 1.0, 32
@@ -55,39 +58,17 @@ GPT_SIZE = ["model.kwargs.config.n_layer=4", "+data.test_chars=120000"]
 CONTEXT = 64
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_",
-                                                                   "TORCHELASTIC", "HOGWILD_"))}
-    env.update(PYTHONUNBUFFERED="1", **extra)
-    return env
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _hogwild(replicas: int, budget: float, work: Path) -> dict[str, Any]:
     """Start the CLI, SIGTERM it ``budget`` s after its first step (its final round and checkpoint
     follow), then score the checkpoint with hogwild-eval."""
-    from hogwild.bench import previous_attempt
-
     run = work / f"hw{replicas}"
-    args = [*RECIPE, f"workers={2 // replicas}", f"run_dir={run}"]
-    if replicas == 1:
-        cmd = [sys.executable, "-m", "hogwild.cli.train", *args]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={replicas}",
-               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}", "-m", "hogwild.cli.train", *args]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
+    cmd = train_cmd([*RECIPE, f"workers={2 // replicas}", f"run_dir={run}"], replicas)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         while True:
-            seen = previous_attempt(run / "progress" / "rank0.board")
-            if seen is not None and seen[1] > 0:
+            board = read_board(run)
+            if board is not None and board.applied > 0:
                 break
             if proc.poll() is not None:
                 raise RuntimeError(f"hogwild {replicas} replicas ended before training (exit {proc.returncode})")
@@ -98,15 +79,17 @@ def _hogwild(replicas: int, budget: float, work: Path) -> dict[str, Any]:
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    ckpt = run / "checkpoints" / "last.pt"
-    out = subprocess.run([sys.executable, "-m", "hogwild.cli.evaluate", f"checkpoint={ckpt}",
-                          "model._target_=examples.charlm.CharTransformer", "data._target_=examples.charlm.stdlib_text"],
-                         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    ckpt = last_checkpoint(run)
+    if ckpt is None:
+        raise RuntimeError(f"hogwild {replicas} replicas wrote no checkpoint")
+    out = subprocess.run([sys.executable, "-m", "hogwild.cli.evaluate", f"checkpoint={ckpt.path}",
+                          "model._target_=examples.charlm.CharTransformer",
+                          "data._target_=examples.charlm.stdlib_text"],
+                         cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
     scores = json.loads(out.stdout.strip().splitlines()[-1])
-    steps = int(torch.load(ckpt, weights_only=True)["counters"]["steps"])
-    return {"perplexity": scores["test_perplexity"], "steps": steps}
+    return {"perplexity": scores["test_perplexity"], "steps": ckpt.steps}
 
 
 def _hogwild_gpt(replicas: int, budget: float, work: Path, extra: tuple[str, ...] = (),
@@ -116,16 +99,11 @@ def _hogwild_gpt(replicas: int, budget: float, work: Path, extra: tuple[str, ...
     run = work / f"hw{replicas}"
     args = ["+experiment=gpt", *GPT_SIZE, "train.max_steps=100000000", f"train.max_time={budget}",
             f"workers={width // replicas}", f"run_dir={run}", *extra]
-    if replicas == 1:
-        cmd = [sys.executable, "-m", "hogwild.cli.train", *args]
-    else:
-        cmd = [sys.executable, "-m", "hogwild.cli.launch", "--nnodes=1", f"--nproc-per-node={replicas}",
-               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}", "-m", "hogwild.cli.train", *args]
-    out = subprocess.run(cmd, cwd=REPO, env=_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                         timeout=budget + 900)
+    out = subprocess.run(train_cmd(args, replicas, launcher="hogwild.cli.launch"), cwd=REPO,
+                         env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=budget + 900)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
-    m = json.loads((run / "metrics.json").read_text())
+    m = metrics(run)
     return {"loss": m["test_loss"], "perplexity": m["test_perplexity"], "steps": m["steps"],
             "tokens_per_s": m["samples_per_s"] * CONTEXT, "eval_fraction": m["eval_fraction"],
             "train_s": m["train_s"], "peak_memory_mb": m["peak_memory_mb"], "update": m.get("update"),
@@ -133,17 +111,40 @@ def _hogwild_gpt(replicas: int, budget: float, work: Path, extra: tuple[str, ...
             "barrier_wait_fraction": m.get("barrier_wait_fraction")}
 
 
-def _recipe(model: torch.nn.Module, world: int, rank: int, train: Any, lr: float = LR) -> tuple[Any, ...]:
-    """The baselines' shared recipe: DDP over ``world`` ranks, AdamW with decay on matrices only,
-    this rank's sample stream, and the training split as two tensors."""
+def _join(rank: int, world: int, port: int, threads: int) -> None:
+    torch.set_num_threads(threads)
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=120))
+
+
+def _train(model: torch.nn.Module, world: int, rank: int, train: Any, budget: float,
+           rate: Callable[[int, float], float], loss: Callable[..., torch.Tensor]) -> tuple[int, float]:
+    """The baselines' shared recipe: DDP over ``world`` ranks, AdamW with decay on matrices only at
+    ``rate(step, seconds)``, clipping, this rank's sample stream, until the budget is spent on some
+    rank (the clock starts after the first step, as hogwild's). Returns (steps, seconds)."""
     net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     ps = list(model.parameters())
     groups = [{"params": [p for p in ps if p.dim() > 1], "weight_decay": WD},
               {"params": [p for p in ps if p.dim() <= 1], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=lr)
+    opt = torch.optim.AdamW(groups, lr=rate(0, 0.0))
     gen = torch.Generator().manual_seed(rank)
     x_all, y_all = torch.stack([train[i][0] for i in range(len(train))]), train.targets
-    return net, ps, opt, gen, x_all, y_all
+    step, t0, spent = 0, None, 0.0
+    while True:
+        spent = 0.0 if t0 is None else time.monotonic() - t0
+        if t0 is not None and _over(spent, budget, world):
+            return step, spent
+        idx = torch.randint(len(train), (BATCH,), generator=gen)
+        for g in opt.param_groups:
+            g["lr"] = rate(step, spent)
+        opt.zero_grad(set_to_none=True)
+        loss(net, x_all[idx], y_all[idx]).backward()
+        torch.nn.utils.clip_grad_norm_(ps, CLIP)
+        opt.step()
+        step += 1
+        if t0 is None:
+            t0 = time.monotonic()
 
 
 def _over(spent: float, budget: float, world: int) -> bool:
@@ -158,30 +159,13 @@ def _gpt_rank(rank: int, world: int, port: int, budget: float, threads: int, out
     from examples.charlm import stdlib_text
     from examples.gpt import GPT, GPTConfig
 
-    torch.set_num_threads(threads)
-    if world > 1:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=120))
+    _join(rank, world, port, threads)
     train, test = stdlib_text(test_chars=120_000)
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=4))
-    net, ps, opt, gen, x_all, y_all = _recipe(model, world, rank, train, lr)
-    step, t0, spent = 0, None, 0.0
-    while True:
-        spent = 0.0 if t0 is None else time.monotonic() - t0
-        if t0 is not None and _over(spent, budget, world):
-            break
-        idx = torch.randint(len(train), (BATCH,), generator=gen)
-        warm = min(1.0, (step + 1) / WARMUP)
-        for g in opt.param_groups:  # warm-up, then a cosine over the budget, as hogwild's schedule under max_time
-            g["lr"] = lr * warm * 0.5 * (1 + math.cos(math.pi * min(spent / budget, 1.0)))
-        opt.zero_grad(set_to_none=True)
-        net(x_all[idx], y_all[idx])[1].backward()
-        torch.nn.utils.clip_grad_norm_(ps, CLIP)
-        opt.step()
-        step += 1
-        if t0 is None:
-            t0 = time.monotonic()  # after the first step, as hogwild's clock starts
+    # Warm-up, then a cosine over the budget, as hogwild's schedule under max_time.
+    step, spent = _train(model, world, rank, train, budget, lambda step, spent: lr * min(1.0, (step + 1) / WARMUP)
+                         * 0.5 * (1 + math.cos(math.pi * min(spent / budget, 1.0))), lambda net, x, y: net(x, y)[1])
     import resource
 
     out[f"peak_rss_mb{rank}"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the evaluation
@@ -201,36 +185,16 @@ def _gpt_rank(rank: int, world: int, port: int, budget: float, threads: int, out
 
 def _baseline_rank(rank: int, world: int, port: int, budget: float, threads: int, out: Any, lr: float = LR) -> None:
     from examples.charlm import CharTransformer, stdlib_text
-    from hogwild.bench import Split
-    from hogwild.bench import DEFAULT_LOSS, Task, evaluate
 
-    torch.set_num_threads(threads)
-    if world > 1:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=120))
+    _join(rank, world, port, threads)
     train, test = stdlib_text()
     torch.manual_seed(0)
     model = CharTransformer()
-    net, ps, opt, gen, x_all, y_all = _recipe(model, world, rank, train, lr)
-    step, t0 = 0, None
-    while True:
-        if t0 is not None and _over(time.monotonic() - t0, budget, world):
-            break
-        idx = torch.randint(len(train), (BATCH,), generator=gen)
-        for g in opt.param_groups:
-            g["lr"] = lr * min(1.0, (step + 1) / WARMUP)
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(net(x_all[idx]).reshape(-1, 128), y_all[idx].reshape(-1)).backward()
-        torch.nn.utils.clip_grad_norm_(ps, CLIP)
-        opt.step()
-        step += 1
-        if t0 is None:
-            t0 = time.monotonic()  # after the first step, as hogwild's clock starts
+    step, _ = _train(model, world, rank, train, budget, lambda step, _: lr * min(1.0, (step + 1) / WARMUP),
+                     lambda net, x, y: F.cross_entropy(net(x).reshape(-1, 128), y.reshape(-1)))
     if rank == 0:
-        split = Split((torch.stack([test[i][0] for i in range(len(test))]),), test.targets)
-        task = Task("language_model", DEFAULT_LOSS["language_model"])
-        out["result"] = {"perplexity": evaluate(model, split, torch.device("cpu"), task)["perplexity"],
-                         "steps": step * world}
+        split = (torch.stack([test[i][0] for i in range(len(test))]), test.targets)
+        out["result"] = {"perplexity": evaluate(model, split, "language_model")["perplexity"], "steps": step * world}
     if world > 1:
         dist.destroy_process_group()
 
@@ -239,7 +203,7 @@ def _baseline(world: int, budget: float, target: Any = None, lr: float = LR) -> 
     ctx = mp.get_context("spawn")
     out = ctx.Manager().dict()
     threads = max(1, (os.cpu_count() or 2) // world)
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=target or _baseline_rank, args=(r, world, port, budget, threads, out, lr))
              for r in range(world)]
     for p in procs:
@@ -252,25 +216,6 @@ def _baseline(world: int, budget: float, target: Any = None, lr: float = LR) -> 
     # Each rank's own peak resident set, summed: a DDP rank shares no tensors with another (the
     # libraries' pages, counted in each, are a few tens of MB).
     return {**dict(out["result"]), "peak_memory_mb": sum(rss) if len(rss) == world else None}
-
-
-class Hog:
-    """A busy process pinned to one core for as long as the block runs: that core is shared with
-    whatever else lands on it (a straggler for DDP, which waits for its slowest rank every step)."""
-
-    def __init__(self, core: Optional[int]) -> None:
-        self.core, self.proc = core, None
-
-    def __enter__(self) -> "Hog":
-        if self.core is not None:
-            self.proc = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{self.core}}})\n"
-                                          "while True: pass"])
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def main() -> None:
@@ -303,7 +248,7 @@ def main() -> None:
             "ddp_2": f"ddp_{args.width}", "single": "single"}
     label = {c: wide[c[0]] + (f" lr {c[1]:g}" if c[1] is not None else "") for c in configs}
     runs: dict[str, list[dict[str, Any]]] = {label[c]: [] for c in configs}
-    with tempfile.TemporaryDirectory() as tmp, Hog(0 if args.straggler else None):
+    with tempfile.TemporaryDirectory() as tmp, busy_core(0 if args.straggler else None):
         for rep in range(args.repeats):
             for c in configs:
                 method, lr = c
@@ -318,34 +263,28 @@ def main() -> None:
                                   lr if lr is not None else base_lr)
                 logger.info("repeat %d %s: %s", rep, label[c], json.dumps(r))
                 runs[label[c]].append(r)
-    args.out.mkdir(parents=True, exist_ok=True)
     name = args.name or (("lm_budget_gpt" + (f"_lr{args.lr:g}" if args.lr is not None else "")
                           + ("_straggler" if args.straggler else "")) if gpt else "lm_budget")
-    (args.out / f"{name}.json").write_text(json.dumps({"command": sys.argv, "budget_s": args.budget, "lr": args.lr,
-                                                       "straggler": args.straggler, "runs": runs}, indent=1))
     if gpt:
-        lines = [f"| method | median test loss after {args.budget:.0f} s | runs | median tokens/s | "
-                 "median steps (all processes) | median eval share | median peak memory (MiB) |",
-                 "|---|---|---|---|---|---|---|"]
+        lines = table_head("method", f"median test loss after {args.budget:.0f} s", "runs", "median tokens/s",
+                           "median steps (all processes)", "median eval share", "median peak memory (MiB)")
         for method, rs in runs.items():
             med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
             losses = ", ".join(f"{r['loss']:.4f}" for r in rs)
             mem = [r["peak_memory_mb"] for r in rs if r.get("peak_memory_mb")]
-            lines.append(f"| {method} | {med('loss'):.4f} | {losses} | "
-                         f"{med('tokens_per_s'):,.0f} | {med('steps'):.0f} | {med('eval_fraction'):.3f} | "
-                         f"{statistics.median(mem):,.0f} |" if mem else
-                         f"| {method} | {med('loss'):.4f} | {losses} | "
-                         f"{med('tokens_per_s'):,.0f} | {med('steps'):.0f} | {med('eval_fraction'):.3f} | – |")
+            lines.append(f"| {method} | {med('loss'):.4f} | {losses} | {med('tokens_per_s'):,.0f} | "
+                         f"{med('steps'):.0f} | {med('eval_fraction'):.3f} | "
+                         + (f"{statistics.median(mem):,.0f} |" if mem else "– |"))
     else:
-        lines = [f"| method | median test perplexity after {args.budget:.0f} s | runs | median steps (all processes) |",
-                 "|---|---|---|---|"]
+        lines = table_head("method", f"median test perplexity after {args.budget:.0f} s", "runs",
+                           "median steps (all processes)")
         for method in runs:
             ppl = [r["perplexity"] for r in runs[method]]
             steps = statistics.median(r["steps"] for r in runs[method])
-            lines.append(f"| {method} | {statistics.median(ppl):.3f} | {', '.join(f'{p:.3f}' for p in ppl)} | {steps:.0f} |")
-    table = "\n".join(lines) + "\n"
-    (args.out / f"{name}.md").write_text(table)
-    sys.stdout.write(table)
+            lines.append(f"| {method} | {statistics.median(ppl):.3f} | {', '.join(f'{p:.3f}' for p in ppl)} | "
+                         f"{steps:.0f} |")
+    write_results(args.out, name, {"command": sys.argv, "budget_s": args.budget, "lr": args.lr,
+                                   "straggler": args.straggler, "runs": runs}, "\n".join(lines) + "\n", indent=1)
     if any(not math.isfinite(r["perplexity"]) for rs in runs.values() for r in rs):
         raise SystemExit(1)
 

@@ -17,12 +17,12 @@ import argparse
 import json
 import logging
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from common import train
+
 logger = logging.getLogger("optim_state")
 
 BASE = ["+experiment=regression", "+model.batchnorm=true", "optim.lr=0.01", "optim.weight_decay=0.01",
@@ -32,14 +32,6 @@ SETUPS = {"1 worker": ["workers=1"],
           "2 workers, barrier (default)": ["workers=2"],
           "2 workers, hogwild, per-worker state": ["workers=2", "optim.update=hogwild", "optim.state=worker"],
           "2 workers, hogwild, shared state": ["workers=2", "optim.update=hogwild", "optim.state=shared"]}
-
-
-def r2(args: list[str], run_dir: Path) -> float:
-    proc = subprocess.run([sys.executable, "-m", "hogwild.cli.train", *args, f"run_dir={run_dir}", "resume=false"],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-2000:])
-    return float(json.loads((run_dir / "metrics.json").read_text())["test_r2"])
 
 
 def main() -> None:
@@ -53,7 +45,8 @@ def main() -> None:
         for seed in range(a.repeats):
             for opt, opt_args in OPTIMIZERS.items():
                 for setup, setup_args in SETUPS.items():
-                    value = r2([*BASE, *opt_args, *setup_args, f"train.seed={seed}"], Path(tmp) / "run")
+                    value = float(train([*BASE, *opt_args, *setup_args, f"train.seed={seed}"], Path(tmp) / "run",
+                                        timeout=600)["test_r2"])
                     results[f"{opt} | {setup}"].append(value)
                     logger.info("seed %d  %-45s R² %.4f", seed, f"{opt} | {setup}", value)
     print("| optimizer | setup | median R² | runs |\n|---|---|---|---|")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import math
 import statistics
@@ -28,29 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from baselines import CLASSIFY, CPU, MLP, Workload, sgd_step  # noqa: E402
+from baselines import MLP, Workload, sgd_step  # noqa: E402
+from common import names, table_head, write_results  # noqa: E402
 from torch.nn.utils import parameters_to_vector, vector_to_parameters  # noqa: E402
 
-from hogwild.bench import SyncConfig  # noqa: E402
-from hogwild.bench import evaluate  # noqa: E402
-from hogwild.bench import LocalComm  # noqa: E402
-from hogwild.bench import sync_round  # noqa: E402
-from hogwild.bench import SyncRule  # noqa: E402
-from hogwild.bench import OuterRule  # noqa: E402
-from hogwild.bench import make_rule  # noqa: E402
+from hogwild.bench import sync_round, sync_rule  # noqa: E402
 
 logger = logging.getLogger("outer_rules")
 RULES = ("slowmo", "diloco", "average")
-
-
-def rule_for(mode: str, replicas: int) -> SyncRule:
-    """The rule as an R-replica job gets it. It runs here on a one-rank communicator fed the
-    replicas' mean, so an outer momentum whose default depends on R (slowmo's) is set to the
-    rule's own default for R replicas."""
-    rule = make_rule(SyncConfig(mode=mode), LocalComm())
-    if isinstance(rule, OuterRule):
-        rule.cfg = dataclasses.replace(rule.cfg, outer_momentum=rule.default_momentum(replicas))
-    return rule
 
 
 def steps_to_target(w: Workload, mode: str, seed: int, replicas: int, interval: int,
@@ -63,9 +47,8 @@ def steps_to_target(w: Workload, mode: str, seed: int, replicas: int, interval: 
     models = [w.build(ds) for _ in range(replicas)]  # one seed: the same initial weights
     opts = [torch.optim.SGD(m.parameters(), lr=w.lr) for m in models]
     samplers = [w.sampler(ds, replicas, r) for r in range(replicas)]
-    synced = parameters_to_vector(models[0].parameters()).detach().clone()
-    rule = rule_for(mode, replicas)
-    rule.prime(synced)
+    # The rule as an R-replica job gets it, fed the replicas' mean in one process.
+    rule = sync_rule(parameters_to_vector(models[0].parameters()).detach().clone(), mode, lockstep=replicas)
     best = 0.0
     for k in range(1, rounds + 1):
         for r, (model, opt) in enumerate(zip(models, opts)):
@@ -75,7 +58,7 @@ def steps_to_target(w: Workload, mode: str, seed: int, replicas: int, interval: 
         sync_round(mean, rule)  # the replicas' mean in, the rule's synced model out
         for model in models:  # a copy each: vector_to_parameters makes the parameters views of its vector
             vector_to_parameters(mean.clone(), model.parameters())
-        acc = evaluate(models[0], ds.test, CPU, CLASSIFY)["accuracy"]
+        acc = w.accuracy(models[0], ds)
         best = max(best, acc)
         if acc >= w.target:
             return k * interval, best
@@ -95,10 +78,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench_results/outer_rules"))
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="[outer_rules] %(message)s")
-    rules = [r for r in args.rules.split(",") if r]
-    bad = [r for r in rules if r not in RULES]
-    if bad:
-        ap.error(f"--rules: unknown {', '.join(bad)}; choose from {', '.join(RULES)}")
+    rules = names(ap, "--rules", args.rules, RULES)
     w = dataclasses.replace(MLP, target=args.target, split_seed=args.split_seed)
     jobs = [(m, s) for m in rules for s in range(args.seeds)]
     with ProcessPoolExecutor(args.procs) as pool:
@@ -109,19 +89,15 @@ def main() -> None:
              for m in rules}
     lines = [f"{w.name} (split seed {args.split_seed}), {args.replicas} replicas in lockstep, interval "
              f"{args.interval}, target {args.target}, seeds 0-{args.seeds - 1}, budget {args.rounds} rounds", "",
-             "| rule | median steps/replica | missed | seed 0 | every seed | median best accuracy |",
-             "|---|---|---|---|---|---|"]
+             *table_head("rule", "median steps/replica", "missed", "seed 0", "every seed", "median best accuracy")]
     for m, runs in table.items():
         steps = [r["steps"] if r["steps"] is not None else math.inf for r in runs]
         med = statistics.median(steps)
         lines.append(f"| {m} | {med:g} | {sum(s == math.inf for s in steps)} | {steps[0]:g} | "
                      f"{', '.join(f'{s:g}' for s in steps)} | "
                      f"{statistics.median(r['best_accuracy'] for r in runs):.3f} |")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                         "runs": table}, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    sys.stdout.write("\n".join(lines) + "\n")
+    write_results(args.out.parent, args.out.stem, {"args": {k: str(v) for k, v in vars(args).items()},
+                                                   "runs": table}, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

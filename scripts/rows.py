@@ -37,6 +37,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 import link  # noqa: E402
+from common import metrics, put_result, result_line, train_cmd  # noqa: E402
+
+from hogwild.bench import ring_all_reduce_bytes  # noqa: E402
 
 logger = logging.getLogger("rows")
 
@@ -50,6 +53,18 @@ METHODS: dict[str, Optional[list[str]]] = {
 }
 
 
+def click_args(ap: argparse.ArgumentParser, samples: int, test_fraction: float,
+               fraction_help: Optional[str] = None) -> None:
+    """The clicks DLRM's options, which tables.py shares."""
+    ap.add_argument("--rows", type=int, default=1_000_000, help="rows per table")
+    ap.add_argument("--tables", type=int, default=2)
+    ap.add_argument("--lookups", type=int, default=20, help="per table and sample")
+    ap.add_argument("--dim", type=int, default=16)
+    ap.add_argument("--samples", type=int, default=samples)
+    ap.add_argument("--test-fraction", type=float, default=test_fraction, help=fraction_help)
+    ap.add_argument("--target", type=float, required=True, help="test log-loss to reach")
+
+
 def workload(a: argparse.Namespace) -> list[str]:
     return ["+experiment=clicks", f"data.kwargs.rows={a.rows}", f"data.kwargs.tables={a.tables}",
             f"data.kwargs.lookups={a.lookups}", f"data.kwargs.samples={a.samples}", f"model.kwargs.dim={a.dim}",
@@ -61,12 +76,13 @@ def hogwild(a: argparse.Namespace, extra: list[str], root: Path) -> dict[str, An
     port = link._port()
     target = ["train.target.metric=logloss", f"train.target.value={a.target}"] if a.stop_at_target else []
     cmds = [[sys.executable, "-m", "torch.distributed.run", f"--nnodes={a.machines}", "--nproc-per-node=1",
-             f"--node-rank={i}", f"--master-addr={link.addr(0)}", f"--master-port={port}", "-m", "hogwild.cli.train",
-             *workload(a), f"workers={a.workers}", f"sync.interval={a.interval}", f"eval.every_s={a.eval_every_s}",
-             "eval.max_fraction=0.5", "checkpoint.every_s=3600", *target, f"run_dir={run_dir}", *extra]
+             f"--node-rank={i}", f"--master-addr={link.addr(0)}", f"--master-port={port}",
+             *train_cmd([*workload(a), f"workers={a.workers}", f"sync.interval={a.interval}",
+                         f"eval.every_s={a.eval_every_s}", "eval.max_fraction=0.5", "checkpoint.every_s=3600", *target,
+                         f"run_dir={run_dir}", *extra])[1:]]
             for i in range(a.machines)]
     _, sent = link.on_machines(cmds, a.run_timeout_s)
-    m = json.loads((run_dir / "metrics.json").read_text())
+    m = metrics(run_dir)
     steps = max(m["steps"], 1) / a.machines
     reached = m["time_to_target_s"] if a.stop_at_target else first_below(run_dir, a.target)
     return {"time_to_target_s": reached, "final_logloss": m["test_logloss"], "auc": m["test_auc"],
@@ -75,17 +91,21 @@ def hogwild(a: argparse.Namespace, extra: list[str], root: Path) -> dict[str, An
             "peak_memory_mb": m["peak_memory_mb"], "wall_s": m["wall_s"], "train_s": m["train_s"]}
 
 
-def first_below(run_dir: Path, target: float) -> Optional[float]:
-    """Seconds of training at the first evaluation whose test log-loss met ``target`` (TensorBoard's
-    ``test/logloss`` against the first training point's wall time), or None."""
+def evaluations(run_dir: Path) -> list[tuple[float, float]]:
+    """(seconds of training, test log-loss) of each evaluation during the run: TensorBoard's
+    ``test/logloss`` against the first training point's wall time."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(run_dir / "tb"))
     acc.Reload()
     scalars = acc.Tags()["scalars"]
     start = min(e.wall_time for tag in scalars if tag.startswith("train/") for e in acc.Scalars(tag))
-    hits = [e.wall_time for e in acc.Scalars("test/logloss") if e.value <= target]
-    return (min(hits) - start) if hits else None
+    return [(e.wall_time - start, e.value) for e in acc.Scalars("test/logloss")]
+
+
+def first_below(run_dir: Path, target: float) -> Optional[float]:
+    """Seconds of training at the first evaluation whose test log-loss met ``target``, or None."""
+    return min((t for t, v in evaluations(run_dir) if v <= target), default=None)
 
 
 def ddp(a: argparse.Namespace, sparse: bool, steps: Optional[int]) -> dict[str, Any]:
@@ -93,8 +113,7 @@ def ddp(a: argparse.Namespace, sparse: bool, steps: Optional[int]) -> dict[str, 
     cmds = [_on_one_machine([ddp_rank_cmd(a, i * a.workers + j, port, sparse, steps) for j in range(a.workers)])
             for i in range(a.machines)]
     logs, sent = link.on_machines(cmds, a.run_timeout_s)
-    line = next(ln for ln in logs[0].splitlines() if ln.startswith("RESULT "))
-    r = json.loads(line[len("RESULT "):])
+    r = result_line(logs[0])
     # The rank's own count of its steps' traffic; the outside count also holds DDP's start-up
     # broadcast of the whole model (most of it, for a large table and a few hundred steps).
     return {**r, "tx_bytes_per_step_with_start": sent / max(r["steps"], 1)}
@@ -179,12 +198,12 @@ def ddp_rank(a: argparse.Namespace) -> None:
         if math.isnan(last) or a.eval_samples or (reached is None and not a.ddp_full_pass):
             last = logloss()
         grads = sum(p.numel() for p in model.parameters())
-        sys.stdout.write("RESULT " + json.dumps({
+        put_result({
             "time_to_target_s": reached[0] if reached else None, "steps_to_target": reached[1] if reached else None,
             "steps": s + 1, "step_s": clock / (s + 1), "final_logloss": last, "curve": curve,
             "tx_bytes_per_step": (link.own_tx_bytes(a.ddp_rank) - tx0) / (s + 1),
             # Ring all_reduce of the dense gradients; a sparse one all_gathers indices and rows.
-            "bytes_per_step": link.ring_all_reduce_bytes(4 * grads, world) if not a.sparse else float("nan")}) + "\n")
+            "bytes_per_step": ring_all_reduce_bytes(4 * grads, world) if not a.sparse else float("nan")})
     sys.stdout.flush()
     os._exit(0)  # torch's exit after a Gloo DDP run can abort in a destructor (scripts/link.py)
 
@@ -194,14 +213,8 @@ def main() -> None:
     ap.add_argument("--machines", type=int, default=2)
     ap.add_argument("--workers", type=int, default=1, help="hogwild workers per machine; DDP ranks per machine")
     ap.add_argument("--rate", default="1gbit")
-    ap.add_argument("--rows", type=int, default=1_000_000, help="rows per table")
-    ap.add_argument("--tables", type=int, default=2)
-    ap.add_argument("--lookups", type=int, default=20, help="per table and sample")
-    ap.add_argument("--dim", type=int, default=16)
-    ap.add_argument("--samples", type=int, default=200_000)
-    ap.add_argument("--test-fraction", type=float, default=0.2)
+    click_args(ap, samples=200_000, test_fraction=0.2)
     ap.add_argument("--interval", type=int, default=50)
-    ap.add_argument("--target", type=float, required=True, help="test log-loss to reach")
     ap.add_argument("--stop-at-target", action="store_true")
     ap.add_argument("--eval-every-s", type=float, default=2.0)
     ap.add_argument("--ddp-eval-every", type=int, default=50)

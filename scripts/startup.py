@@ -23,6 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from common import table_head, write_results
+
 logger = logging.getLogger("startup")
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -80,15 +82,11 @@ def main() -> None:
             runs[name].append(measure(tree, args.steps))
             logger.info("repeat %d/%d %s: %.2f s wall, %.2f CPU-s", i + 1, args.repeats, name,
                         runs[name][-1]["wall_s"], runs[name][-1]["cpu_s"])
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "startup.json").write_text(json.dumps({"steps": args.steps, "runs": runs}, indent=2) + "\n")
-    lines = [f"| version | wall s (median of {args.repeats}) | CPU-s, all processes (median) |",
-             "|---|---|---|"]
+    lines = table_head("version", f"wall s (median of {args.repeats})", "CPU-s, all processes (median)")
     for name, rs in runs.items():
         lines.append(f"| {name} | {statistics.median(r['wall_s'] for r in rs):.2f} | "
                      f"{statistics.median(r['cpu_s'] for r in rs):.2f} |")
-    (args.out / "startup.md").write_text("\n".join(lines) + "\n")
-    sys.stdout.write("\n".join(lines) + "\n")
+    write_results(args.out, "startup", {"steps": args.steps, "runs": runs}, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

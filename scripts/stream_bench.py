@@ -12,7 +12,6 @@ repeat, so host load affects both alike; the figure is metrics.json's ``samples_
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 import os
@@ -61,6 +60,8 @@ def run(args: list[str], run_dir: Path) -> dict[str, Any]:
 
 
 def main() -> None:
+    from common import table_head, write_results  # not at the top: the workers import this module for its data
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=400)
@@ -80,13 +81,10 @@ def main() -> None:
     med = {name: statistics.median(v) for name, v in samples.items()}
     result = {"workload": "GPT (+experiment=gpt), hogwild 1 x 2", "steps": args.steps, "repeats": args.repeats,
               "samples_per_s": samples, "median": med, "stream_over_map": med["stream"] / med["map-style"]}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "stream_bench.json").write_text(json.dumps(result, indent=2) + "\n")
-    lines = ["| data | samples/s (median) | runs |", "|---|---|---|"]
+    lines = table_head("data", "samples/s (median)", "runs")
     lines += [f"| {name} | {med[name]:.0f} | {', '.join(f'{v:.0f}' for v in samples[name])} |" for name in MODES]
     lines.append(f"\nstream / map-style: {result['stream_over_map']:.3f}")
-    (args.out / "stream_bench.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.out, "stream_bench", result, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -39,7 +38,9 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import link  # noqa: E402
 import rows  # noqa: E402
-from hogwild.bench import process_tree, pss_bytes  # noqa: E402
+from common import busy_core, metrics, names, result_line, train_cmd  # noqa: E402
+
+from hogwild.bench import PeakPss  # noqa: E402
 
 logger = logging.getLogger("tables")
 
@@ -52,26 +53,6 @@ METHODS = (*HOGWILD, "ddp_sparse")
 DEFAULT_METHODS = ("hogwild", "hogwild_worker_state", "ddp_sparse")
 
 
-class MachinePeak:
-    """The largest summed PSS of the process trees under ``roots``, sampled in a thread."""
-
-    def __init__(self, roots: list[int]) -> None:
-        self.roots, self.peak = roots, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.25):
-            pids = {pid for root in self.roots for pid in process_tree(root)}
-            self.peak = max(self.peak, sum(s for s in (pss_bytes(p) for p in pids) if s is not None))
-
-    def stop(self) -> float:
-        self._stop.set()
-        self._thread.join()
-        return self.peak / 2**20
-
-
 def _run(cmds: list[list[str]], timeout: float, cores: int) -> tuple[list[str], float]:
     """Run ``cmds`` side by side on the first ``cores`` cores; their logs and the machine-wide peak
     PSS in MiB."""
@@ -79,45 +60,34 @@ def _run(cmds: list[list[str]], timeout: float, cores: int) -> tuple[list[str], 
     # Both methods get W cores of a larger machine: hogwild sizes its workers' threads to the cores
     # it may use, DDP's ranks run one thread each.
     pin = ["taskset", "-c", f"0-{cores - 1}"] if cores < (os.cpu_count() or 1) else []
-    procs = [subprocess.Popen([*pin, *c], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for c in cmds]
-    peak = MachinePeak([p.pid for p in procs])
-    try:
-        logs = [p.communicate(timeout=timeout)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-        mib = peak.stop()
+    procs = [subprocess.Popen([*pin, *c], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for c in cmds]
+    with PeakPss(*(p.pid for p in procs)) as peak:  # every process of the run, machine-wide
+        try:
+            logs = [p.communicate(timeout=timeout)[0] for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
     failed = [f"process {i} exit {p.returncode}: {log[-1500:]}" for i, (p, log) in enumerate(zip(procs, logs))
               if p.returncode != 0]
     if failed:
         raise RuntimeError(" | ".join(failed))
-    return logs, mib
+    return logs, peak.peak_mib
 
 
 def hogwild(a: argparse.Namespace, extra: list[str], root: Path) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(dir=root))
-    cmd = [sys.executable, "-m", "hogwild.cli.train", *rows.workload(a), f"workers={a.workers}",
-           f"eval.every_s={a.eval_every_s}", f"eval.max_fraction={a.eval_fraction}",
-           *([f"eval.max_batches={a.eval_batches}"] if a.eval_batches else []),
-           "checkpoint.every_s=3600",
-           f"run_dir={run_dir}", *extra]
+    batches = [f"eval.max_batches={a.eval_batches}"] if a.eval_batches else []
+    cmd = train_cmd([*rows.workload(a), f"workers={a.workers}", f"eval.every_s={a.eval_every_s}",
+                     f"eval.max_fraction={a.eval_fraction}", *batches, "checkpoint.every_s=3600", f"run_dir={run_dir}",
+                     *extra])
     _, peak = _run([cmd], a.run_timeout_s, a.workers)
-    m = json.loads((run_dir / "metrics.json").read_text())
-    return {"time_to_target_s": rows.first_below(run_dir, a.target), "curve": curve(run_dir),
-            "final_logloss": m["test_logloss"],
-            "auc": m["test_auc"], "machine_peak_mb": peak, "memory_mb": m.get("memory_mb"),
-            "train_s": m["train_s"], "steps": m["steps"], "eval_fraction": m.get("eval_fraction")}
-
-
-def curve(run_dir: Path) -> list[tuple[float, float]]:
-    """(seconds of training, test log-loss) of each evaluation during the run (TensorBoard's)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(run_dir / "tb"))
-    acc.Reload()
-    scalars = acc.Tags()["scalars"]
-    start = min(e.wall_time for tag in scalars if tag.startswith("train/") for e in acc.Scalars(tag))
-    return [(round(e.wall_time - start, 3), round(e.value, 5)) for e in acc.Scalars("test/logloss")]
+    m = metrics(run_dir)
+    curve = [(round(t, 3), round(v, 5)) for t, v in rows.evaluations(run_dir)]
+    return {"time_to_target_s": rows.first_below(run_dir, a.target), "curve": curve,
+            "final_logloss": m["test_logloss"], "auc": m["test_auc"], "machine_peak_mb": peak,
+            "memory_mb": m.get("memory_mb"), "train_s": m["train_s"], "steps": m["steps"],
+            "eval_fraction": m.get("eval_fraction")}
 
 
 def ddp(a: argparse.Namespace) -> dict[str, Any]:
@@ -126,16 +96,10 @@ def ddp(a: argparse.Namespace) -> dict[str, Any]:
     port = link._port()
     logs, peak = _run([rows.ddp_rank_cmd(a, r, port, sparse=True, full_pass=True) for r in range(a.workers)],
                       a.run_timeout_s, a.workers)
-    line = next(ln for ln in logs[0].splitlines() if ln.startswith("RESULT "))
-    r = json.loads(line[len("RESULT "):])
+    r = result_line(logs[0])
     return {"time_to_target_s": r["time_to_target_s"], "final_logloss": r["final_logloss"],
             "machine_peak_mb": peak, "steps": r["steps"] * a.workers, "train_s": r["step_s"] * r["steps"],
             "curve": r["curve"]}
-
-
-def busy() -> subprocess.Popen[bytes]:
-    """A process spinning on core 0."""
-    return subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while True: pass"])
 
 
 def median(runs: list[dict[str, Any]], key: str) -> Optional[float]:
@@ -146,13 +110,8 @@ def median(runs: list[dict[str, Any]], key: str) -> Optional[float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, default=2, help="hogwild workers of one replica; DDP processes")
-    ap.add_argument("--rows", type=int, default=1_000_000, help="rows per table")
-    ap.add_argument("--tables", type=int, default=2)
-    ap.add_argument("--lookups", type=int, default=20, help="per table and sample")
-    ap.add_argument("--dim", type=int, default=16)
-    ap.add_argument("--samples", type=int, default=800_000)
-    ap.add_argument("--test-fraction", type=float, default=0.05, help="of the samples, held out (40,000 by default)")
-    ap.add_argument("--target", type=float, required=True, help="test log-loss to reach")
+    rows.click_args(ap, samples=800_000, test_fraction=0.05,
+                    fraction_help="of the samples, held out (40,000 by default)")
     ap.add_argument("--eval-every-s", type=float, default=0.5)
     ap.add_argument("--eval-fraction", type=float, default=0.2, help="hogwild: eval.max_fraction")
     ap.add_argument("--eval-batches", type=int, default=0,
@@ -168,10 +127,7 @@ def main() -> None:
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="[tables] %(message)s")
     os.chdir(REPO)  # +experiment=clicks imports examples/ from the working directory
-    methods = [m for m in a.methods.split(",") if m]
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        ap.error(f"--methods: unknown {unknown}; choose from {list(METHODS)}")
+    methods = names(ap, "--methods", a.methods, METHODS)
     a.out.mkdir(parents=True, exist_ok=True)
     root = a.out / "runs"
     root.mkdir(exist_ok=True)
@@ -182,9 +138,9 @@ def main() -> None:
         for m in methods:
             r, crashes = {}, []
             for _ in range(1 + a.retries):
-                hog = busy() if a.busy else None
                 try:
-                    r = ddp(a) if m == "ddp_sparse" else hogwild(a, HOGWILD[m], root)
+                    with busy_core(0 if a.busy else None):  # --busy: a process spinning on core 0
+                        r = ddp(a) if m == "ddp_sparse" else hogwild(a, HOGWILD[m], root)
                     break
                 except Exception as e:  # noqa: BLE001 - one failed run must not lose the others' figures
                     # DDP's Gloo thread on this host sometimes dies of a general protection fault in its
@@ -192,10 +148,6 @@ def main() -> None:
                     logger.error("%s failed: %s", m, str(e)[:400])
                     crashes.append(str(e)[:300])
                     r = {"error": str(e)[-1500:]}
-                finally:
-                    if hog is not None:
-                        hog.kill()
-                        hog.wait()
             r["failed_runs"] = len(crashes)
             logger.info("repeat %d %s: %s", rep + 1, m, json.dumps(r))
             res["runs"][m].append(r)

@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
+from common import REPO, clean_env, write_results
+
 logger = logging.getLogger("token_memory")
 MIB = 1 << 20
 FIELDS = ("RssAnon", "RssFile", "RssShmem", "VmRSS")
@@ -59,13 +60,6 @@ def sparse_tokens(path: Path, size_bytes: int) -> int:
     with open(path, "wb") as f:
         f.truncate(size_bytes)
     return path.stat().st_size
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_",
-                                                                   "TORCHELASTIC", "HOGWILD_"))}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
 
 
 def descendants(pid: int) -> dict[int, int]:
@@ -125,7 +119,8 @@ def train_and_sample(token_file: Path, args: argparse.Namespace, work: Path) -> 
            "train.batch_size=32", "workers=2", "eval.every_s=30", "checkpoint.every_s=60", f"run_dir={run}"]
     peaks: dict[int, dict[str, Any]] = {}
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
     samples = 0
     while proc.poll() is None:
         for pid, depth in descendants(proc.pid).items():
@@ -236,11 +231,8 @@ def main() -> None:
             logger.info("%.0f MiB file: %d steps in %.1f s, %d samples; peak RssAnon %s MiB", size / MIB, res["steps"],
                         res["wall_s"], res["samples"],
                         ", ".join(f"{p['role']} {p['RssAnon']:.0f}" for p in res["processes_mib"]))
-    args.out.mkdir(parents=True, exist_ok=True)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     machine = {"kernel": platform.release(), "cpus": os.cpu_count()}
-    (args.out / f"{args.name}.json").write_text(json.dumps({"config": config, "machine": machine, "runs": runs},
-                                                           indent=2) + "\n")
     lines = [f"# data=tokens: memory against the token file's size ({args.name})", "",
              f"hogwild 1 replica x 2 workers, a 1-layer GPT (context {args.block_size}, vocab {args.vocab}), "
              f"up to {args.steps} steps or {args.max_time:.0f} s; every process read every {args.every} s "
@@ -248,8 +240,7 @@ def main() -> None:
              f"{'; sparse files of zeros' if args.sparse else ''}.",
              "", *(f"- {r['file_mib']:.0f} MiB file: {r['steps']} steps, {r['wall_s']} s, {r['samples']} samples, "
                    f"test perplexity {r['test_perplexity']:.1f}" for r in runs), "", *table(runs, args.block_size)]
-    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    sys.stdout.write("\n".join(lines) + "\n")
+    write_results(args.out, args.name, {"config": config, "machine": machine, "runs": runs}, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

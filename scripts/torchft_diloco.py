@@ -14,7 +14,6 @@ stop at the same step without a collective of their own. Prints one ``RESULT {js
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
@@ -26,10 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from baselines import CLASSIFY, CPU, WORKLOADS, Workload, sgd_step, workload_from_args  # noqa: E402
-
-from hogwild.bench import evaluate  # noqa: E402
-
+from baselines import WORKLOADS, Workload, sgd_step, workload_from_args  # noqa: E402
+from common import put_result  # noqa: E402
 
 
 def run(args: argparse.Namespace, w: Workload) -> dict[str, float]:
@@ -71,7 +68,7 @@ def run(args: argparse.Namespace, w: Workload) -> dict[str, float]:
                 clock += time.perf_counter() - t0
                 steps += 1
                 if steps % args.interval == 0:
-                    acc = evaluate(model, ds.test, CPU, CLASSIFY)["accuracy"]
+                    acc = w.accuracy(model, ds)
                     if acc >= w.target:
                         break
     finally:
@@ -94,7 +91,8 @@ def main() -> None:
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--target", type=float, default=None)
     ap.add_argument("--epochs", type=int, default=None)
-    ap.add_argument("--seed", type=int, default=0, help="initial weights, shards and data order (hogwild's train.seed)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="initial weights, shards and data order (hogwild's train.seed)")
     ap.add_argument("--split-seed", type=int, default=0, help="the digits' train/test split (data.split_seed)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -104,7 +102,7 @@ def main() -> None:
         sys.stderr.write(f"torchft is not installed here ({e}); BENCHMARKS.md §12 has the install line\n")
         raise SystemExit(2) from None
     w = workload_from_args(args)
-    sys.stdout.write("RESULT " + json.dumps(run(args, w)) + "\n")
+    put_result(run(args, w))
 
 
 if __name__ == "__main__":

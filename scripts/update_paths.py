@@ -25,13 +25,14 @@ import argparse
 import json
 import logging
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from common import table_head
+from common import train as run
+
 logger = logging.getLogger("update_paths")
 
 GPT = ["+experiment=gpt", "model.kwargs.config.n_layer=4", "+data.test_chars=120000", "eval.every_s=1000",
@@ -40,14 +41,6 @@ MEMORY = {"AdamW, barrier (default)": ["optim=adamw"],
           "AdamW, hogwild, per-worker state": ["optim=adamw", "optim.update=hogwild"],
           "SGD, hogwild (no state)": ["optim=sgd", "optim.lr=0.1", "sched.name=constant"]}
 SGD = {"hogwild (default)": [], "barrier": ["optim.update=barrier"]}
-
-
-def run(args: list[str], run_dir: Path) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-m", "hogwild.cli.train", *args, f"run_dir={run_dir}", "resume=false"],
-                          cwd=REPO, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-2000:])
-    return dict(json.loads((run_dir / "metrics.json").read_text()))
 
 
 def memory(repeats: int, tmp: Path) -> dict[str, dict[int, list[float]]]:
@@ -104,14 +97,15 @@ def main() -> None:
         if "memory" in a.parts:
             mem = memory(a.repeats, Path(tmp))
             result["memory_mb"] = mem
-            print("| optimizer, path | 1 worker | 2 workers | 4 workers | 4 workers - 1 worker |\n|---|---|---|---|---|")
+            print(*table_head("optimizer, path", "1 worker", "2 workers", "4 workers", "4 workers - 1 worker"),
+                  sep="\n")
             for name, by in mem.items():
                 med = {w: statistics.median(v) for w, v in by.items()}
                 print(f"| {name} | {med[1]:,.0f} | {med[2]:,.0f} | {med[4]:,.0f} | {med[4] - med[1]:,.0f} |")
         if "sgd" in a.parts:
             times = sgd(a.repeats, Path(tmp))
             result["sgd_time_to_0.95_s"] = times
-            print("| SGD, 2 workers | median s to 0.95 | runs |\n|---|---|---|")
+            print(*table_head("SGD, 2 workers", "median s to 0.95", "runs"), sep="\n")
             for name, ts in times.items():
                 print(f"| {name} | {statistics.median(ts):.2f} | {', '.join(f'{t:.2f}' for t in ts)} |")
         if "small" in a.parts:

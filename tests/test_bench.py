@@ -90,3 +90,58 @@ def test_outer_rules_reports_each_seed_and_refuses_an_unknown_rule(tmp_path: Pat
     # The digits mlp passes 0.5 within a few rounds; a count is always a whole number of rounds.
     assert all(r["steps"] in (50, 100, 150) for v in runs.values() for r in v), runs
     assert "| slowmo |" in out.with_suffix(".md").read_text()
+
+
+def test_hogwild_bench_reads_a_finished_run_as_it_reports_itself(tmp_path: Path) -> None:
+    """What hogwild.bench reads of a run's own files (the board, the checkpoints) and its memory
+    sampler agree with the run's metrics.json: a change of those layouts fails here, not in a
+    benchmark the next time it runs."""
+    from hogwild.bench import PeakPss, checkpoints, last_checkpoint, read_board
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", "workers=1", "train.max_steps=40",
+                             "checkpoint.every_s=0.05", "eval.every_s=60", f"run_dir={run_dir}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=clean_env(), cwd=tmp_path)
+    with PeakPss(proc.pid, every_s=0.05) as peak:
+        _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    steps = json.loads((run_dir / "metrics.json").read_text())["steps"]
+    board = read_board(run_dir)
+    assert board is not None and board.applied == steps and board.pos >= steps and board.base_steps == 0
+    assert read_board(run_dir, rank=1) is None and read_board(tmp_path / "nothing") is None
+    last, every = last_checkpoint(run_dir), checkpoints(run_dir)
+    assert last is not None and last.path.name == "last.pt" and last.steps == steps and last.syncs == 0
+    assert every and [c.written_at for c in every] == sorted(c.written_at for c in every)
+    assert every[-1].sequence == last.sequence and [c.sequence for c in every] == sorted({c.sequence for c in every})
+    assert last.positions is not None and float(last.positions.sum()) >= steps
+    assert last_checkpoint(tmp_path / "nothing") is None and checkpoints(tmp_path / "nothing") == []
+    if sys.platform.startswith("linux"):
+        assert peak.peak_mib > 50  # an interpreter with torch, and its worker
+
+
+def test_hogwild_bench_reads_the_coordinator_as_an_elastic_job_writes_it() -> None:
+    import numpy as np
+    import torch.distributed as dist
+
+    from hogwild.bench import Coordinator, serve_coordinator
+    from hogwild.elastic.membership import Epoch
+    from hogwild.leader.elastic import slot_record
+    from hogwild.replica.board import Counts
+    from tests.conftest import free_port
+
+    port = free_port()
+    stop = serve_coordinator(port)
+    try:
+        view = Coordinator(port)
+        assert not view.whole(2) and view.position(1) is None  # no epoch formed, nothing published
+        store = dist.TCPStore("127.0.0.1", port, is_master=False)
+        for key, value in slot_record(1, np.array([5.0, 7.0]), Counts()).items():
+            store.set(key, value)
+        store.set("members/1", Epoch(1, (0, 1)).encode())
+        store.set("epoch", "1")
+        assert view.position(1) == 12.0 and view.whole(2)
+        store.set("want/1", "1")  # slot 1 asks to join again
+        assert not view.whole(2)
+    finally:
+        stop.set()
+    assert not Coordinator(free_port(), timeout_s=0.5).whole(2)  # nobody there: not whole, no exception

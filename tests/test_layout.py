@@ -196,3 +196,36 @@ def test_launch_scripts_parse() -> None:
     for script in scripts:
         proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
         assert proc.returncode == 0, f"{script.name}: {proc.stderr}"
+
+
+LINTED = ("hogwild", "scripts", "tests", "examples", "launch")
+
+
+def _ruff() -> list[str]:
+    """The command that runs ruff here, or [] where it is not installed."""
+    import importlib.util
+    import shutil
+    import sys
+
+    if importlib.util.find_spec("ruff") is not None:
+        return [sys.executable, "-m", "ruff"]
+    found = shutil.which("ruff")
+    return [found] if found else []
+
+
+def test_the_code_passes_ruff_at_120_characters() -> None:
+    """pyproject.toml's [tool.ruff]: pyflakes and lines of at most 120 characters, over the
+    package, the scripts, the tests, the examples and the launchers. ruff comes with the ``dev``
+    extra (``pip install -e '.[dev]'``); without it this test skips, saying so."""
+    import subprocess
+
+    import pytest
+
+    ruff = _ruff()
+    if not ruff:
+        pytest.skip("ruff is not installed (pip install -e '.[dev]' brings it): the lint did not run")
+    proc = subprocess.run([*ruff, "check", "--no-cache", "--output-format", "concise", *LINTED], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    found = [line for line in proc.stdout.splitlines() if re.match(r"\S+:\d+:\d+: ", line)]
+    assert proc.returncode == 0 and not found, "ruff (pyproject.toml's [tool.ruff]):\n" + (
+        "\n".join(found) or proc.stdout + proc.stderr)

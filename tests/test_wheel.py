@@ -41,7 +41,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dic
     # behind, and they would land in the wheel.
     src = root / "src"
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info",
-                                                             "__pycache__", "outputs", "bench_results", ".pytest_cache"))
+                                                             "__pycache__", "outputs", "bench_results",
+                                                             ".pytest_cache"))
     build = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                   "-w", str(root / "dist"), str(src)], root, env)
     assert build.returncode == 0, build.stderr[-3000:]

@@ -36,7 +36,8 @@ def _merged_config(ckpt: dict[str, Any], overrides: Sequence[str]) -> DictConfig
         base = OmegaConf.merge(OmegaConf.structured(Config), ckpt["config"])
     except Exception as e:  # noqa: BLE001 - a config this version cannot read
         key = getattr(e, "full_key", "") or "config"
-        raise ConfigError(f"checkpoint: its config does not fit this version of hogwild ({key}: {first_line(e)})") from None
+        raise ConfigError(f"checkpoint: its config does not fit this version of hogwild "
+                          f"({key}: {first_line(e)})") from None
     try:
         merged = OmegaConf.merge(base, OmegaConf.from_dotlist(list(overrides)))
     except Exception as e:  # noqa: BLE001 - OmegaConf raises many types for bad dotlists

@@ -141,7 +141,8 @@ def load(path: str | Path) -> dict[str, Any]:
     if not isinstance(obj, dict) or obj.get("format") != FORMAT or not isinstance(obj.get("flat"), torch.Tensor):
         raise CheckpointError(f"checkpoint: {path} is not a hogwild checkpoint")
     if not _fits(obj):
-        raise CheckpointError(f"checkpoint: {path} is damaged (its flat tensor, shapes or counters do not fit together)")
+        raise CheckpointError(f"checkpoint: {path} is damaged "
+                              "(its flat tensor, shapes or counters do not fit together)")
     return obj
 
 

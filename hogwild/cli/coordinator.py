@@ -40,7 +40,8 @@ def _port(text: str) -> int:
 @guarded
 def main(argv: Optional[list[str]] = None) -> None:
     ap = _OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--host", default="0.0.0.0", help="the one address to listen on (default: 0.0.0.0, every IPv4 interface)")
+    ap.add_argument("--host", default="0.0.0.0",
+                    help="the one address to listen on (default: 0.0.0.0, every IPv4 interface)")
     ap.add_argument("--port", type=_port, default=29400, help="0..65535 (0: any free port, logged)")
     args = ap.parse_args(argv)
     logs.setup()

@@ -198,7 +198,8 @@ def _jobs(overrides: list[str], conf_dir: str, multirun: bool) -> list[list[str]
 
 
 def _plus_on_field(key: str) -> str:
-    return f"{key}: already a config key: set it without '+' ({key}=...); a _target_ whose signature takes it is passed it"
+    return (f"{key}: already a config key: set it without '+' ({key}=...); "
+            "a _target_ whose signature takes it is passed it")
 
 
 def _refuse_plus_on_fields(overrides: list[str]) -> None:

@@ -215,7 +215,8 @@ class Config:
         require(w == "auto" or (isinstance(w, int) and not isinstance(w, bool) and w > 0),
                  "workers", f"must be a positive integer or 'auto', got {self.workers!r}")
         self.workers = w
-        require(writable_dir(self.run_dir), "run_dir", f"cannot create {self.run_dir!r}: no writable folder on its path")
+        require(writable_dir(self.run_dir), "run_dir",
+                f"cannot create {self.run_dir!r}: no writable folder on its path")
         choice(self.device, "device", DEVICES)
         kinds = ["auto", *TASKS.names()]
         require(self.task in kinds, "task", f"unknown value {self.task!r}; choose one of {', '.join(kinds)}")

@@ -99,4 +99,5 @@ class SyncConfig:
                     f"must be set to 0..{self.replicas - 1} with sync.coordinator, got {self.slot}")
             timeout(self.peer_timeout_s, "sync.peer_timeout_s")
             m = self.min_replicas
-            require(m is None or 1 <= m <= self.replicas, "sync.min_replicas", f"must be in 1..{self.replicas}, got {m}")
+            require(m is None or 1 <= m <= self.replicas, "sync.min_replicas",
+                    f"must be in 1..{self.replicas}, got {m}")

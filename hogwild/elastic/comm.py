@@ -145,7 +145,8 @@ class ElasticComm(Comm):
         if what == SYNC_ROUND:
             self.rounds += 1
             if self.rounds in self.lose_rounds:
-                raise PeerLost(f"sync: {what} failed here after it completed (injected: lose:{self.m.slot}:{self.rounds})")
+                raise PeerLost(f"sync: {what} failed here after it completed "
+                               f"(injected: lose:{self.m.slot}:{self.rounds})")
         return t
 
     def broadcast(self, t: Tensor, src: int) -> Tensor:

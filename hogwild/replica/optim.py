@@ -315,7 +315,8 @@ def torch_state_probe(cfg: OptimConfig, params: list[Tensor], key: str = "optim.
     try:
         opt.step()
     except Exception as e:  # noqa: BLE001 - LBFGS wants a closure, SparseAdam sparse gradients
-        what = {"optim.state": "shared state needs", "optim.update": "the barrier needs"}.get(key, "a Hogwild worker needs")
+        what = {"optim.state": "shared state needs",
+                "optim.update": "the barrier needs"}.get(key, "a Hogwild worker needs")
         raise ConfigError(f"{key}: {what} an optimizer that steps on its own with the model's gradients; "
                           f"{cfg._target_}.step() raised {type(e).__name__}: {first_line(e)}") from None
     probe: list[dict[str, object]] = []

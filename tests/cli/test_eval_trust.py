@@ -43,7 +43,8 @@ def _file(d: Path, name: str, config: dict) -> Path:
 
 def _crafted(d: Path) -> Path:
     return _file(d, "crafted.pt", {"model": {"_target_": "evilmod.make"},
-                                   "data": {"_target_": "subprocess.getoutput", "kwargs": {"cmd": "touch shell.marker"}}})
+                                   "data": {"_target_": "subprocess.getoutput",
+                                            "kwargs": {"cmd": "touch shell.marker"}}})
 
 
 def _eval(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -121,7 +122,7 @@ def hidden(tmp_cwd: Path) -> Path:
 
 
 def test_a_target_hidden_behind_an_interpolation_is_named_by_what_it_calls(hidden: Path,
-                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str]) -> None:
     code, err = _eval([f"checkpoint={hidden}"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "'evilmod.make'" in err and "model._target_=evilmod.make" in err and "${" not in err
@@ -138,7 +139,7 @@ def test_repeating_the_interpolation_on_the_command_line_vouches_for_nothing(hid
 
 
 def test_an_override_that_points_a_named_target_elsewhere_is_judged_resolved(hidden: Path,
-                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str]) -> None:
     # The user names a harmless-looking target, but the stored interpolation is re-pointed by an
     # override of the value it reads: what would be called is what the user must name.
     code, err = _eval([f"checkpoint={hidden}", "model._target_=torch.nn.Identity",

@@ -41,10 +41,12 @@ def test_each_groups_default_is_named_once(tmp_cwd) -> None:
     key = {"model": "name", "data": "name", "optim": "name", "sync": "mode"}
     assert set(picks) == set(key), picks
     for group, option in picks.items():
-        assert schema[group][key[group]] == option, f"{group}: config.yaml picks {option}, the schema {schema[group][key[group]]}"
+        assert schema[group][key[group]] == option, \
+            f"{group}: config.yaml picks {option}, the schema {schema[group][key[group]]}"
         stated = yaml.safe_load((Path(CONF_DIR) / group / f"{option}.yaml").read_text())
         for k, v in stated.items():
-            assert schema[group][k] == v, f"conf/{group}/{option}.yaml sets {k}={v}, the schema's default is {schema[group][k]}"
+            assert schema[group][k] == v, \
+                f"conf/{group}/{option}.yaml sets {k}={v}, the schema's default is {schema[group][k]}"
 
 
 def test_group_and_key_overrides(tmp_cwd) -> None:

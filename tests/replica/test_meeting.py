@@ -152,7 +152,8 @@ def test_a_dead_member_no_longer_holds_its_step_and_a_step_of_no_finite_gradient
 def test_shards_cover_every_value_and_parameter_once() -> None:
     _, _, m, _ = _replica(OptimConfig(name="adamw"), 3)
     for parts in (1, 2, 3):
-        values = sorted((p.row_offset + i) for r in range(parts) for p in m.value_shard(r, parts) for i in range(p.numel))
+        values = sorted((p.row_offset + i) for r in range(parts) for p in m.value_shard(r, parts)
+                        for i in range(p.numel))
         assert values == list(range(m.numel))
         params = sorted(p.slot for r in range(parts) for p in m.param_shard(r, parts))
         assert params == list(range(len(m.slots)))

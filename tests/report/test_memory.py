@@ -19,7 +19,8 @@ pytestmark = [pytest.mark.timeout(60),
 
 MB = 2**20
 # A child that holds 300 MB of its own memory (written, so resident), then waits to be measured.
-HOLDER = "b = bytearray(300 * 2**20)\nb[::4096] = b'x' * len(b[::4096])\nprint('ready', flush=True)\nimport time; time.sleep(60)"
+HOLDER = ("b = bytearray(300 * 2**20)\nb[::4096] = b'x' * len(b[::4096])\nprint('ready', flush=True)\n"
+          "import time; time.sleep(60)")
 # A child that maps the same 200 MB shared file as its parent and reads every page.
 MAPPER = ("import mmap, sys\nf = open(sys.argv[1], 'r+b')\nm = mmap.mmap(f.fileno(), 0)\n"
           "sum(m[i] for i in range(0, len(m), 4096))\nprint('ready', flush=True)\nimport time; time.sleep(60)")

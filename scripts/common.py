@@ -1,0 +1,103 @@
+"""What the benchmark scripts share: a free port, a clean environment for the processes they start,
+the training command line, its results, and the files a script writes."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Optional
+
+REPO = Path(__file__).resolve().parent.parent
+LAUNCHERS = ("RANK", "WORLD_", "LOCAL_", "MASTER_", "TORCHELASTIC", "HOGWILD_")
+"""Variables a launcher (torchrun, a hogwild job) sets, which a process started afresh must not inherit."""
+
+
+def names(ap: argparse.ArgumentParser, option: str, value: str, known: Iterable[str], what: str = "") -> list[str]:
+    """The comma-separated names of ``value``, in order; ``ap.error`` (exit 2) names any not ``known``."""
+    known = list(known)
+    chosen = [n for n in value.split(",") if n]
+    bad = [n for n in chosen if n not in known]
+    if bad:
+        ap.error(f"{option}: unknown {what}{', '.join(bad)}; choose from {', '.join(known)}")
+    return chosen
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without :data:`LAUNCHERS`' variables, unbuffered, with ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHERS)}
+    return {**env, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def train_cmd(args: list[str], replicas: int = 1, *flags: str, launcher: str = "torch.distributed.run") -> list[str]:
+    """``python -m hogwild.cli.train ARGS``; with ``replicas`` > 1, that many on this host under
+    ``launcher`` (a c10d rendezvous on a free port, and ``flags``)."""
+    cmd = [sys.executable, "-m", "hogwild.cli.train", *args]
+    if replicas <= 1:
+        return cmd
+    return [sys.executable, "-m", launcher, "--nnodes=1", f"--nproc-per-node={replicas}", *flags,
+            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", *cmd[1:]]
+
+
+def metrics(run_dir: Path) -> dict[str, Any]:
+    """The run's ``metrics.json``."""
+    return dict(json.loads((run_dir / "metrics.json").read_text()))
+
+
+def train(args: list[str], run_dir: Path, timeout: float = 900) -> dict[str, Any]:
+    """One fresh run of ``args`` (from the repository root) to its end: its ``metrics.json``."""
+    proc = subprocess.run(train_cmd([*args, f"run_dir={run_dir}", "resume=false"]), cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-2000:])
+    return metrics(run_dir)
+
+
+def put_result(result: dict[str, Any]) -> None:
+    """The one line a rank started by another script prints for it (:func:`result_line`)."""
+    sys.stdout.write("RESULT " + json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+def result_line(log: str) -> dict[str, Any]:
+    """What :func:`put_result` printed in ``log``; StopIteration where it did not."""
+    line = next(ln for ln in log.splitlines() if ln.startswith("RESULT "))
+    return dict(json.loads(line[len("RESULT "):]))
+
+
+@contextlib.contextmanager
+def busy_core(core: Optional[int]) -> Iterator[None]:
+    """A process spinning on ``core`` while the block runs (None: none), so that core is shared
+    with whatever else lands on it (a straggler for DDP, which waits for its slowest rank)."""
+    proc = None if core is None else subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"])
+    try:
+        yield
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+
+
+def table_head(*columns: str) -> list[str]:
+    """A markdown table's header and rule."""
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
+def write_results(out: Path, name: str, data: Any, text: str, indent: int = 2) -> None:
+    """``<out>/<name>.json`` (``data``) and ``<out>/<name>.md`` (``text``, also printed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=indent, default=str) + "\n")
+    (out / f"{name}.md").write_text(text)
+    sys.stdout.write(text)
