@@ -31,11 +31,10 @@ CASES = [
 
 
 def test_snapshot_delta_sync_keeps_concurrent_updates_naive_in_place_loses_them() -> None:
-    safe = spawn(writer_during_sync, 2, free_port(), False)
-    mass, made = sum(r[0] for r in safe), sum(r[1] for r in safe)
+    results = spawn(writer_during_sync, 2, free_port())
+    mass, made = sum(r[False][0] for r in results), sum(r[False][1] for r in results)
     assert made > 0 and mass == made, "snapshot/delta sync lost or doubled concurrent updates"
-    naive = spawn(writer_during_sync, 2, free_port(), True)
-    mass, made = sum(r[0] for r in naive), sum(r[1] for r in naive)
+    mass, made = sum(r[True][0] for r in results), sum(r[True][1] for r in results)
     assert abs(mass - made) / made > 0.01, "in-place allreduce on a live buffer should corrupt the total"
 
 
