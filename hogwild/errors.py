@@ -143,6 +143,12 @@ def escaped(e: BaseException, where: str) -> Optional[ConfigError]:
     return None
 
 
+# What passes a guard around the user's code unchanged: hogwild's own check, a signal's stop, a
+# generator closing. SystemExit and KeyboardInterrupt are the user's code leaving (see escaped);
+# anything else the user's code raises is its failure, even a subclass of BaseException.
+PASSES = (UserError, StopNow, GeneratorExit)
+
+
 @contextlib.contextmanager
 def user_call(where: str, errors: bool = True) -> Iterator[None]:
     """The one guard around a call into the user's code (a factory, a dataset item, collate, a
@@ -152,11 +158,13 @@ def user_call(where: str, errors: bool = True) -> Iterator[None]:
     :class:`UserError` raised inside (hogwild's own check) passes unchanged."""
     try:
         yield
-    except UserError:
+    except PASSES:
         raise
     except (SystemExit, KeyboardInterrupt) as e:
         raise escaped(e, where) from None  # type: ignore[misc]
-    except Exception as e:  # noqa: BLE001 - the user's code failed: say where, in one line
+    # BaseException: the user's own subclass of it (not an Exception) went past every guard and
+    # ended the process with a raw traceback and exit 1.
+    except BaseException as e:  # noqa: BLE001 - the user's code failed: say where, in one line
         if not errors:
             raise
         raise ConfigError(f"{where} raised {type(e).__name__}: {first_line(e)}") from None
@@ -171,6 +179,8 @@ def guarded(fn: F) -> F:
             return fn(*args, **kwargs)
         except (UserError, Fault) as e:
             report(e)
-        except Exception as e:  # noqa: BLE001 - the one place every escaping exception is caught
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as e:  # noqa: BLE001 - the one place every escaping exception is caught
             crash(e)
     return run  # type: ignore[return-value]

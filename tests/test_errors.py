@@ -43,3 +43,39 @@ def test_user_errors_and_faults_keep_their_own_line_and_code(capsys: pytest.Capt
         main()
     assert info.value.code == code
     assert capsys.readouterr().err == f"hogwild: error: {error}\n"
+
+
+class _Boom(BaseException):
+    """A user's own exception that is not an Exception: it went past every guard, and a process
+    ended with Python's traceback and exit 1 (a factory, an item, a scheduler) or respawned a
+    worker until the run ended with exit 0."""
+
+
+def _boom() -> None:
+    raise _Boom("not an Exception")
+
+
+def test_user_code_raising_a_subclass_of_baseexception_is_still_one_line_naming_where() -> None:
+    from hogwild.config.targets import call_target
+    from hogwild.errors import StopNow, user_call
+
+    with pytest.raises(ConfigError, match=r"^data: reading item 3 raised _Boom: not an Exception$"):
+        with user_call("data: reading item 3"):
+            _boom()
+    with pytest.raises(ConfigError, match=r"^model\._target_: mine\.net\(\.\.\.\) raised _Boom: not an Exception$"):
+        call_target(lambda: _boom(), "mine.net", "model", {}, {})
+    with pytest.raises(StopNow):  # a signal's stop during the user's call is no failure of theirs
+        with user_call("data: reading item 3"):
+            raise StopNow()
+
+
+def test_the_entry_point_never_prints_a_traceback_for_a_subclass_of_baseexception(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    @guarded
+    def main() -> None:
+        _boom()
+
+    with pytest.raises(SystemExit) as info:
+        main()
+    err = capsys.readouterr().err
+    assert info.value.code == EXIT_INTERNAL and "Traceback" not in err and len(err.strip().splitlines()) == 1, err

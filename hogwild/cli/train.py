@@ -43,7 +43,9 @@ def _hydra_main(dcfg: DictConfig) -> Optional[float]:
         report(e)
     except OSError as e:  # a file of the run: a full disk, a file where a folder must be
         report(WriteFailed.of(e))
-    except Exception as e:  # noqa: BLE001 - else Hydra prints the raw traceback and exits 1
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as e:  # noqa: BLE001 - else Hydra prints the raw traceback and exits 1
         crash(e, Path(run_dir) if Path(run_dir).is_dir() else None)
     log_result(result)
     if result.exit_code != 0 and result.error:

@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 
 from omegaconf import OmegaConf
 
-from hogwild.errors import ConfigError, UserError, first_line, user_call
+from hogwild.errors import PASSES, ConfigError, first_line, user_call
 
 
 def import_target(path: str, key: str) -> Callable[..., Any]:
@@ -31,7 +31,9 @@ def import_target(path: str, key: str) -> Callable[..., Any]:
                 continue  # not a module: a shorter prefix may be, and the rest its attributes
             error = e
             break
-        except Exception as e:  # noqa: BLE001 - a module that fails to import
+        except (SystemExit, KeyboardInterrupt, GeneratorExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - a module that fails to import, however it raises
             error = e
             break
         try:
@@ -105,9 +107,9 @@ def call_target(fn: Callable[..., Any], path: str, group: str, kwargs: dict[str,
     try:
         with user_call(f"{group}._target_: {path}(...)", errors=False):  # even sys.exit(0) is no success
             return fn(**kwargs)
-    except UserError:
+    except PASSES:
         raise
-    except Exception as e:  # noqa: BLE001 - the user's factory failed: say how, in one line
+    except BaseException as e:  # noqa: BLE001 - the user's factory failed (however it raised): say how
         bad = re.search(r"unexpected keyword argument '(\w+)'", str(e))
         if isinstance(e, TypeError) and bad and bad.group(1) in given:
             raise ConfigError(f"{group}.{bad.group(1)}: {path} takes no argument {bad.group(1)!r}") from None

@@ -24,7 +24,7 @@ from hogwild.data.items import (LABEL_KEYS, Inputs, batch_tensors, check_fits, c
                                 stack_labels)
 from hogwild.data.splits import Dataset
 from hogwild.data.streams import HEAD, StreamSplit, is_stream, read_test_stream, resolve_split
-from hogwild.errors import ConfigError, first_line, note, user_call
+from hogwild.errors import PASSES, ConfigError, first_line, note, user_call
 
 logger = logging.getLogger(__name__)
 
@@ -127,10 +127,8 @@ def _check_items(split: Union[MapSplit, StreamSplit], key: str) -> None:
     at the end that read and collate with item 0 (equal shapes), and a dataset that pickles (it
     travels to every worker so). Each failed later in every worker, until the respawns ran out.
     A stream's length is its head's, the items read ahead."""
-    try:
+    with user_call(f"{key}: len() of the {split.name} set"):  # a negative __len__ is Python's ValueError
         n = len(split)
-    except Exception as e:  # noqa: BLE001 - a negative __len__ is Python's ValueError
-        raise ConfigError(f"{key}: len() of the {split.name} set raised {type(e).__name__}: {first_line(e)}") from None
     if n < 1:
         raise ConfigError(f"{key}: the {split.name} set is empty")
     first = None
@@ -146,8 +144,11 @@ def _check_items(split: Union[MapSplit, StreamSplit], key: str) -> None:
     import pickle
 
     try:
-        pickle.dumps(split.dataset)
-    except Exception as e:  # noqa: BLE001 - a lambda, a file handle, a lock: anything pickle refuses
+        with user_call(f"{key}: pickling the {split.name} set", errors=False):
+            pickle.dumps(split.dataset)
+    except PASSES:
+        raise
+    except BaseException as e:  # noqa: BLE001 - a lambda, a file handle, a lock: anything pickle refuses
         raise ConfigError(f"{key}: the {split.name} set cannot be pickled to the workers ({type(e).__name__}: "
                           f"{first_line(e)}); keep its state in picklable attributes") from None
 

@@ -17,7 +17,7 @@ import torch
 from hogwild.config.registry import SCHEDULES
 from hogwild.config.targets import call_target, import_target, schema_kwargs
 from hogwild.config.train import SchedConfig
-from hogwild.errors import ConfigError, first_line
+from hogwild.errors import PASSES, ConfigError, first_line, user_call
 
 
 class LRSchedule:
@@ -138,10 +138,11 @@ def check_schedule(cfg: SchedConfig, base_lr: float, total_steps: Optional[int] 
     sched = LRSchedule(cfg, base_lr, total_steps or 100)
     for step in steps_to_check(cfg, total_steps):
         try:
-            sched.lr_at(step)  # a rate that cannot be used raises ConfigError there
-        except ConfigError:
+            with user_call(f"{sched.key()}: the learning rate of step {step}", errors=False):
+                sched.lr_at(step)  # a rate that cannot be used raises ConfigError there
+        except PASSES:
             raise
-        except Exception as e:  # noqa: BLE001 - the user's scheduler failed: say where, in one line
+        except BaseException as e:  # noqa: BLE001 - the user's scheduler failed: say where, in one line
             planned = f" of the planned {total_steps}" if total_steps else ""
             raise ConfigError(f"{sched.key()}: cannot give the learning rate of step {step}{planned} "
                               f"({type(e).__name__}: {first_line(e)}); hogwild steps a scheduler once per replica "

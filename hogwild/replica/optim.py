@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from hogwild.config.registry import OPTIMIZERS
 from hogwild.config.schema import OptimConfig
 from hogwild.config.targets import call_target, import_target, schema_kwargs
-from hogwild.errors import ConfigError, first_line
+from hogwild.errors import PASSES, ConfigError, first_line, user_call
 from hogwild.replica.shared import Slot, param_slots
 
 
@@ -313,8 +313,11 @@ def torch_state_probe(cfg: OptimConfig, params: list[Tensor], key: str = "optim.
         if c.requires_grad:  # zeros in the layout the model's backward gives (preflight's ``sparse``)
             c.grad = torch.zeros_like(c).to_sparse() if is_sparse else torch.zeros_like(c)
     try:
-        opt.step()
-    except Exception as e:  # noqa: BLE001 - LBFGS wants a closure, SparseAdam sparse gradients
+        with user_call(f"{key}: {cfg._target_}.step()", errors=False):
+            opt.step()
+    except PASSES:
+        raise
+    except BaseException as e:  # noqa: BLE001 - LBFGS wants a closure, SparseAdam sparse gradients
         what = {"optim.state": "shared state needs",
                 "optim.update": "the barrier needs"}.get(key, "a Hogwild worker needs")
         raise ConfigError(f"{key}: {what} an optimizer that steps on its own with the model's gradients; "

@@ -143,7 +143,9 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, held: Held, lines: L
         where = context(e, spec.global_index, int(board.row(spec.local_index)["pos"]))
         tell_leader(wake, spec.local_index, f"{escaped(e, _phase[0])}{where}")
         os._exit(USER_EXIT)
-    except Exception as e:  # noqa: BLE001 - the worker's one exit for what nobody expected
+    # BaseException: a user's own subclass of it (not an Exception) ended a worker with a Python traceback
+    # and a respawn, and the run could end with exit 0.
+    except BaseException as e:  # noqa: BLE001 - the worker's one exit for what nobody expected
         from hogwild.replica.blame import USER_EXIT, context, tell_leader, user_failure
 
         run_dir = board.path.parent.parent if board.path is not None else None
