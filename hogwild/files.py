@@ -92,7 +92,13 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None], root: Optional[s
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dfd)
         with _removed_on_failure(dfd, tmp):
             with os.fdopen(fd, "wb") as f:
-                write(f)
+                try:
+                    write(f)
+                except RuntimeError as e:
+                    # torch.save's zip writer reports a write that failed (a full disk) as a RuntimeError
+                    # ("unexpected pos", "PytorchStreamWriter failed"): an output not written, not a bug.
+                    raise OSError(errno.EIO, f"the write failed: {' '.join(str(e).split())[:200]}",
+                                  str(path)) from None
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)

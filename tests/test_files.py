@@ -114,3 +114,18 @@ def test_a_run_with_a_link_in_its_run_dir_stops_in_one_line_and_leaves_the_targe
             compose_cfg([f"run_dir={run_dir}", "train.epochs=1"])
         assert str(e.value) == says
     assert (victim.read_text() == "precious") if planted == "train.log" else list(victim.iterdir()) == []
+
+
+def test_a_torch_save_that_fails_midway_is_an_output_not_written_and_leaves_no_temp_file(tmp_path: Path) -> None:
+    """torch.save's zip writer reports a full disk as a RuntimeError ("unexpected pos"): hogwild-export
+    ended with exit 70, "unexpected ... please report it". It is an OSError now (exit 5 where it
+    stops a command), and the half-written temp file is gone."""
+    from hogwild.files import atomic_write
+
+    def write(f: object) -> None:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 960 vs 854")
+
+    with pytest.raises(OSError, match="the write failed: .*unexpected pos") as info:
+        atomic_write(tmp_path / "w.pt", write)
+    assert info.value.filename == str(tmp_path / "w.pt")
+    assert list(tmp_path.iterdir()) == []

@@ -23,7 +23,7 @@ from hogwild.config.compose import to_config
 from hogwild.config.schema import Config
 from hogwild.config.targets import refuse_stored_targets
 from hogwild.data.datasets import Dataset, load_dataset
-from hogwild.errors import ConfigError, first_line
+from hogwild.errors import ConfigError, WriteFailed, first_line
 from hogwild.replica.models import build_model, model_id
 from hogwild.replica.shared import bind, layout, state_dict_of
 
@@ -134,6 +134,6 @@ def export(path: str, out: str, overrides: Sequence[str] = (), trusted: bool = F
                                                                                  trusted).items()}
     try:
         atomic_write(target, lambda f: torch.save(state, f))
-    except OSError as e:
-        raise ConfigError(f"out: cannot write {out!r} ({first_line(e)})") from None
+    except OSError as e:  # a full disk, no permission: an output not written (exit 5)
+        raise WriteFailed(f"out: cannot write {out!r} ({first_line(e)})") from None
     return len(state)
