@@ -38,32 +38,37 @@ def spawn(fn: Callable[..., None], world: int, port: int, *args: Any) -> list[An
     return [out[r] for r in range(world)]
 
 
-def writer_during_sync(rank: int, world: int, port: int, out: Any, naive: bool) -> None:
-    """A writer thread adds +1 to the whole buffer while the leader syncs it.
+def writer_during_sync(rank: int, world: int, port: int, out: Any) -> None:
+    """A writer thread adds +1 to the whole buffer while the leader syncs it, once through
+    ``sync_round`` and once by a naive in-place all_reduce, each on a fresh buffer and writer.
 
     Average preserves total mass: the sum over replicas of all values after the sync
-    must equal every increment ever made. Returns (mass after, increments made).
+    must equal every increment ever made. Returns {naive: (mass after, increments made)}.
     """
+    # Both cases in one process group: a second spawn only repeats the ranks' start-up.
     _init(rank, world, port)
     torch.set_num_threads(1)
-    flat = torch.zeros(4_000_000)
-    writer = Writer(flat)
-    if naive:
-        dist.all_reduce(flat)  # in place on the live buffer: design rule 2's bug
-        writer.stop()
-        flat.div_(world)
-    else:
-        class Rule(Average):
-            # The writer stops once the collective is over, so the test isolates what the
-            # collective does to concurrent writes (the final add_ is one in-place op).
-            def exchange(self, *a: Any, **k: Any) -> Any:
-                result = super().exchange(*a, **k)
-                writer.stop()
-                return result
+    results = {}
+    for naive in (False, True):
+        flat = torch.zeros(4_000_000)
+        writer = Writer(flat)
+        if naive:
+            dist.all_reduce(flat)  # in place on the live buffer: design rule 2's bug
+            writer.stop()
+            flat.div_(world)
+        else:
+            class Rule(Average):
+                # The writer stops once the collective is over, so the test isolates what the
+                # collective does to concurrent writes (the final add_ is one in-place op).
+                def exchange(self, *a: Any, **k: Any) -> Any:
+                    result = super().exchange(*a, **k)
+                    writer.stop()
+                    return result
 
-        sync_round(flat, Rule(SyncConfig(), DistComm(flat.device)))
-    dist.barrier()
-    out[rank] = (float(flat.double().sum()), writer.increments)
+            sync_round(flat, Rule(SyncConfig(), DistComm(flat.device)))
+        dist.barrier()
+        results[naive] = (float(flat.double().sum()), writer.increments)
+    out[rank] = results
     dist.destroy_process_group()
 
 
