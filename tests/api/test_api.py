@@ -182,6 +182,28 @@ def test_a_script_without_a_main_guard_is_one_line_before_anything_starts(tmp_pa
     assert not (tmp_path / "run" / "checkpoints").exists()  # nothing started, no worker re-ran the script
 
 
+@pytest.mark.slow  # a fresh interpreter
+def test_a_guarded_script_trains_through_the_api_with_its_own_module_in_the_workers(tmp_path: Path) -> None:
+    """The user's script as the README shows it: the workers are spawned, and they import the
+    script's own model class from its __main__ (the guard keeps them from training again)."""
+    script = tmp_path / "train_mine.py"
+    script.write_text(
+        "import torch, hogwild\n"
+        "class Mine(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(64, 10)\n"
+        "    def forward(self, x):\n"
+        "        return self.fc(x.flatten(1))\n"
+        "if __name__ == '__main__':\n"
+        "    r = hogwild.train(['model._target_=__main__.Mine', 'workers=2', 'train.max_steps=40', 'run_dir=run'])\n"
+        "    print('RESULT', r.status.value, r.metrics['steps'], r.metrics['workers'])\n")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "RESULT ok 40 2" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
 def test_a_run_dir_that_cannot_exist_is_a_user_error_not_an_os_error(tmp_path: Path) -> None:
     loop = tmp_path / "loop"
     loop.symlink_to(loop)

@@ -1,7 +1,7 @@
 """The three examples of the README, through the real CLI from the repository root (slow tier):
-a character-level language model at 1 x 2 and 2 x 1, a regression with MSE, and torchvision's
-ResNet-18 with BatchNorm at 2 replicas under the default rule. Each runs shorter than its README
-command (the suite's time budget), so the bars here are lower than the README's."""
+a character-level language model at 2 x 2 (the README's 1 x 2 and 2 x 1 in one job), a regression
+with MSE, and torchvision's ResNet-18 with BatchNorm at 2 replicas under the default rule. Each runs
+shorter than its README command (the suite's time budget), so the bars here are lower than the README's."""
 
 from __future__ import annotations
 
@@ -17,34 +17,35 @@ from tests.conftest import REPO, clean_env, metrics, ranks, run_cli, torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
-# A narrower model on less text: the README's command trains the full one longer.
-SHORT_LM = ["+experiment=charlm", "train.max_steps=200", "+data.chars=300000", "+model.width=64",
-            "sched.warmup_steps=20", "eval.every_s=30"]
+# A narrower model on less text, and a shorter test split (10k characters, 156 windows: every
+# evaluation reads all of it): the README's command trains the full one longer. 160 steps: the
+# ratio to the unigram baseline was 0.70 at 90 steps, 0.56 at 120 and 0.37 at 200 (1 x 2) when
+# measured, so the 0.6 bar keeps a margin and still fails a model that stalls at the unigram.
+SHORT_LM = ["+experiment=charlm", "train.max_steps=160", "+data.chars=300000", "+data.test_chars=10000",
+            "+model.width=64", "sched.warmup_steps=20", "eval.every_s=30"]
 
 
 def _check_lm(run: Path) -> dict:
     m = metrics(run)
     assert m["status"] == "ok" and m["task"] == "language_model", m
     assert m["verdict"].startswith("learned: perplexity"), m["verdict"]
-    # The unigram model of the training characters is the baseline: ~25 for Python source.
+    # The unigram model of the training characters is the baseline: ~25-30 for Python source.
     assert m["test_perplexity"] < 0.6 * m["baseline_perplexity"], m
     return m
 
 
-def test_char_language_model_one_replica_two_workers(tmp_path: Path) -> None:
-    out = run_cli([*SHORT_LM, "workers=2", f"run_dir={tmp_path / 'run'}"], cwd=REPO, timeout=400)
-    assert out.returncode == 0, out.stderr[-3000:]
-    m = _check_lm(tmp_path / "run")
-    assert math.isclose(m["test_perplexity"], math.exp(m["test_token_ce"]), rel_tol=1e-6)
-
-
-def test_char_language_model_two_replicas_one_worker(tmp_path: Path) -> None:
-    # Started as torchrun starts ranks, without the launcher (the ResNet-18 test runs the README's
-    # torchrun command itself): one torch import less.
-    out = ranks(2, [*SHORT_LM, "workers=1", f"run_dir={tmp_path / 'run'}"], cwd=REPO,
+def test_char_language_model_two_replicas_of_two_workers(tmp_path: Path) -> None:
+    # One job for the README's two shapes (1 x 2: Hogwild workers on one model; 2 x 1: replicas
+    # meeting in sync rounds, whose health check reads every synced value of the model): 2 x 2
+    # runs both paths, for about the cost of the 2 x 1 job alone. Started as torchrun starts
+    # ranks, without the launcher (the ResNet-18 test runs the README's torchrun command
+    # itself): one torch import less.
+    out = ranks(2, [*SHORT_LM, "workers=2", f"run_dir={tmp_path / 'run'}"], cwd=REPO,
                 env=clean_env(OMP_NUM_THREADS="1"), timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
-    _check_lm(tmp_path / "run")
+    m = _check_lm(tmp_path / "run")
+    assert m["replicas"] == 2 and m["workers"] == 2 and m["syncs"] >= 1, m
+    assert math.isclose(m["test_perplexity"], math.exp(m["test_token_ce"]), rel_tol=1e-6)
 
 
 def test_regression_with_mse(tmp_path: Path) -> None:
@@ -67,9 +68,12 @@ def test_resnet18_with_batchnorm_on_two_replicas_under_the_default_rule(tmp_path
     run = tmp_path / "run"
     # 2 epochs instead of 3, with a round every 10 steps instead of 50: more rounds of the default
     # rule over the BatchNorm statistics (6 against 3 when measured; a momentum step there once
-    # drove a running variance negative and evaluation to NaN) in two thirds of the steps.
+    # drove a running variance negative and evaluation to NaN) in two thirds of the steps. (1 epoch
+    # with a round every 5 steps ended at 0.23 accuracy when measured: under the bar.) No evaluation
+    # before the final one: the preset's every 10 s cost ResNet-18 passes over the test split that
+    # nothing here reads; the final evaluation is the one that reads the synced statistics.
     out = torchrun(2, ["+experiment=resnet18_digits", "workers=1", "train.epochs=2", "sync.interval=10",
-                       f"run_dir={run}"], cwd=REPO, timeout=400)
+                       "eval.every_s=3600", f"run_dir={run}"], cwd=REPO, timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
     m = metrics(run)
     assert m["sync_mode"] == "slowmo" and m["replicas"] == 2 and m["syncs"] >= 3, m

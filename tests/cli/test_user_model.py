@@ -56,7 +56,8 @@ def test_batchnorm_statistics_train_checkpoint_resume_and_evaluate(tmp_path: Pat
 
     # hogwild-eval rebuilds the user's model from the checkpoint's config, in eval() mode; the
     # user names the model's code on the command line (a stored _target_ alone is never called).
-    ev = subprocess.run([sys.executable, "-m", "hogwild.cli.evaluate", f"checkpoint={d / 'run' / 'checkpoints' / 'last.pt'}",
+    ev = subprocess.run([sys.executable, "-m", "hogwild.cli.evaluate",
+                         f"checkpoint={d / 'run' / 'checkpoints' / 'last.pt'}",
                          NET[0]],
                         cwd=d, capture_output=True, text=True, timeout=120, env=clean_env())
     assert ev.returncode == 0, ev.stderr[-3000:]
