@@ -9,6 +9,8 @@ import logging
 import sys
 from typing import Any, Optional
 
+from hogwild.errors import say
+
 FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(context)s%(message)s"
 ORDER = ("replica", "slot", "epoch", "worker")
 # The process's place in the job; every Context filter reads it, also the one Hydra builds from
@@ -77,9 +79,5 @@ class QuietFileHandler(logging.FileHandler):
         except (OSError, ValueError):
             pass
         why = (e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__) if e else "unknown"
-        try:
-            sys.stderr.write(f"hogwild: warning: cannot write the log file {self.baseFilename} ({why}); "
-                             "logging to it stops, the console still gets every line\n")
-            sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
+        say(f"hogwild: warning: cannot write the log file {self.baseFilename} ({why}); "
+            "logging to it stops, the console still gets every line")

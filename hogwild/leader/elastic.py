@@ -254,6 +254,10 @@ class ElasticGroup(Group):
             self.lock = None
         self.is_writer = writer and self.lock is not None
 
+    def resign(self) -> None:
+        """Write nothing more: this member is outside every group it could form."""
+        self.is_writer = False
+
     def regroup(self) -> None:
         """Move to the next epoch, whatever the reason; rejoin if the others dropped us."""
         while True:
@@ -343,7 +347,7 @@ class Rejoins(Changes):
         try:
             g.regroup()
         except (Fault, StopNow) as f:  # no quorum in time, or a signal: a minority stops, never writes
-            g.is_writer = False
+            g.resign()
             return super().recover(PeerLost(str(f) or "sync: stopped by a signal while waiting for a group"))
         stall = time.monotonic() - self.round_t0
         g.m.put(f"stall/{g.m.epoch.number}/{g.env.rank}", str(stall))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -26,7 +25,7 @@ from hogwild.data.datasets import Dataset, ShardSampler, shard
 from hogwild.data.mapped import MapSplit, Prefetcher
 from hogwild.data.streams import StreamReader, StreamRecords, StreamSplit
 from hogwild import logs
-from hogwild.errors import escaped, first_line, save_traceback
+from hogwild.errors import escaped, first_line, save_traceback, say
 from hogwild.replica.board import Board
 from hogwild.replica.compiled import compile_model, warm_up_in_training_mode
 from hogwild.replica.faults import Faults, StepFn
@@ -158,12 +157,8 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, held: Held, lines: L
             where = context(e, spec.global_index, int(board.row(spec.local_index)["pos"]))
             tell_leader(wake, spec.local_index, f"{line}{where}; the traceback is in {path}")
             os._exit(USER_EXIT)
-        try:
-            sys.stderr.write(f"hogwild: worker {spec.global_index}: {type(e).__name__}: {first_line(e)} "
-                             f"(traceback in {path})\n")
-            sys.stderr.flush()
-        except (OSError, ValueError):  # a stderr on a full disk: the leader still sees the death
-            pass
+        # say(): a stderr on a full disk loses the line; the leader still sees the death.
+        say(f"hogwild: worker {spec.global_index}: {type(e).__name__}: {first_line(e)} (traceback in {path})")
         os._exit(1)  # a worker never runs the interpreter's teardown with shared tensors half-written
 
 
