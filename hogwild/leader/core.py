@@ -361,7 +361,7 @@ class Leader:
                              replicas=self.env.world_size, sync_mode=self.cfg.sync.mode,
                              schedule=crew.schedule, resumed=crew.restored, run_dir=crew.run_dir,
                              update={**update_report(crew), **input_report(crew)}).metrics()
-        metrics.update(verdict=verdict.summary, target_held=crew.target.held(tel.scores),
+        metrics.update(verdict=verdict.summary, target_held=crew.target.held(tel.scores), evaluations=tel.history,
                        memory_mb=memory_report(crew, self.memory.peak_mb), **self.changes.report())
         if crew.restored is not None and metrics["status"] != Status.OK:
             # A resumed run that failed keeps the report of the run it resumed, which told of a

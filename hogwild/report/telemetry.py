@@ -61,6 +61,9 @@ class Telemetry:
         self._eval_pending = False  # its step came, but its cost budget has not
         self.eval_s = 0.0
         """Seconds the evaluations during training took (eval.max_fraction bounds their share)."""
+        self.history: list[dict[str, float]] = []
+        """Every evaluation during training: ``s`` (seconds of training when it began), ``step`` and
+        the task's scores, so a loss-against-time curve needs no TensorBoard reader."""
         self._eval_cost = 0.0  # the last evaluation's seconds: what the next one is expected to take
         self.progress: Optional[Progress] = None
         self.lr: Optional[LRSchedule] = None
@@ -160,6 +163,7 @@ class Telemetry:
         if self.is_rank0 and (self._eval_pending or now >= self._next_eval) and now >= self._eval_ok_at:
             t0 = time.monotonic()
             self.evaluate(step, self.subject(), subset=True)
+            self.history.append({"s": t0 - self._t0, "step": step, **self.scores})
             self._eval_cost = time.monotonic() - t0
             self.eval_s += self._eval_cost
             self._eval_pos, self._next_eval = self._grid_after(pos, self._eval_every), t0 + self.cfg.eval.every_s

@@ -39,5 +39,11 @@ def test_a_real_runs_metrics_are_strict_json(tmp_path: Path) -> None:
     assert result.metrics is not None and result.metrics["steps"] == m["steps"] == 30
     # The leader and its worker, each an interpreter with torch loaded: tens of MB at least.
     assert m["peak_memory_mb"] is not None and 20 < m["peak_memory_mb"] < 4096, m["peak_memory_mb"]
+    # The evaluations during training, in order, each with its time, step and the task's scores: a
+    # loss-against-time curve straight from the file.
+    evals = m["evaluations"]
+    assert evals and all({"s", "step", "loss", "accuracy"} <= set(e) for e in evals), evals
+    assert [e["s"] for e in evals] == sorted(e["s"] for e in evals) and evals[-1]["s"] <= m["train_s"], evals
+    assert [e["step"] for e in evals] == sorted(e["step"] for e in evals) and evals[-1]["step"] <= 30, evals
     with pytest.raises(ValueError):
         _strict('{"x": NaN}')  # the reader used here does refuse what the old files held
