@@ -14,12 +14,18 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
 logger = logging.getLogger(__name__)
 
 PROC = Path("/proc")
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+GROWTH = 1.02
+"""A full PSS sample is taken when the tree's resident set grew this much since the last one."""
+REFRESH_S = 10.0
+"""...and at least this often."""
 
 
 def pss_bytes(pid: int) -> Optional[int]:
@@ -32,6 +38,17 @@ def pss_bytes(pid: int) -> Optional[int]:
         if line.startswith("Pss:"):
             return int(line.split()[1]) * 1024  # kB
     return None
+
+
+def rss_bytes(pid: int) -> Optional[int]:
+    """The resident set of one process, from ``statm``: cheap (no walk of its page tables, which
+    ``smaps_rollup`` makes, 10 ms or more for a process with torch loaded), but it counts every
+    shared page once per process that maps it."""
+    try:
+        resident = int((PROC / str(pid) / "statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return resident * PAGE
 
 
 def process_tree(root: int) -> list[int]:
@@ -53,12 +70,19 @@ def process_tree(root: int) -> list[int]:
 
 
 class PeakMemory:
-    """The largest PSS of the process tree under ``root`` seen by :meth:`sample`."""
+    """The largest PSS of the process tree under ``root`` seen by :meth:`sample`.
+
+    The thread reads the tree's resident set four times a second, which costs microseconds, and
+    takes a full PSS sample only when it grew by :data:`GROWTH` or :data:`REFRESH_S` went by. A PSS
+    sample of a leader and a worker with torch loaded costs about 23 ms of CPU: four a second took
+    9 % of the core a one-core machine's worker trains on (BENCHMARKS.md §20)."""
 
     def __init__(self, root: Optional[int] = None, every_s: float = 0.25) -> None:
         self.root = root if root is not None else os.getpid()
         self.every_s = every_s
         self.peak: Optional[int] = None
+        self._rss_at_sample: Optional[int] = None  # the tree's resident set at the last PSS sample
+        self._sampled_at = 0.0
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -78,10 +102,19 @@ class PeakMemory:
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
-            self.sample()
+            rss = self._rss()
+            last = self._rss_at_sample
+            if last is None or rss > last * GROWTH or time.monotonic() - self._sampled_at >= REFRESH_S:
+                self.sample()
+
+    def _rss(self) -> int:
+        return sum(s for s in (rss_bytes(pid) for pid in process_tree(self.root)) if s is not None)
 
     def sample(self) -> None:
+        """A full PSS sample of the tree now."""
+        rss = self._rss()
         sizes = [s for s in (pss_bytes(pid) for pid in process_tree(self.root)) if s is not None]
+        self._rss_at_sample, self._sampled_at = rss, time.monotonic()
         if sizes:
             self.peak = max(self.peak or 0, sum(sizes))
 
