@@ -29,7 +29,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         ckpt = checkpoint.load(path)
         model, cfg, ds = rebuild(ckpt, path, overrides, trusted)
         task = build_task(cfg, ds)
-        scores = evaluate(model, ds.test, torch.device("cpu"), task)
+        scores = evaluate(model, ds.test, torch.device("cpu"), task, cfg.eval.batch_size)
     except UserError as e:
         report(e)
     result = {"checkpoint": path, "task": task.kind, **{f"test_{k}": v for k, v in scores.items()},

@@ -136,14 +136,18 @@ class EvalConfig:
     seconds, the next starts no sooner than d / max_fraction seconds after it began. Evaluation
     runs on the leader's core beside the workers; unbounded, a slow one starves them."""
     max_batches: Optional[int] = None
-    """Score at most this many test batches (of 2048 samples) during training, a fixed subset;
-    the final evaluation always scores the whole test split. None: the whole split every time."""
+    """Score at most this many test batches (of eval.batch_size samples) during training, a fixed
+    subset; the final evaluation always scores the whole test split. None: the whole split every time."""
+    batch_size: int = 2048
+    """Test samples scored in one forward pass: lower it for a model whose activations for 2048
+    samples do not fit, or to make eval.max_batches a smaller subset."""
 
     def __post_init__(self) -> None:
         positive(self.every_s, "eval.every_s")
         require(0.0 < self.max_fraction <= 1.0, "eval.max_fraction", f"must be in (0, 1], got {self.max_fraction}")
         if self.max_batches is not None:
             positive(self.max_batches, "eval.max_batches")
+        positive(self.batch_size, "eval.batch_size")
 
 
 @dataclass

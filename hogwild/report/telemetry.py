@@ -109,8 +109,8 @@ class Telemetry:
         """Test scores of ``model`` (the live one unless given), logged at ``step``; ``subset``: at
         most ``eval.max_batches`` batches (the evaluations during training)."""
         limit = self.cfg.eval.max_batches if subset else None
-        self.scores = evaluate(model or self.model, self.test, self.device, self.task, on_batch=self.on_batch,
-                               max_batches=limit)
+        self.scores = evaluate(model or self.model, self.test, self.device, self.task, self.cfg.eval.batch_size,
+                               on_batch=self.on_batch, max_batches=limit)
         self._log_scores(step)
 
     def evaluate_final(self, step: int) -> None:
@@ -193,7 +193,8 @@ class Telemetry:
     def score_final(self) -> dict[str, float]:
         """Evaluate the final model (workers stopped, final round made) on the whole test split;
         the final report reuses these scores unless :meth:`rescore` says the model changed."""
-        self.scores = evaluate(self.model, self.test, self.device, self.task, on_batch=self.on_batch)
+        self.scores = evaluate(self.model, self.test, self.device, self.task, self.cfg.eval.batch_size,
+                               on_batch=self.on_batch)
         self._final_scored = True
         return self.scores
 

@@ -27,10 +27,11 @@ def _telemetry(tmp_path: Path, overrides: list[str], monkeypatch: pytest.MonkeyP
     rep = build_replica(cfg, torch.device("cpu"))
     calls: list = []
 
-    def slow(model, split, device, task, on_batch=lambda: None, max_batches=None):  # type: ignore[no-untyped-def]
+    def slow(model, split, device, task, batch_size=2048, on_batch=lambda: None,  # type: ignore[no-untyped-def]
+             max_batches=None):
         t0 = time.monotonic()
         time.sleep(EVAL_S)
-        calls.append((max_batches, time.monotonic() - t0))
+        calls.append((max_batches, time.monotonic() - t0, batch_size))
         return {m: 0.5 for m in task.metrics}
 
     monkeypatch.setattr(telemetry_mod, "evaluate", slow)
@@ -52,7 +53,7 @@ def test_evaluations_take_at_most_their_share_of_the_leader_s_time(tmp_path: Pat
     elapsed = time.monotonic() - t0
     # By construction: each evaluation of d seconds starts d / fraction after the previous one
     # began, so their total stays within the share of the time, plus the last one.
-    longest = max(took for _, took in calls)
+    longest = max(took for _, took, _ in calls)
     assert tel.eval_s <= fraction * elapsed + longest + 0.01, (tel.eval_s, elapsed, calls)
     assert len(calls) >= 2  # the budget spaces evaluations out; it does not stop them
     assert tel.eval_s / elapsed < 0.5  # unbounded, back-to-back evaluations would take nearly all of it
@@ -60,13 +61,14 @@ def test_evaluations_take_at_most_their_share_of_the_leader_s_time(tmp_path: Pat
 
 def test_max_batches_scores_a_subset_during_training_and_the_whole_split_at_the_end(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    tel, calls = _telemetry(tmp_path, ["eval.every_s=0.001", "eval.max_batches=1"], monkeypatch)
+    tel, calls = _telemetry(tmp_path, ["eval.every_s=0.001", "eval.max_batches=1", "eval.batch_size=64"], monkeypatch)
     board = Board(1)
     tel.start(board, total_steps=100)
     board.stats["pos"][0] = 50
     tel.tick(board, 0, 0)
     tel.evaluate_final(100)
-    assert [limit for limit, _ in calls] == [1, None]
+    # The subset is one batch of eval.batch_size samples; the final evaluation scores every batch.
+    assert [(limit, size) for limit, _, size in calls] == [(1, 64), (None, 64)]
 
 
 def test_a_subset_is_the_first_batches_and_the_whole_split_by_default(tmp_path: Path) -> None:
