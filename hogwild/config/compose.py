@@ -17,6 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from hogwild.config import schema as config_mod
 from hogwild.config.env import default_run_id
+from hogwild.config.defaults import resolved
 from hogwild.config.schema import Config
 from hogwild.errors import ConfigError, UserError, first_line
 from hogwild.files import make_run_dir, refuse_links
@@ -133,7 +134,7 @@ def to_config(dcfg: Any) -> Config:
     except Exception as e:  # noqa: BLE001 - OmegaConf wraps __post_init__ errors in its own types
         raise ConfigError(_omegaconf_message(e)) from None
     assert isinstance(cfg, Config)
-    return cfg
+    return resolved(cfg)  # the sync defaults a job runs with, decided once (config/defaults.py)
 
 
 def _group_options(conf_dir: str, group: str) -> list[str]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hogwild.config.schema import Config
+from hogwild.config.sync import AUTO
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +96,8 @@ def default_config() -> Config:
     register_resolvers()
     cfg = preflight([])
     cfg.run_dir = "outputs/<run id or time>"  # resolved per job; the page shows its form
+    # Decided per job by its optimizer (config/defaults.py); each key's meaning says to what.
+    cfg.sync = dataclasses.replace(cfg.sync, mode=AUTO, interval=AUTO)
     return cfg
 
 

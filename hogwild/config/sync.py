@@ -4,24 +4,33 @@ and, with ``sync.coordinator`` set, the elastic membership that survives a lost 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from hogwild.config.env import split_endpoint
 from hogwild.config.registry import SYNC_RULES, WIRES
 from hogwild.config.validate import choice, positive, require, timeout
+from hogwild.errors import ConfigError
 
 BACKENDS = ("auto", "gloo", "nccl")
+AUTO = "auto"
+SGD_INTERVAL = 50
+"""``sync.interval=auto`` under SGD: the interval BENCHMARKS.md's SGD figures were measured at."""
 WEIGHTINGS = ("equal", "steps")
 
 
 @dataclass
 class SyncConfig:
-    mode: str = "slowmo"
-    """Cross-replica rule: slowmo | average | broadcast | diloco | median | trimmed_mean. The
-    default, slowmo, keeps every replica's progress (R replicas advance about R times as far
-    per round as one); average keeps one replica's (docs/sync.md)."""
-    interval: int = 50
-    """Sync each time a replica's own update count (all its workers) grows by this much."""
+    mode: str = "auto"
+    """Cross-replica rule: auto | slowmo | average | broadcast | diloco | median | trimmed_mean.
+    auto: average for an adaptive optimizer (AdamW, Adam, Adagrad, ... on the barrier), whose
+    replicas then meet every few steps; slowmo under SGD (Hogwild), which keeps every replica's
+    progress between rounds far apart (R replicas advance about R times as far per round as one,
+    where average keeps one replica's). docs/sync.md says why."""
+    interval: Any = "auto"
+    """Sync each time a replica's own update count (all its workers) grows by this much. auto: under
+    an adaptive optimizer the link sets the pace, every round's measured cost setting the next
+    interval (as short as two optimizer steps on a fast link, longer as the round's time or its
+    leader's share of a core grows); under SGD, 50."""
     max_lag: Optional[float] = None
     """Steps a replica's workers may run past a round that has not completed before they wait
     for it (stale synchronous parallel); None = one interval, inf = never wait."""
@@ -68,8 +77,9 @@ class SyncConfig:
     """Elastic mode: live slots a new group needs (null: a majority of the last group)."""
 
     def __post_init__(self) -> None:
-        SYNC_RULES.check(self.mode)
-        positive(self.interval, "sync.interval")
+        if self.mode != AUTO:
+            SYNC_RULES.check(self.mode)
+        self.interval = interval_value(self.interval)
         if self.max_lag is not None:
             positive(self.max_lag, "sync.max_lag", allow_zero=True)
         choice(self.backend, "sync.backend", BACKENDS)
@@ -90,7 +100,7 @@ class SyncConfig:
                 f"set sync.fragments=1, got {self.fragments}")
         choice(self.weighting, "sync.weighting", WEIGHTINGS)
         weighted = [name for name in SYNC_RULES.names() if SYNC_RULES.get(name).weighted]  # type: ignore[attr-defined]
-        require(self.weighting == "equal" or self.mode in weighted, "sync.weighting",
+        require(self.weighting == "equal" or self.mode in (AUTO, *weighted), "sync.weighting",
                 f"steps applies to {', '.join(weighted)}, not sync.mode={self.mode}")
         if self.coordinator is not None:
             split_endpoint(self.coordinator)
@@ -101,3 +111,17 @@ class SyncConfig:
             m = self.min_replicas
             require(m is None or 1 <= m <= self.replicas, "sync.min_replicas",
                     f"must be in 1..{self.replicas}, got {m}")
+
+
+def interval_value(value: Any) -> Any:
+    """``sync.interval``: a positive integer, or ``auto``."""
+    if value == AUTO:
+        return AUTO
+    if isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            raise ConfigError(f"sync.interval: must be a positive integer or 'auto', got {value!r}") from None
+    require(isinstance(value, int) and not isinstance(value, bool) and value > 0, "sync.interval",
+            f"must be a positive integer or 'auto', got {value!r}")
+    return value

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from hogwild.config.defaults import resolved
 from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
 from hogwild.leader.api import Control
@@ -19,6 +20,7 @@ def leader_for(cfg: Config, run_dir: str, env: Optional[DistEnv] = None,
     """The leader ``cfg`` asks for: elastic with ``sync.coordinator``, else a torchrun group.
     ``overrides``: the command line's, recorded in ``.hydra/overrides.yaml``."""
     ctl, faults = Control(), Faults.from_env()  # the one place the environment's fault plan is read
+    cfg = resolved(cfg)  # a Config handed in whole (hogwild.train(config=...)): its sync defaults decided
     if cfg.sync.coordinator:
         from hogwild.leader.elastic import ElasticGroup, Rejoins
 

@@ -35,7 +35,7 @@ from hogwild.replica.build import build_replica, replica_device
 from hogwild.replica.faults import Faults
 from hogwild.replica.lr_schedule import check_schedule
 from hogwild.replica.meeting import STEPS_KEY
-from hogwild.replica.optim import BARRIER, HOGWILD
+from hogwild.config.defaults import BARRIER, HOGWILD
 from hogwild.replica.update import batches_per_step
 from hogwild.replica.models import model_id
 from hogwild.replica.pool import WorkerPool, worker_specs
@@ -93,7 +93,7 @@ class Leader:
         board_file = run_dir / "progress" / f"rank{env.rank}.board"
         previous = previous_attempt(board_file)  # read before this attempt overwrites it
         board = Board(k, board_file)
-        schedule = SyncSchedule.from_config(cfg.sync, env.distributed)
+        schedule = SyncSchedule.from_config(cfg.sync, env.distributed, batches_per_step(cfg, k))
         restored = group.restore(cfg, run_dir, rep, board, rule, previous)
         base = restored.counters if restored else Counts()
         saver = Saver(run_dir, cfg.checkpoint.keep, restored.lineage if restored else checkpoint.new_lineage(),

@@ -43,7 +43,8 @@ from hogwild.replica.faults import Faults
 from hogwild.replica.models import model_id
 from hogwild.report.summary import RunResult, Status
 from hogwild.replica.meeting import STEPS_KEY
-from hogwild.replica.optim import shared_state, update_path
+from hogwild.config.defaults import update_path
+from hogwild.replica.optim import shared_state
 from hogwild.sync.comm import Comm, PeerLost
 from hogwild.sync.group import destroy_group
 from hogwild.sync.rules import SyncRule

@@ -174,6 +174,10 @@ class Board:
     def row(self, i: int) -> np.void:
         return self.stats[i]
 
+    def busy_s(self) -> float:
+        """The workers' seconds in steps, summed (waits for a round left out)."""
+        return float(self.stats["step_s"].sum())
+
     def replica_pos(self) -> float:
         return float(self.stats["pos"].sum())
 

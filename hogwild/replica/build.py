@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from hogwild.config.defaults import BARRIER, update_path
 from hogwild.config.schema import Config
 from hogwild.data.datasets import Dataset, load_dataset
 from hogwild.data.streams import StreamRecords, StreamSplit
@@ -20,8 +21,8 @@ from hogwild.replica.lr_schedule import check_schedule
 from hogwild.replica.models import build_model
 from hogwild.replica import resources
 from hogwild.replica.meeting import STEPS_KEY, Meeting
-from hogwild.replica.optim import (BARRIER, check_in_place, new_shared_state, row_tables, shared_state, state_names,
-                                   state_numel, torch_state_probe, update_path)
+from hogwild.replica.optim import (check_in_place, new_shared_state, row_tables, shared_state, state_names,
+                                   state_numel, torch_state_probe)
 from hogwild.replica.rows import RowMarks, check_row_sparse
 from hogwild.replica.shared import Slot, alloc, layout, param_slots, share_model
 from hogwild.replica.task import Task, build_task, preflight

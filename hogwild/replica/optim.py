@@ -15,34 +15,12 @@ from typing import Callable, ClassVar, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
+from hogwild.config.defaults import BARRIER, update_path
 from hogwild.config.registry import OPTIMIZERS
 from hogwild.config.schema import OptimConfig
 from hogwild.config.targets import call_target, import_target, schema_kwargs
 from hogwild.errors import PASSES, ConfigError, first_line, user_call
 from hogwild.replica.shared import Slot, param_slots
-
-
-HOGWILD, BARRIER = "hogwild", "barrier"
-# torch optimizers (and their subclasses) that auto leaves on the Hogwild path: SGD (staleness costs
-# it little, BENCHMARKS.md §17) and SparseAdam (it steps only on sparse gradients, which the barrier
-# does not gather).
-HOGWILD_TARGETS = (torch.optim.SGD, torch.optim.SparseAdam)
-
-
-def update_path(cfg: OptimConfig) -> str:
-    """``optim.update`` resolved: hogwild (each worker steps the shared weights) or barrier (the
-    workers' gradients meet and one state per replica steps on their mean; replica/meeting.py)."""
-    if cfg.update != "auto":
-        return cfg.update
-    if cfg.rowwise:
-        return HOGWILD  # a table's rows are written by the workers themselves on either path
-    if cfg._target_:
-        try:
-            cls = import_target(str(cfg._target_), "optim._target_")
-        except ConfigError:
-            return BARRIER  # torch_optimizer says what is wrong with it, in one line
-        return HOGWILD if isinstance(cls, type) and issubclass(cls, HOGWILD_TARGETS) else BARRIER
-    return HOGWILD if cfg.name == "sgd" else BARRIER
 
 
 def shared_state(cfg: OptimConfig) -> bool:

@@ -21,10 +21,11 @@ import torch
 from torch import Tensor
 
 from hogwild.config.schema import Config, OptimConfig
+from hogwild.config.defaults import BARRIER, update_path
 from hogwild.errors import UserError
 from hogwild.replica.meeting import STEPS_KEY, Meeting, Piece, mean_into, wait_until
-from hogwild.replica.optim import (BARRIER, FlatOptimizer, Optimizer, TorchOptimizer, bind_views, decays,
-                                   rebound_state, state_views, torch_optimizer, update_path)
+from hogwild.replica.optim import (FlatOptimizer, Optimizer, TorchOptimizer, bind_views, decays, rebound_state,
+                                   state_views, torch_optimizer)
 from hogwild.replica.shared import Slot
 
 # The learning rate of the replica's optimizer step number ``t`` (replica/worker.py makes it).

@@ -157,6 +157,7 @@ class RunSummary:
             "sync_bytes_received": self.sync.link.received,
             "sync_bytes_per_step": self.sync.link.sent * self.replicas / max(self.job.steps, 1),
             "sync_link_s": self.sync.link.seconds,
+            "sync_cpu_s": self.sync.cpu_s,
             "peak_memory_mb": max((m for m in self.sync.peak_memory_mb if m is not None), default=None),
             "peak_memory_mb_per_replica": self.sync.peak_memory_mb,
             "lag_wait_s": self.job.lag_wait_s,

@@ -45,10 +45,11 @@ class RoundFlags:
 class RoundVector:
     """Layout of the control vector every round all-reduces (SUM): the five sent flags of
     :class:`RoundFlags`, then per rank a "my snapshot is finite" slot, the drift it measured in
-    the previous round, and the weight of its contribution (0 when unhealthy)."""
+    the previous round, the weight of its contribution (0 when unhealthy), and the intervals its
+    previous round's time and its leader's CPU ask for (a paced schedule; 0: none)."""
 
     NUM_FLAGS = 5
-    PER_RANK = 3
+    PER_RANK = 5
 
     @staticmethod
     def new(flags: RoundFlags, world: int, like: Tensor) -> Tensor:
@@ -73,6 +74,15 @@ class RoundVector:
     @staticmethod
     def weight_slot(world: int, rank: int) -> int:
         return RoundVector.NUM_FLAGS + 2 * world + rank
+
+    @staticmethod
+    def pace_slot(world: int, rank: int) -> int:
+        """The interval the round's time asks for; the CPU's ask follows the world's slots."""
+        return RoundVector.NUM_FLAGS + 3 * world + rank
+
+    @staticmethod
+    def cpu_pace_slot(world: int, rank: int) -> int:
+        return RoundVector.NUM_FLAGS + 4 * world + rank
 
     @staticmethod
     def world(ctl: Tensor) -> int:

@@ -17,7 +17,7 @@ from hogwild.replica.board import Board
 from hogwild.sync.comm import Comm, LinkMeter
 from hogwild.sync.rows import Gathered
 from hogwild.sync.rules import RoundFlags, RoundVector, SyncRule, context
-from hogwild.sync.schedule import DriftRecord, SyncSchedule
+from hogwild.sync.schedule import DriftRecord, SyncSchedule, paced_interval
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,9 @@ class RoundOutcome:
     """This replica's ``||snap - target|| / ||target||`` in this round."""
     last_drifts: list[float]
     """Every replica's drift of the previous round (piggybacked; inf where unhealthy)."""
+    paces: list[tuple[float, float]] = field(default_factory=list)
+    """Every replica's wanted intervals, from its previous round's time and its leader's CPU
+    (piggybacked; 0: none)."""
     stats: Optional["RoundStats"] = None
     """Filled by :meth:`Rounds.run`: what the round cost and measured, for the caller to log."""
 
@@ -58,14 +61,16 @@ class RoundStats:
 
 
 def sync_round(flat: Tensor, rule: SyncRule, flags: RoundFlags = RoundFlags(), *, last_drift: float = 0.0,
-               timeout_s: float = 300.0, weight: float = 1.0) -> RoundOutcome:
+               timeout_s: float = 300.0, weight: float = 1.0, pace: tuple[float, float] = (0.0, 0.0)
+               ) -> RoundOutcome:
     """One round on the live buffer ``flat`` while workers may keep writing to it.
 
     ``snap = flat.clone(); target = rule(snap); flat += target - snap``: updates applied
     during the collective survive (design rule 2 in docs/design.md). A ``final`` round (workers
     stopped) lands the replica exactly on ``target`` so every replica ends bit-for-bit identical.
     A fragmented rule syncs one stretch of ``flat`` per round (all of them in the final one).
-    ``weight``: this replica's share of the consensus (``sync.weighting``).
+    ``weight``: this replica's share of the consensus (``sync.weighting``); ``pace``: the intervals
+    its previous round's time and CPU ask for (sync/schedule.py).
     """
     rank, world, final = rule.comm.rank, rule.comm.world_size, flags.final
     regions = rule.plan(flat.numel(), final, timeout_s)
@@ -77,6 +82,7 @@ def sync_round(flat: Tensor, rule: SyncRule, flags: RoundFlags = RoundFlags(), *
     R = RoundVector
     ctl = R.new(flags, world, flat)
     ctl[R.drift_slot(world, rank)] = last_drift  # non-finite values are dropped by the reader
+    ctl[R.pace_slot(world, rank)], ctl[R.cpu_pace_slot(world, rank)] = pace
     red: Optional[Tensor] = None
     gaps, scales = 0.0, 0.0
     for region in regions:
@@ -102,10 +108,11 @@ def sync_round(flat: Tensor, rule: SyncRule, flags: RoundFlags = RoundFlags(), *
     assert red is not None
     drift = math.sqrt(gaps) / max(math.sqrt(scales), 1e-12) if healthy else math.inf
     f = red.cpu()
-    agreed, d0 = R.agreed(f), R.drift_slot(world, 0)
+    agreed, d0, p0, c0 = R.agreed(f), R.drift_slot(world, 0), R.pace_slot(world, 0), R.cpu_pace_slot(world, 0)
     return RoundOutcome(all_done=agreed.done, any_stop=agreed.stop, checkpoint=agreed.checkpoint,
                         reached=agreed.reached, reform=agreed.reform, healthy=healthy, drift=drift,
-                        last_drifts=f[d0:d0 + world].tolist())
+                        last_drifts=f[d0:d0 + world].tolist(),
+                        paces=list(zip(f[p0:p0 + world].tolist(), f[c0:c0 + world].tolist())))
 
 
 def _read(flat: Tensor, region: Union[slice, Gathered], rule: SyncRule) -> Tensor:
@@ -142,6 +149,9 @@ class SyncStats:
     """A replica's rounds over the whole run, the mean over replicas."""
     peak_memory_mb: list[Optional[float]] = field(default_factory=list)
     """Each replica's peak memory as its leader measured it, by rank (None: not measured)."""
+    cpu_s: float = 0.0
+    """A leader's CPU seconds in its rounds over the run (every thread of its process), the mean
+    over replicas: what the rounds took from the cores the workers use."""
 
 
 class Rounds:
@@ -151,9 +161,14 @@ class Rounds:
         self.schedule = schedule
         self.syncs = syncs  # rounds of the whole lineage, restored ones included
         self.times: list[float] = []  # this process's rounds
+        self.cpu_s = 0.0  # their CPU seconds in this process
         self.last_drift = 0.0
         self.gaps: list[float] = []  # replica steps between consecutive snapshots
         self._last_snap = board.replica_pos()
+        self._last_work = self.board.busy_s()
+        self.asking = (0.0, 0.0)
+        """The intervals this replica's last round's time and its CPU ask for (a paced schedule; 0:
+        none), sent with the next round."""
         # A replica that never meets another (no torchrun, no coordinator) has no round due, ever:
         # an outer rule primed anyway held two more models (θ_g and its momentum, 1.2 GB beside a
         # 10M-row table) for nothing, and its checkpoints carried the initial model as θ_g, which
@@ -166,21 +181,22 @@ class Rounds:
         board.control["lag_limit"] = schedule.lag_limit
 
     def run(self, flags: RoundFlags, timeout_s: float) -> RoundOutcome:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         ctl = self.board.control
         ctl["syncing"] = 1.0
-        pos_at_snap = self.board.replica_pos()
+        pos_at_snap, work = self.board.replica_pos(), self.board.busy_s()
         link = self.rule.meter.copy()
         try:
             out = sync_round(self.flat, self.rule, flags, last_drift=self.last_drift, timeout_s=timeout_s,
-                             weight=self._weight(pos_at_snap))
+                             weight=self._weight(pos_at_snap), pace=self.asking)
         finally:
             ctl["syncing"] = 0.0
         if not out.healthy:
             logger.warning("replica %d held non-finite parameters; excluded from the sync and "
                            "restored from the consensus of the others", self.comm.rank)
         self.last_drift = out.drift
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        self.cpu_s += cpu
         self.syncs += 1
         self.times.append(dt)
         stats = RoundStats(step=int(self.board.replica_pos()), seconds=dt, link=self.rule.meter.since(link))
@@ -189,11 +205,28 @@ class Rounds:
         if not (flags.done or flags.final):  # a finished replica's rounds say nothing about the interval
             self.gaps.append(pos_at_snap - self._last_snap)
             stats.steps_between = self.gaps[-1]
-        self._last_snap = pos_at_snap
+            before = self.schedule.interval
+            self.schedule.record_pace(out.paces)
+            if self.schedule.interval != before:
+                logger.debug("paced interval %d -> %d (asked for the rounds' time, CPU: %s)", before,
+                             self.schedule.interval, ", ".join(f"{t:.1f} {c:.1f}" for t, c in out.paces))
+            self.asking = self._pace(dt, cpu, pos_at_snap, work)
+        self._last_snap, self._last_work = pos_at_snap, work
         ctl["next_sync_at"] = self.schedule.after_round(pos_at_snap)
         ctl["lag_limit"] = self.schedule.lag_limit
         out.stats = stats
         return out
+
+    def _pace(self, round_s: float, cpu_s: float, pos: float, work: float) -> tuple[float, float]:
+        """The intervals this round's time and its leader's CPU ask for (0 when the schedule is not
+        paced, or nothing was measured): the replica's pace is its steps over its workers' busy
+        seconds since the last snapshot, times the workers, so waiting for a slow round does not
+        make rounds look cheaper."""
+        busy = work - self._last_work
+        if not self.schedule.paced or busy <= 0 or pos <= self._last_snap:
+            return 0.0, 0.0
+        steps_per_s = (pos - self._last_snap) * self.board.workers / busy
+        return paced_interval(round_s, 0.0, steps_per_s), paced_interval(0.0, cpu_s, steps_per_s)
 
     def _weight(self, pos_at_snap: float) -> float:
         """``sync.weighting=steps``: the replica's steps since the last round's snapshot, the
@@ -210,6 +243,7 @@ class Rounds:
     def rebase(self) -> None:
         """Positions jumped (healed from a peer): the next interval counts from here."""
         self._last_snap = pos = self.board.replica_pos()
+        self._last_work = self.board.busy_s()
         self.board.control["next_sync_at"] = self.schedule.after_round(pos)
         self.board.control["lag_limit"] = self.schedule.lag_limit
 
@@ -219,7 +253,7 @@ class Rounds:
         link = self.rule.meter
         mine = torch.tensor([self.last_drift, _mean(self.times), _mean(self.gaps),
                              max(self.gaps, default=0.0), link.sent, link.received, link.seconds,
-                             math.nan if peak_memory_mb is None else peak_memory_mb],
+                             math.nan if peak_memory_mb is None else peak_memory_mb, self.cpu_s],
                             dtype=torch.float64)
         gathered = self.comm.all_gather(mine)
         if self.comm.world_size == 1:
@@ -230,7 +264,8 @@ class Rounds:
         return SyncStats(mean_sync_s=_mean([g[1] for g in col]), steps_per_sync=_mean([g[2] for g in col]),
                          max_steps_per_sync=max(g[3] for g in col), final=final,
                          link=LinkMeter(*(_mean([g[i] for g in col]) for i in (4, 5, 6))),
-                         peak_memory_mb=[g[7] if math.isfinite(g[7]) else None for g in col])
+                         peak_memory_mb=[g[7] if math.isfinite(g[7]) else None for g in col],
+                         cpu_s=_mean([g[8] for g in col]))
 
 
 def _mean(xs: list[float]) -> float:

@@ -11,6 +11,24 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from hogwild.config.schema import SyncConfig
+from hogwild.config.sync import AUTO
+
+PACE_WALL = 0.75
+"""A paced round takes at most this share of its interval: its result lands before the next round
+is due, so the workers, who run on through a round, never wait at ``sync.max_lag`` for it."""
+PACE_CPU = 0.05
+"""...and its leader's CPU at most this share of the interval's time: the leader runs on a core the
+workers use, and rounds more often than this take more steps than they save."""
+PACE_START, PACE_FLOOR = 10, 2
+"""A paced interval starts at this many optimizer steps (no round is measured yet) and never goes
+below that many: averaging every step was no better than every two in the model (BENCHMARKS.md §20)."""
+
+
+def paced_interval(round_s: float, cpu_s: float, steps_per_s: float) -> float:
+    """The replica steps an interval needs so that a round of ``round_s`` seconds on the clock and
+    ``cpu_s`` of its leader's CPU stays within :data:`PACE_WALL` and :data:`PACE_CPU` of it, at
+    ``steps_per_s`` (the replica's steps per second of its workers' compute)."""
+    return steps_per_s * max(round_s / PACE_WALL, cpu_s / PACE_CPU)
 
 
 @dataclass
@@ -36,12 +54,20 @@ class SyncSchedule:
     max_interval: int = 2**31
     drifts: list[float] = field(default_factory=list)
     """The max drift of every recorded round."""
+    paced: bool = False
+    """``sync.interval=auto`` (resolved by sync/defaults.py): every round's cost sets the next interval."""
+    floor: int = 1
+    """A paced interval's lower bound: :data:`PACE_FLOOR` optimizer steps, in replica steps."""
 
     @classmethod
-    def from_config(cls, cfg: SyncConfig, distributed: bool = True) -> "SyncSchedule":
+    def from_config(cls, cfg: SyncConfig, distributed: bool = True, per_step: int = 1) -> "SyncSchedule":
+        """``per_step``: the replica steps (workers' batches) one optimizer step takes."""
+        paced = cfg.interval == AUTO
+        interval = PACE_START * per_step if paced else int(cfg.interval)
         # One replica never meets anyone: its round is never due.
-        first = float(cfg.interval) if distributed else math.inf
-        return cls(cfg.interval, first, cfg.max_lag, cfg.target_drift, cfg.min_interval, cfg.max_interval)
+        first = float(interval) if distributed else math.inf
+        return cls(interval, first, cfg.max_lag, cfg.target_drift, cfg.min_interval, cfg.max_interval,
+                   paced=paced, floor=PACE_FLOOR * per_step)
 
     def due(self, replica_pos: float) -> bool:
         return replica_pos >= self.next_sync_at
@@ -67,6 +93,21 @@ class SyncSchedule:
         self.drifts.append(worst)
         self._adapt(worst)
         return DriftRecord(sum(finite) / len(finite), worst, self.interval)
+
+    def record_pace(self, wanted: list[tuple[float, float]]) -> None:
+        """Every replica's wanted intervals for its round's time and its leader's CPU
+        (:func:`paced_interval`; 0 or NaN: none measured yet). A round's time is the shortest any
+        replica saw: the others also waited in it for the last to arrive, which is not the link's
+        cost. The busiest leader's CPU counts. Every leader sees the same list, so all take the same
+        interval; one round at most halves or doubles it, so a hiccup, or the first round's
+        connection set-up, does not swing it."""
+        times = [t for t, _ in wanted if math.isfinite(t) and t > 0]
+        cpus = [c for _, c in wanted if math.isfinite(c) and c > 0]
+        if not self.paced or not (times or cpus):
+            return
+        want = math.ceil(max(min(times, default=0.0), max(cpus, default=0.0)))
+        bounded = min(2 * self.interval, max(self.interval // 2, want))
+        self.interval = int(min(self.max_interval, max(self.floor, bounded)))
 
     def _adapt(self, max_drift: float) -> None:
         """Proportional control of the interval towards ``target_drift``."""

@@ -13,10 +13,13 @@ from tests.conftest import compose_cfg
 
 def test_defaults_compose_to_digits_mlp_sgd(tmp_cwd) -> None:
     cfg = compose_cfg([])
+    # sync.mode and sync.interval default to auto, which composing resolves (SGD: slowmo every 50).
     assert (cfg.model.name, cfg.data.name, cfg.optim.name, cfg.sync.mode) == ("mlp", "digits", "sgd", "slowmo")
+    assert cfg.sync.interval == 50
     assert cfg.workers == "auto" and cfg.optim.state == "auto" and cfg.optim.update == "auto"
     # SGD keeps lock-free Hogwild; an adaptive optimizer's gradients meet at the barrier.
-    from hogwild.replica.optim import shared_state, update_path
+    from hogwild.config.defaults import update_path
+    from hogwild.replica.optim import shared_state
 
     assert update_path(cfg.optim) == "hogwild" and not shared_state(cfg.optim)
     adamw = compose_cfg(["optim=adamw"]).optim
@@ -47,6 +50,28 @@ def test_each_groups_default_is_named_once(tmp_cwd) -> None:
         for k, v in stated.items():
             assert schema[group][k] == v, \
                 f"conf/{group}/{option}.yaml sets {k}={v}, the schema's default is {schema[group][k]}"
+
+
+def test_the_cross_machine_defaults_follow_the_optimizer_family(tmp_cwd) -> None:
+    """sync.mode=auto and sync.interval=auto (the defaults) are decided once, by the optimizer:
+    SGD keeps slowmo every 50 steps; an adaptive optimizer averages, paced by the link; what the
+    user sets is kept."""
+    from hogwild.config.defaults import resolved
+    from hogwild.sync.schedule import SyncSchedule
+
+    sgd = resolved(compose_cfg([])).sync
+    assert (sgd.mode, sgd.interval) == ("slowmo", 50)
+    for optim in (["optim=adamw"], ["optim=adam"], ["optim._target_=torch.optim.RMSprop"]):
+        adaptive = resolved(compose_cfg(optim)).sync
+        assert (adaptive.mode, adaptive.interval) == ("average", "auto"), optim
+        assert SyncSchedule.from_config(adaptive).paced
+    assert resolved(compose_cfg(["optim=adamw", "optim.update=hogwild"])).sync.mode == "slowmo"
+    kept = resolved(compose_cfg(["optim=adamw", "sync.mode=diloco", "sync.interval=30"])).sync
+    assert (kept.mode, kept.interval) == ("diloco", 30)
+    # sync.target_drift adapts a fixed interval to its own measure: it starts from SGD's 50.
+    drift = resolved(compose_cfg(["optim=adamw", "sync.target_drift=0.01"])).sync
+    assert (drift.mode, drift.interval) == ("average", 50)
+    assert resolved(resolved(compose_cfg(["optim=adamw"]))).sync == resolved(compose_cfg(["optim=adamw"])).sync
 
 
 def test_group_and_key_overrides(tmp_cwd) -> None:
@@ -91,7 +116,8 @@ def test_experiment_file(tmp_cwd) -> None:
 
 @pytest.mark.parametrize("override,key", [
     ("workers=0", "workers"), ("optim.lr=-1", "optim.lr"), ("model=foo", "model"),
-    ("traim.epochs=2", "traim"), ("sync.interval=0", "sync.interval"),
+    ("traim.epochs=2", "traim"), ("sync.interval=0", "sync.interval"), ("sync.interval=fast", "sync.interval"),
+    ("sync.interval=2.5", "sync.interval"), ("sync.mode=autom", "sync.mode"), ("eval.batch_size=0", "eval.batch_size"),
 ])
 def test_bad_values_name_the_key(tmp_cwd, override: str, key: str) -> None:
     with pytest.raises(ConfigError, match=rf"^{key}\b"):

@@ -72,7 +72,8 @@ def test_the_replica_is_refused_before_its_model_is_shared(tmp_cwd: Path, monkey
     _memory(monkeypatch, int(1.5 * GB))
     shared: list[int] = []
     monkeypatch.setattr(build, "share_model", lambda *a: shared.append(1))
-    cfg = compose_cfg(["optim=adamw", "workers=4", "model.hidden=500000"])
+    # slowmo keeps two more models in the leader (θ_g and its momentum): past 1.5 GB with four workers.
+    cfg = compose_cfg(["optim=adamw", "workers=4", "model.hidden=500000", "sync.mode=slowmo"])
     with pytest.raises(ConfigError, match=r"^workers: 4 workers"):
         build.build_replica(cfg, torch.device("cpu"), 4, 1)
     assert not shared

@@ -164,7 +164,7 @@ def test_fragments_with_a_compressed_wire_agree_everywhere(dtype: str) -> None:
 
 
 def test_more_fragments_than_values_is_a_config_error() -> None:
-    rule = make_rule(SyncConfig(fragments=20), LocalComm())
+    rule = make_rule(SyncConfig(mode="slowmo", fragments=20), LocalComm())
     with pytest.raises(ConfigError, match="sync.fragments"):
         rule.prime(torch.zeros(10))
 

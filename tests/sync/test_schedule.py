@@ -118,3 +118,69 @@ def test_lag_limit_is_one_interval_past_the_pending_round_by_default() -> None:
     assert SyncSchedule.from_config(SyncConfig(interval=20, max_lag=5)).lag_limit == 25
     assert math.isinf(SyncSchedule.from_config(SyncConfig(interval=20, max_lag=math.inf)).lag_limit)
     assert math.isinf(SyncSchedule.from_config(SyncConfig(), distributed=False).lag_limit)
+
+
+def test_a_paced_interval_starts_at_ten_optimizer_steps_and_follows_the_link_and_the_busiest_leader() -> None:
+    """sync.interval=auto: every round's cost sets the next interval. A round's time is the
+    shortest any replica saw (the others also waited for the last to arrive), its CPU the busiest
+    leader's; every leader sees the same asks, so all take the same interval, at most halving or
+    doubling it per round, never below two optimizer steps."""
+    s = SyncSchedule.from_config(SyncConfig(interval="auto"), per_step=4)  # 4 workers on the barrier
+    assert s.paced and s.interval == 40 and s.next_sync_at == 40 and s.floor == 8
+    s.record_pace([(0.0, 0.0), (0.0, 0.0)])  # nothing measured yet (the first round)
+    assert s.interval == 40
+    s.record_pace([(55.0, 1.0), (30.2, 2.0)])  # the first to arrive waited 25 steps for the other
+    assert s.interval == 31
+    s.record_pace([(20.0, 41.0), (30.0, 3.0)])  # a leader whose rounds take too much of its core
+    assert s.interval == 41
+    s.record_pace([(500.0, 1.0), (400.0, math.nan)])  # a hiccup: at most twice the interval per round
+    assert s.interval == 82
+    s.record_pace([(1.0, 1.0), (2.0, 1.0)])  # a fast link: at most half per round, never below the floor
+    assert s.interval == 41
+    for _ in range(10):
+        s.record_pace([(1.0, 1.0), (2.0, 1.0)])
+    assert s.interval == 8
+
+
+def test_a_fixed_interval_ignores_the_paces_it_is_sent() -> None:
+    s = SyncSchedule.from_config(SyncConfig(interval=40))
+    s.record_pace([(5.0, 5.0), (500.0, 500.0)])
+    assert not s.paced and s.interval == 40
+
+
+def test_a_paced_round_stays_within_its_share_of_the_interval() -> None:
+    from hogwild.sync.schedule import PACE_CPU, PACE_WALL, paced_interval
+
+    # A slow link: 3 s on the wire, little CPU, 2 steps a second: the round needs 3 / 0.75 s.
+    assert paced_interval(3.0, 0.01, 2.0) == pytest.approx(2.0 * 3.0 / PACE_WALL)
+    # Loopback: a short round, but its leader's CPU would take more than its share of the core.
+    assert paced_interval(0.01, 0.008, 8.0) == pytest.approx(8.0 * 0.008 / PACE_CPU)
+
+
+def test_a_round_asks_for_an_interval_from_its_cost_and_the_workers_busy_time() -> None:
+    """What a paced round sends the others: its cost against the replica's pace, where the pace
+    is steps over the workers' busy seconds, so time spent waiting for a slow round does not make
+    steps look slower (and rounds cheaper, and the interval shorter, and the wait longer)."""
+    from hogwild.sync.comm import LocalComm
+    from hogwild.sync.rounds import RoundFlags, Rounds
+    from hogwild.sync.rules import make_rule
+    from hogwild.sync.schedule import paced_interval
+
+    cfg = SyncConfig(mode="average", interval="auto")
+    flat, board = torch.zeros(10), Board(2)
+    rounds = Rounds(flat, make_rule(cfg, LocalComm(), 10), LocalComm(), board, SyncSchedule.from_config(cfg))
+    # Two workers made 20 steps between rounds in 5 busy seconds each (they also waited 50 s for
+    # the round, which step_s leaves out): 4 replica steps a second of their compute.
+    board.stats["pos"] = [10.0, 10.0]
+    board.stats["step_s"] = [5.0, 5.0]
+    board.stats["lag_wait_s"] = [50.0, 50.0]
+    rounds.run(RoundFlags(), timeout_s=5.0)
+    time_ask, cpu_ask = rounds.asking
+    assert time_ask == pytest.approx(paced_interval(rounds.times[-1], 0.0, 4.0))
+    assert 0 < time_ask < 1 and 0 < cpu_ask < 10  # a round in memory costs far less than 10 steps
+    fixed = Rounds(flat, make_rule(cfg, LocalComm(), 10), LocalComm(), board,
+                   SyncSchedule.from_config(SyncConfig(mode="average", interval=10)))
+    board.stats["pos"] = [20.0, 20.0]
+    board.stats["step_s"] = [10.0, 10.0]
+    fixed.run(RoundFlags(), timeout_s=5.0)
+    assert fixed.asking == (0.0, 0.0)  # a fixed interval asks for nothing

@@ -66,7 +66,7 @@ def test_round_flags_reach_every_replica() -> None:
     def rank_fn(comm: Comm) -> RoundOutcome:
         flat = torch.tensor(vals[comm.rank])
         flags = RoundFlags(done=True, stop=comm.rank == 1, checkpoint=comm.rank == 0)
-        return sync_round(flat, make_rule(SyncConfig(), comm), flags, last_drift=0.1 * (comm.rank + 1))
+        return sync_round(flat, make_rule(SyncConfig(mode="slowmo"), comm), flags, last_drift=0.1 * (comm.rank + 1))
 
     for o in run_ranks(2, rank_fn):
         assert o.all_done and o.any_stop and o.checkpoint and not o.reached
@@ -81,7 +81,7 @@ def test_every_replica_nonfinite_is_a_fault() -> None:
 def test_a_peer_that_never_comes_is_peer_lost_not_a_hang() -> None:
     def rank_fn(comm: Comm) -> None:
         if comm.rank == 0:
-            sync_round(torch.ones(3), make_rule(SyncConfig(), comm), timeout_s=0.5)
+            sync_round(torch.ones(3), make_rule(SyncConfig(mode="slowmo"), comm), timeout_s=0.5)
 
     with pytest.raises(PeerLost, match="within"):
         run_ranks(2, rank_fn)

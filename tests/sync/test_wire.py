@@ -195,10 +195,13 @@ def test_weighting_by_steps_follows_each_replicas_real_interval() -> None:
 
     class Board:
         def __init__(self, pos: float) -> None:
-            self.pos, self.control = pos, {}
+            self.pos, self.control, self.workers = pos, {}, 1
 
         def replica_pos(self) -> float:
             return self.pos
+
+        def busy_s(self) -> float:
+            return 0.0
 
     def rank_fn(comm: Comm) -> list[float]:
         cfg = SyncConfig(mode="average", weighting="steps")

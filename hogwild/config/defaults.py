@@ -1,0 +1,74 @@
+"""Choices one setting makes for others, each decided here once: which way gradients reach the
+model (``optim.update=auto``, by the optimizer family), and the cross-machine rule and interval
+that follow from it (``sync.mode=auto``, ``sync.interval=auto``).
+
+An adaptive optimizer (AdamW, Adam, Adagrad, any torch optimizer but SGD) takes the barrier: its
+workers' fresh gradients meet before one optimizer state steps (BENCHMARKS.md §17). Across
+machines it keeps its quality only when the replicas meet often: on the GPT of BENCHMARKS.md §20,
+two replicas averaging every two steps end near DDP, every ten steps 0.04 worse, every fifty 0.09,
+and an outer momentum on top of AdamW's own costs more. So it gets ``average``, paced by the link:
+rounds as often as the link and the leader's core allow (sync/schedule.py). SGD stays lock-free
+(Hogwild), loses little between rounds far apart and gains from keeping every replica's progress,
+so it keeps ``slowmo`` every 50 steps, where its figures were measured (docs/sync.md).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import TYPE_CHECKING
+
+from hogwild.config.sync import AUTO, SGD_INTERVAL
+from hogwild.config.targets import import_target
+from hogwild.config.train import OptimConfig
+from hogwild.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hogwild.config.schema import Config
+
+HOGWILD, BARRIER = "hogwild", "barrier"
+ADAPTIVE_MODE, SGD_MODE = "average", "slowmo"
+
+
+def hogwild_targets() -> tuple[type, ...]:
+    """torch optimizers (and their subclasses) that auto leaves on the Hogwild path: SGD (staleness
+    costs it little, BENCHMARKS.md §17) and SparseAdam (it steps only on sparse gradients, which the
+    barrier does not gather)."""
+    import torch
+
+    return torch.optim.SGD, torch.optim.SparseAdam
+
+
+def update_path(cfg: OptimConfig) -> str:
+    """``optim.update`` resolved: hogwild (each worker steps the shared weights) or barrier (the
+    workers' gradients meet and one state per replica steps on their mean; replica/meeting.py)."""
+    if cfg.update != "auto":
+        return cfg.update
+    if cfg.rowwise:
+        return HOGWILD  # a table's rows are written by the workers themselves on either path
+    if cfg._target_:
+        try:
+            cls = import_target(str(cfg._target_), "optim._target_")
+        except ConfigError:
+            return BARRIER  # torch_optimizer says what is wrong with it, in one line
+        return HOGWILD if isinstance(cls, type) and issubclass(cls, hogwild_targets()) else BARRIER
+    return HOGWILD if cfg.name == "sgd" else BARRIER
+
+
+def resolved(cfg: "Config") -> "Config":
+    """``cfg`` with ``sync.mode`` a rule's name and ``sync.interval`` a number of steps, or ``auto``
+    where the link sets the pace (the barrier's optimizers, unless ``sync.target_drift`` adapts a
+    fixed interval to its own measure). Composing a config applies it, and so does the leader to a
+    config handed to it whole; a resolved config resolves to itself."""
+    sync = cfg.sync
+    if sync.mode != AUTO and sync.interval != AUTO:
+        return cfg
+    adaptive = update_path(cfg.optim) == BARRIER
+    mode = sync.mode if sync.mode != AUTO else (ADAPTIVE_MODE if adaptive else SGD_MODE)
+    paced = sync.interval == AUTO and adaptive and sync.target_drift is None
+    interval = sync.interval if sync.interval != AUTO or paced else SGD_INTERVAL
+    if (mode, interval) == (sync.mode, sync.interval):
+        return cfg
+    out = copy.copy(cfg)
+    out.sync = dataclasses.replace(sync, mode=mode, interval=interval)
+    return out
