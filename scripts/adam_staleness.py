@@ -252,15 +252,43 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
             "applied": n["applied"], "dropped": n["dropped"], "virtual_time": t}
 
 
+@dataclass(frozen=True)
+class Outer:
+    """How the modelled replicas meet beyond the rule and interval (designs tried for issue 55)."""
+
+    outer_lr: Optional[float] = None
+    outer_momentum: Optional[float] = None
+    moments_every: int = 0
+    """Every this many rounds also average the replicas' AdamW moments (DES-LOC: the moments on a
+    slower schedule than the weights); 0: never."""
+    dense_steps: int = 0
+    """The first steps average the replicas after every step, as post-local SGD (Lin et al. 2020)
+    runs synchronously before it goes local; the rule starts from their mean."""
+    growth: float = 1.0
+    """Rounds space out as the rate decays: the interval at rate r is ``interval * (peak / r)**2``
+    (QSR, Gu et al. 2023: H proportional to 1/lr^2), at most ``growth`` times ``interval``."""
+    last_mean: bool = False
+    """The last round lands on the replicas' mean (a hogwild job's final round) instead of the
+    rule's ordinary step."""
+    delay: int = 0
+    """A round's target reaches the replicas this many steps after its snapshot, as the change
+    ``target - snapshot`` (a hogwild round overlapped with the workers' next steps); 0: at once."""
+
+    def tag(self) -> str:
+        return "".join([f"_olr{self.outer_lr:g}" if self.outer_lr is not None else "",
+                        f"_mu{self.outer_momentum:g}" if self.outer_momentum is not None else "",
+                        f"_dense{self.dense_steps}" if self.dense_steps else "",
+                        f"_moments{self.moments_every}" if self.moments_every else "",
+                        f"_growth{self.growth:g}" if self.growth > 1 else "",
+                        "_lastmean" if self.last_mean else "", f"_delay{self.delay}" if self.delay else ""])
+
+
 def replicas_run(mode: str, replicas: int, interval: int, gradients: int, lr: float, seed: int,
-                 outer_lr: Optional[float] = None, outer_momentum: Optional[float] = None,
-                 sync_moments: bool = False, dense_steps: int = 0) -> dict[str, Any]:
+                 outer: Outer = Outer()) -> dict[str, Any]:
     """R replicas of one worker each, each with its own AdamW on fresh gradients, meeting every
     ``interval`` steps through hogwild's own sync rule classes (R x 1 with the default slowmo, or
-    DiLoCo), in lockstep: the outer rule alone, at ``gradients`` in all. ``sync_moments``: each round
-    also averages the replicas' AdamW moments; ``dense_steps``: the first steps average the replicas
-    after every step, as post-local SGD (Lin et al. 2020) runs synchronously before it goes local,
-    and the rule starts from their mean (designs tried, not options of hogwild's)."""
+    DiLoCo), in lockstep: the outer rule alone, at ``gradients`` in all; ``outer``: the rest of how
+    they meet (designs tried in the model before any became an option)."""
     from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
     from hogwild.bench import sync_round, sync_rule
@@ -270,12 +298,32 @@ def replicas_run(mode: str, replicas: int, interval: int, gradients: int, lr: fl
     opts = [_adamw(m, lr) for m in models]
 
     def rule_from(flat: torch.Tensor) -> Any:  # the rule as an R-replica job gets it
-        return sync_rule(flat, mode, lockstep=replicas, outer_lr=outer_lr, outer_momentum=outer_momentum)
+        return sync_rule(flat, mode, lockstep=replicas, outer_lr=outer.outer_lr, outer_momentum=outer.outer_momentum)
+
+    def mean_of() -> torch.Tensor:
+        return torch.stack([parameters_to_vector(m.parameters()).detach() for m in models]).mean(0)
+
+    def land(flat: torch.Tensor) -> None:
+        with torch.no_grad():
+            for m in models:
+                vector_to_parameters(flat.clone(), m.parameters())
+
+    pending: list[tuple[int, torch.Tensor, list[torch.Tensor]]] = []  # (due step, target, snapshots)
+
+    def arrive(now: int) -> None:
+        """Rounds whose target is due move each replica by ``target - its snapshot``: the steps it
+        made since the snapshot stay."""
+        for item in [p for p in pending if p[0] <= now]:
+            pending.remove(item)
+            with torch.no_grad():
+                for m, snap in zip(models, item[2]):
+                    vector_to_parameters(parameters_to_vector(m.parameters()) + item[1] - snap, m.parameters())
 
     rule = rule_from(parameters_to_vector(models[0].parameters()).detach().clone())
     gens = [torch.Generator().manual_seed(seed + 1 + r) for r in range(replicas)]
     steps = gradients // replicas
     warmup = max(1, steps // 6)
+    next_round, rounds = interval, 0
     for t in range(steps):
         rate = lr * min(1.0, (t + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * t / steps))
         for m, opt, gen in zip(models, opts, gens):
@@ -286,42 +334,50 @@ def replicas_run(mode: str, replicas: int, interval: int, gradients: int, lr: fl
             for group in opt.param_groups:
                 group["lr"] = rate
             opt.step()
-        if t < dense_steps:  # synchronous phase: every step ends on the replicas' mean
-            mean = torch.stack([parameters_to_vector(m.parameters()).detach() for m in models]).mean(0)
-            with torch.no_grad():
-                for m in models:
-                    vector_to_parameters(mean.clone(), m.parameters())
-            if t + 1 == dense_steps:
+        if t < outer.dense_steps:  # synchronous phase: every step ends on the replicas' mean
+            mean = mean_of()
+            land(mean)
+            if t + 1 == outer.dense_steps:
                 rule = rule_from(mean)  # the outer rule goes on from where the synchronous phase left
+                next_round = t + 1 + interval
             continue
-        if (t + 1) % interval == 0 or t + 1 == steps:
-            mean = torch.stack([parameters_to_vector(m.parameters()).detach() for m in models]).mean(0)
-            # The last round is an ordinary one, as it always was here: the ``rule.ending = True`` once
-            # set before it was reset by the round (a job's final round, ``final=True``, lands on the mean).
-            sync_round(mean, rule)
+        last = t + 1 == steps
+        arrive(steps if last else t + 1)  # the last round finds none on its way
+        if t + 1 < next_round and not last:
+            continue
+        snaps = [parameters_to_vector(m.parameters()).detach().clone() for m in models]
+        target = torch.stack(snaps).mean(0)
+        sync_round(target, rule, final=last and outer.last_mean)
+        if outer.delay and not last:
+            pending.append((t + 1 + outer.delay, target, snaps))
+        else:
+            land(target)
+        rounds += 1
+        if outer.moments_every and rounds % outer.moments_every == 0:
             with torch.no_grad():
-                for m in models:
-                    vector_to_parameters(mean.clone(), m.parameters())
-                if sync_moments:
-                    for ps in zip(*(m.parameters() for m in models)):
-                        for key in ("exp_avg", "exp_avg_sq"):
-                            avg = torch.stack([o.state[p][key] for o, p in zip(opts, ps)]).mean(0)
-                            for o, p in zip(opts, ps):
-                                o.state[p][key].copy_(avg)
+                for ps in zip(*(m.parameters() for m in models)):
+                    for key in ("exp_avg", "exp_avg_sq"):
+                        avg = torch.stack([o.state[p][key] for o, p in zip(opts, ps)]).mean(0)
+                        for o, p in zip(opts, ps):
+                            o.state[p][key].copy_(avg)
+        # The next interval, spaced out as the rate decays past its peak (QSR); warm-up counts as the peak.
+        relative = rate / lr if t + 1 >= warmup else 1.0
+        next_round = t + 1 + round(interval * min(outer.growth, 1.0 / max(relative, 1e-12) ** 2))
     return {"test_loss": _test_loss(models[0], x_test, y_test), "steps": steps, "computed": steps * replicas,
-            "applied": steps * replicas, "dropped": 0, "virtual_time": 0.0}
+            "applied": steps * replicas, "dropped": 0, "virtual_time": 0.0, "rounds": rounds}
 
 
 def main_meet(args: argparse.Namespace) -> None:
     rows = []
+    outer = Outer(args.outer_lr, args.outer_momentum, 1 if args.sync_moments else args.moments_every,
+                  args.dense_steps, args.growth, args.last_mean, args.delay)
     for workers in args.workers:
         for kind in args.meet:
             for lr in args.lr:
                 for interval in args.intervals if kind.startswith("replicas") else [0]:
                     if kind.startswith("replicas"):  # "replicas_slowmo": W replicas x 1 worker, rule slowmo
                         r = replicas_run(kind.split("_", 1)[1], workers, interval, args.gradients_per_worker * workers,
-                                         lr, args.seed, args.outer_lr, args.outer_momentum, args.sync_moments,
-                                         args.dense_steps)
+                                         lr, args.seed, outer)
                     else:
                         r = meet(kind, workers, args.gradients_per_worker * workers, lr, args.seed, bound=args.bound,
                                  jitter=args.jitter, slow=args.slow, until_time=args.until_time,
@@ -331,9 +387,8 @@ def main_meet(args: argparse.Namespace) -> None:
                              + ("_median" if args.median_bound and kind.startswith("bound") else "")
                              + (f"_straggler{args.straggler_bound:g}" if args.straggler_bound is not None
                                 and kind.startswith("bound") else "")
-                             + (f"_dense{args.dense_steps}" if replicas and args.dense_steps else "")
-                             + ("_moments" if replicas and args.sync_moments else ""),
-                             workers=workers, lr=lr, bound=args.bound, slow=args.slow)
+                             + (outer.tag() if replicas else ""),
+                             workers=workers, lr=lr, bound=args.bound, slow=args.slow, seed=args.seed)
                     logger.info("%s", json.dumps(r))
                     rows.append(r)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -375,6 +430,14 @@ def main() -> None:
                     help="--meet replicas_*: rounds also average AdamW's moments")
     ap.add_argument("--dense-steps", type=int, default=0,
                     help="--meet replicas_*: the first steps average the replicas after every step (post-local SGD)")
+    ap.add_argument("--moments-every", type=int, default=0,
+                    help="--meet replicas_*: every this many rounds also average AdamW's moments (DES-LOC)")
+    ap.add_argument("--growth", type=float, default=1.0,
+                    help="--meet replicas_*: rounds space out as (peak lr / lr)^2 past the peak, up to x this (QSR)")
+    ap.add_argument("--delay", type=int, default=0,
+                    help="--meet replicas_*: a round's target reaches the replicas this many steps after its snapshot")
+    ap.add_argument("--last-mean", action="store_true",
+                    help="--meet replicas_*: the last round lands on the replicas' mean, as a job's final round")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(args.threads)

@@ -46,10 +46,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from baselines import WORKLOADS, Workload, workload_from_args  # noqa: E402
 from bench import pyplot, reached  # noqa: E402
 from common import metrics, put_result, result_line, train_cmd  # noqa: E402
+from lm_arms import SIZES as LM_SIZES  # noqa: E402
 
 from hogwild.bench import ring_all_reduce_bytes  # noqa: E402
 
 logger = logging.getLogger("link")
+# Run as a script, this module is __main__; lm_race.py's ``import link`` must find this one and the
+# settings main() makes (LOOPBACK, RUN_TIMEOUT_S), not a fresh copy.
+sys.modules.setdefault("link", sys.modules[__name__])
 BRIDGE = "hwlinkbr"
 # Each method: hogwild's overrides on top of the defaults (None: not a hogwild run). The wires and
 # fragments run under the default rule, which is what a user gets; `diloco` is the rule torchft has.
@@ -63,6 +67,10 @@ METHODS: dict[str, Optional[list[str]]] = {
     "diloco": ["sync.mode=diloco"],
     "torchft_diloco": None,
 }
+LM_ARMS = ("hogwild", "ddp", "ddp_fp16", "ddp_powersgd1", "ddp_powersgd2", "ddp_powersgd4", "torchft_diloco")
+"""The language-model race's arms (scripts/lm_race.py): hogwild on its defaults, and what a user on a
+slow link would pick instead."""
+LM_DEFAULT = ("hogwild", "ddp", "ddp_fp16", "ddp_powersgd2", "torchft_diloco")
 
 
 def chosen_methods(names: str, variants: list[str], table: dict[str, Optional[list[str]]]) -> list[str]:
@@ -351,12 +359,13 @@ def main() -> None:
     ap.add_argument("--machines", type=int, default=2)
     ap.add_argument("--rate", default="100mbit")
     ap.add_argument("--delay-ms", type=int, default=0)
-    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="mlp")
+    ap.add_argument("--workload", choices=sorted([*WORKLOADS, *LM_SIZES]), default="mlp",
+                    help="gpt, gpt_large: the language-model race under AdamW (scripts/lm_race.py)")
     ap.add_argument("--target", type=float, default=None)
     ap.add_argument("--epochs", type=int, default=None,
                     help="the budget: passes of each replica over its shard")
     ap.add_argument("--interval", type=int, default=50)
-    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--methods", default=None, help=f"default: {','.join(METHODS)}; LM race: {','.join(LM_ARMS)}")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=OVERRIDE[,OVERRIDE...]",
                     help="one more hogwild method, e.g. mu9=sync.outer_momentum=0.9 (repeatable)")
     ap.add_argument("--repeats", type=int, default=3)
@@ -370,12 +379,31 @@ def main() -> None:
                     help="processes on 127.0.0.1: no namespaces, no shaping")
     ap.add_argument("--run-timeout-s", type=float, default=3600.0)
     ap.add_argument("--out", type=Path, default=Path("bench_results/link"))
+    lm = ap.add_argument_group("the language-model race (--workload gpt|gpt_large)")
+    lm.add_argument("--budget", type=float, default=120.0, help="seconds of training per run, every arm")
+    lm.add_argument("--eval-every-s", type=float, default=10.0, help="every arm's evaluations, on the clock")
+    lm.add_argument("--lr", type=float, default=3e-3, help="the outside arms' peak AdamW rate (hogwild: its own)")
+    lm.add_argument("--lrs", type=float, nargs="+", default=None,
+                    help="each outside arm at each of these rates (ARM@LR), to race DDP at its best rate")
+    lm.add_argument("--diloco-interval", type=int, default=30, help="torchft DiLoCo's inner steps per outer step")
+    lm.add_argument("--name", default=None, help="the results' file name (default from the options)")
     ap.add_argument("--ddp-rank", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="[link] %(message)s")
     global LOOPBACK, RUN_TIMEOUT_S
     LOOPBACK, RUN_TIMEOUT_S = args.loopback, args.run_timeout_s
+    if args.workload in LM_SIZES:
+        why = None if LOOPBACK else available()
+        if why:
+            logger.warning("skipping the link benchmark: %s", why)
+            return
+        from lm_race import main_lm
+
+        args.methods = args.methods or ",".join(LM_DEFAULT)
+        main_lm(args)
+        return
+    args.methods = args.methods or ",".join(METHODS)
     w = workload_from_args(args)
     if args.ddp_rank is not None:
         _ddp_rank(args.ddp_rank, args.machines, args.port, w)
