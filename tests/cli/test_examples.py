@@ -46,6 +46,11 @@ def test_char_language_model_two_replicas_of_two_workers(tmp_path: Path) -> None
     m = _check_lm(tmp_path / "run")
     assert m["replicas"] == 2 and m["workers"] == 2 and m["syncs"] >= 1, m
     assert math.isclose(m["test_perplexity"], math.exp(m["test_token_ce"]), rel_tol=1e-6)
+    # AdamW across machines, on the defaults: the replicas average, paced by what their rounds
+    # cost, never below two optimizer steps of two workers, and on loopback far more often than
+    # SGD's 50 (docs/sync.md, "Adaptive optimizers across machines").
+    assert m["sync_mode"] == "average" and m["final_interval"] >= 4 and m["steps_per_sync"] < 50, m
+    assert m["sync_cpu_s"] > 0, m
 
 
 def test_regression_with_mse(tmp_path: Path) -> None:

@@ -73,6 +73,23 @@ def test_round_flags_reach_every_replica() -> None:
         assert o.last_drifts == pytest.approx([0.1, 0.2])
 
 
+def test_every_leader_sees_every_replicas_asked_intervals() -> None:
+    """A paced schedule's asks ride in the round's control vector, so every leader takes its
+    interval from the same list and all of them set the same one."""
+    from hogwild.sync.schedule import SyncSchedule
+
+    def rank_fn(comm: Comm) -> tuple[list[tuple[float, float]], int]:
+        schedule = SyncSchedule.from_config(SyncConfig(interval="auto"))
+        asked = (4.0, 1.0) if comm.rank == 0 else (9.0, 3.0)
+        out = sync_round(torch.tensor([1.0]), make_rule(SyncConfig(mode="average"), comm), pace=asked)
+        schedule.record_pace(out.paces)
+        return out.paces, schedule.interval
+
+    for paces, interval in run_ranks(2, rank_fn):
+        assert paces == [(4.0, 1.0), (9.0, 3.0)]
+        assert interval == 5  # the shortest round's ask against the busiest leader's, halved at most
+
+
 def test_every_replica_nonfinite_is_a_fault() -> None:
     with pytest.raises(Fault, match="every replica holds non-finite parameters"):
         _rounds(SyncConfig(mode="average"), [[NAN], [math.inf]])
