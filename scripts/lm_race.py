@@ -139,13 +139,17 @@ def plot(head: dict[str, Any], res: dict[str, dict[str, Any]], path: Path) -> No
         return
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, (arm, v) in enumerate(res.items()):
-        color = f"C{i}"
-        for j, r in enumerate(r for r in v["runs"] if "error" not in r):
+        runs = sorted((r for r in v["runs"] if "error" not in r), key=lambda r: r["loss"])
+        for j, r in enumerate(runs):  # the median run drawn bold, the others faint
             xs, ys = [p["s"] for p in r["curve"]], [p["loss"] for p in r["curve"]]
-            ax.plot(xs, ys, color=color, alpha=0.8, lw=1.2, label=arm if j == 0 else None)
+            median = j == len(runs) // 2
+            ax.plot(xs, ys, color=f"C{i}", alpha=0.9 if median else 0.3, lw=1.8 if median else 0.8,
+                    label=f"{arm} ({v['loss']:.3f})" if median else None)
     ax.set_xlabel("seconds of training")
-    ax.set_ylabel("test loss (the race's split)")
-    ax.set_ylim(top=min(ax.get_ylim()[1], 3.0))
+    ax.set_ylabel("test loss, first 128 test blocks")
+    ends = [p["loss"] for v in res.values() for r in v["runs"] if "error" not in r for p in r["curve"][-1:]]
+    if ends:  # the race is decided at the end: the first seconds' losses of 4 and more would flatten it
+        ax.set_ylim(min(ends) - 0.05, max(ends) + 0.6)
     ax.set_title(f"{head['workload']}, {head['machines']} machines of one core, {head['shaping']}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
