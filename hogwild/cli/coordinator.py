@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from hogwild import logs
 from hogwild.elastic.coordinator import serve
-from hogwild.errors import first_line, guarded, say_error
+from hogwild.errors import EXIT_USAGE, first_line, guarded, say_error
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -24,7 +24,7 @@ class _OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:  # type: ignore[override]
         say_error(message.replace("argument ", "", 1) if message.startswith("argument ") else message)
-        raise SystemExit(2)
+        raise SystemExit(EXIT_USAGE)
 
 
 def _port(text: str) -> int:
@@ -52,7 +52,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         serve(args.host, args.port, stop=stop)
     except (OSError, RuntimeError, dist.DistError) as e:
         say_error(f"--port {args.port}: cannot listen on {args.host}:{args.port}: {first_line(e)}")
-        raise SystemExit(2) from None
+        raise SystemExit(EXIT_USAGE) from None
 
 
 if __name__ == "__main__":

@@ -35,6 +35,9 @@ class DistEnv:
     master_port: int = 29500
     run_id: Optional[str] = None
     restart_count: int = 0
+    agent_store: bool = False
+    """torchrun's agent already serves the store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE);
+    otherwise rank 0 hosts it."""
 
     @property
     def distributed(self) -> bool:
@@ -67,6 +70,7 @@ class DistEnv:
             master_port=port,
             run_id=None if run_id in (None, "", "none") else run_id,
             restart_count=_int_env(env, "TORCHELASTIC_RESTART_COUNT", 0),
+            agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
         )
 
 

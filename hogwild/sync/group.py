@@ -7,7 +7,6 @@ meaning. Reading happens in functions, never at import time, so tests can inject
 from __future__ import annotations
 
 import logging
-import os
 from datetime import timedelta
 from pathlib import Path
 from typing import Callable, Optional
@@ -42,14 +41,11 @@ def init_group(env: DistEnv, backend: str, timeout_s: float, device: str,
     timeout = timedelta(seconds=timeout_s)
     logger.info("rank %d/%d joining %s group at %s (timeout %.0fs)",
                 env.rank, env.world_size, backend, env.endpoint, timeout_s)
-    # Under torchrun the agent already serves a store on MASTER_PORT; otherwise rank 0 hosts it.
     # Keys are prefixed by the restart count: after `--max-restarts` a new attempt must never
     # read the dead attempt's gloo addresses ("Connection refused" right after a restart).
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-
     def rendezvous() -> None:
         store = dist.TCPStore(env.master_addr, env.master_port, env.world_size,
-                              is_master=env.rank == 0 and not agent_store, timeout=timeout,
+                              is_master=env.rank == 0 and not env.agent_store, timeout=timeout,
                               wait_for_workers=False)
         prefixed = dist.PrefixStore(f"hogwild/attempt_{env.restart_count}", store)
         dist.init_process_group(backend, store=prefixed, rank=env.rank, world_size=env.world_size,
