@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from hogwild.cli.common import checkpoint_command
-from hogwild.errors import UserError, guarded, report
+from hogwild.errors import guarded
 
 logger = logging.getLogger(__name__)
 
@@ -23,15 +23,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     from hogwild.checkpoint.portable import rebuild
     from hogwild.replica.task import build_task, evaluate
 
-    try:
-        named, trusted, overrides = checkpoint_command(argv, USAGE)
-        path = named["checkpoint"]
-        ckpt = checkpoint.load(path)
-        model, cfg, ds = rebuild(ckpt, path, overrides, trusted)
-        task = build_task(cfg, ds)
-        scores = evaluate(model, ds.test, torch.device("cpu"), task, cfg.eval.batch_size)
-    except UserError as e:
-        report(e)
+    named, trusted, overrides = checkpoint_command(argv, USAGE)  # a user's error: @guarded's one line
+    path = named["checkpoint"]
+    ckpt = checkpoint.load(path)
+    model, cfg, ds = rebuild(ckpt, path, overrides, trusted)
+    task = build_task(cfg, ds)
+    scores = evaluate(model, ds.test, torch.device("cpu"), task, cfg.eval.batch_size)
     result = {"checkpoint": path, "task": task.kind, **{f"test_{k}": v for k, v in scores.items()},
               **{f"baseline_{k}": v for k, v in task.baseline.items()}, "test_samples": len(ds.test)}
     sys.stdout.write(json.dumps(result) + "\n")

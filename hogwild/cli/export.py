@@ -11,7 +11,7 @@ import logging
 from typing import Optional
 
 from hogwild.cli.common import checkpoint_command
-from hogwild.errors import UserError, guarded, report
+from hogwild.errors import guarded
 
 logger = logging.getLogger(__name__)
 
@@ -22,11 +22,8 @@ USAGE = "hogwild-export checkpoint=PATH out=FILE [model._target_=...] [trust_tar
 def main(argv: Optional[list[str]] = None) -> None:
     from hogwild.checkpoint.portable import export
 
-    try:
-        named, trusted, overrides = checkpoint_command(argv, USAGE, ("checkpoint", "out"))
-        n = export(named["checkpoint"], named["out"], overrides, trusted)
-    except UserError as e:
-        report(e)
+    named, trusted, overrides = checkpoint_command(argv, USAGE, ("checkpoint", "out"))  # errors: @guarded
+    n = export(named["checkpoint"], named["out"], overrides, trusted)
     logger.info("wrote %s: a state_dict of %d tensors (load it with "
                 "model.load_state_dict(torch.load(path, weights_only=True)))", named["out"], n)
 

@@ -92,11 +92,9 @@ def main() -> None:
     # fork of it instead of a fresh interpreter that imports torch again (replica/start.py).
     fork_server_from_here()
     register_resolvers()
-    try:
-        DistEnv.from_env()  # torchrun's variables: Hydra reads them too, inside its own config
-        preflight(sys.argv[1:])
-    except UserError as e:
-        report(e)
+    # A bad setting or launcher variable is a UserError: @guarded's one line and exit 2.
+    DistEnv.from_env()  # torchrun's variables: Hydra reads them too, inside its own config
+    preflight(sys.argv[1:])
     _hydra_main()
 
 
