@@ -15,6 +15,7 @@ from hogwild.config.validate import at_most, choice, duration, positive, require
 
 PRECISIONS = ("fp32", "bf16")
 COMPILE_MODES = ("off", "auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_BOOLEANS = {"true": "default", "false": "off"}
 OPTIM_STATES = ("auto", "worker", "shared")
 UPDATES = ("auto", "hogwild", "barrier")
 # A step's wait for its late workers is bounded by this many times a gradient's compute time: more
@@ -234,7 +235,8 @@ class TrainConfig:
     """off | auto | default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs: each
     worker compiles its model's forward (and so its backward) with torch.compile in that mode; the
     parameters stay the shared ones. A torch whose compiler does not work here is an error, except
-    under auto, which then trains uncompiled and says so."""
+    under auto, which then trains uncompiled and says so. true and false, the boolean a Trainer's
+    ``torch_compile`` takes, mean default and off."""
 
     def __post_init__(self) -> None:
         positive(self.epochs, "train.epochs")
@@ -254,6 +256,8 @@ class TrainConfig:
         require(self.seed < 2**63 - 2**20, "train.seed", f"must be below 2**63 - 2**20, got {self.seed}")
         positive(self.log_every_s, "train.log_every_s")
         choice(self.precision, "train.precision", PRECISIONS)
+        # Hydra reads train.compile=true as a boolean, which the str field holds as 'True'.
+        self.compile = COMPILE_BOOLEANS.get(str(self.compile).lower(), self.compile)
         choice(self.compile, "train.compile", COMPILE_MODES)
         if self.target_accuracy is not None:
             require(0.0 < self.target_accuracy <= 1.0, "train.target_accuracy",

@@ -74,6 +74,12 @@ def test_the_cross_machine_defaults_follow_the_optimizer_family(tmp_cwd) -> None
     assert resolved(resolved(compose_cfg(["optim=adamw"]))).sync == resolved(compose_cfg(["optim=adamw"])).sync
 
 
+@pytest.mark.parametrize("value,mode", [("true", "default"), ("false", "off"), ("True", "default"), ("auto", "auto")])
+def test_train_compile_takes_the_boolean_a_trainer_user_types(tmp_cwd, value: str, mode: str) -> None:
+    # Hugging Face's torch_compile is a boolean: train.compile=true was refused ("unknown value 'True'").
+    assert compose_cfg([f"train.compile={value}"]).train.compile == mode
+
+
 def test_group_and_key_overrides(tmp_cwd) -> None:
     cfg = compose_cfg(["model=convnet", "optim=adam", "optim.state=shared", "workers=3",
                        "train.max_steps=10", "sync.interval=7", "run_dir=out"])
