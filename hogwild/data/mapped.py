@@ -68,12 +68,18 @@ class MapSplit:
 
     @property
     def targets(self) -> Tensor:
-        """Every label, from the dataset's ``targets`` when it has them, else read item by item."""
+        """Every label, from the dataset's ``targets`` when it has them, else read item by item
+        (the leader's read before spawning: an item that raises is the user's one line, exit 2,
+        as the same item read by a worker is)."""
         if self._targets is None:
             known = getattr(self.dataset, "targets", None)
-            labels = known if known is not None else [self.label_of(self.dataset[i]) for i in range(len(self))]
+            labels = known if known is not None else [self._label(i) for i in range(len(self))]
             self._targets = stack_labels(labels)
         return self._targets
+
+    def _label(self, i: int) -> Any:
+        with user_call(f"data: reading item {i} of the {self.name} set for its label"):
+            return self.label_of(self.dataset[i])
 
     def share_memory_(self) -> "MapSplit":
         return self  # items are read on demand in each worker: nothing to share

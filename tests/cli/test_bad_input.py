@@ -174,6 +174,9 @@ IN_PROCESS: list[tuple[str, Setup, str]] = [
     ("an optimizer that needs a closure", _args("optim._target_=torch.optim.LBFGS"), "optim._target_"),
     ("a dataset whose item 20 raises", _args("data._target_=tests.user_models.bad_items",
                                               "+data.how='item 20 raises'"), "data._target_"),
+    # Item 10 is none of the three the checks read: the leader meets it reading every label.
+    ("a dataset whose item 10 raises where only its label is read", _args("data._target_=tests.user_models.bad_items",
+                                                                         "+data.how='item 10 raises'"), "data"),
     ("a dataset whose items vary in shape", _args("data._target_=tests.user_models.bad_items",
                                                   "+data.how='shapes vary'"), "data._target_"),
     ("a dataset of negative length", _args("data._target_=tests.user_models.bad_items",
