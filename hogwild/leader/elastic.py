@@ -121,7 +121,7 @@ class ElasticGroup(Group):
         if path is None:
             return None
         restored, sync_state = restore(path, model_id(cfg.model), rep.shapes, rep.flat, rep.opt_state, board,
-                                       self.env.rank, self.env.world_size)
+                                       self.env.rank, self.env.world_size, rep.streams)
         rule.load_state_dict(sync_state)
         self.books.restored(restored.positions)
         return restored

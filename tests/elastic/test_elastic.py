@@ -21,7 +21,7 @@ import torch
 from hogwild.checkpoint import store as checkpoint
 from hogwild.elastic.coordinator import serve
 from hogwild.replica.board import previous_attempt
-from tests.conftest import clean_env, free_port, metrics, run_cli, tb_scalars
+from tests.conftest import REPO, clean_env, free_port, metrics, run_cli, tb_scalars
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -89,7 +89,8 @@ class Job:
         # LOCAL_WORLD_SIZE: the replicas share this host's cores, as torchrun would tell them.
         env = clean_env(OMP_NUM_THREADS="1", HOGWILD_DUMP_FINAL=str(self.dump), HOGWILD_FAULT=self.fault,
                         HOGWILD_LEADER_FAULT=self.leader_fault,
-                        HOGWILD_SLOW_WHILE=str(self.slow_while), LOCAL_WORLD_SIZE=str(SLOTS))
+                        HOGWILD_SLOW_WHILE=str(self.slow_while), LOCAL_WORLD_SIZE=str(SLOTS),
+                        PYTHONPATH=str(REPO))  # a test's own data and models (tests.stream_helpers) import
         self.procs[slot] = subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", f"sync.slot={slot}", *self.args,
                                              *extra],
                                             cwd=self.tmp, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
@@ -416,6 +417,31 @@ def test_every_replica_restarted_starts_from_one_restore_point(job_factory) -> N
     job.start(2)
     job.wait_healed(2)
     finish_in_consensus(job)
+
+
+def test_a_stream_restored_in_elastic_mode_reads_on_from_its_saved_state(job_factory) -> None:  # type: ignore[no-untyped-def]
+    # Elastic mode's restore passed no stream records, so a restarted job's workers found their
+    # place in a stream by skipping to it, where a torchrun job's read on from the state its
+    # checkpoint holds (docs/data.md).
+    job = job_factory("data._target_=tests.stream_helpers.numbered", "+data.n=96", "+data.stateful=true",
+                      "model._target_=tests.stream_helpers.Net", "train.batch_size=4", "train.max_steps=300",
+                      "checkpoint.every_s=0.3", "eval.every_s=1000", fault="slow:0:20")
+    for s in range(SLOTS):
+        job.start(s)
+    deadline = time.monotonic() + 180
+    while max(_checkpoint_steps(job.run_dir).values(), default=0) < 60:  # every slot some way into its part
+        assert all(job.procs[s].poll() is None for s in range(SLOTS)), [job.tail(s) for s in range(SLOTS)]
+        assert time.monotonic() < deadline, "no checkpoint of 60 steps"
+        time.sleep(0.2)
+    for s in range(SLOTS):
+        job.kill(s)
+    for s in range(SLOTS):
+        job.start(s)
+    job.hurry()
+    assert job.wait_all() == {0: 0, 1: 0, 2: 0}, {s: job.tail(s) for s in range(SLOTS)}
+    restarted = job.logs[0][-1].read_text()  # the writer's: the epoch's restore point, its own checkpoint
+    resumed = r"stream resumed at batch [1-9]\d* \(epoch \d+\) from its saved state"
+    assert re.search(resumed, restarted), restarted[-3000:]
 
 
 def test_a_restarted_writer_and_refused_replicas_never_touch_what_the_job_wrote(job_factory: Callable[..., Job],
