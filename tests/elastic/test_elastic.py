@@ -419,31 +419,6 @@ def test_every_replica_restarted_starts_from_one_restore_point(job_factory) -> N
     finish_in_consensus(job)
 
 
-def test_a_stream_restored_in_elastic_mode_reads_on_from_its_saved_state(job_factory) -> None:  # type: ignore[no-untyped-def]
-    # Elastic mode's restore passed no stream records, so a restarted job's workers found their
-    # place in a stream by skipping to it, where a torchrun job's read on from the state its
-    # checkpoint holds (docs/data.md).
-    job = job_factory("data._target_=tests.stream_helpers.numbered", "+data.n=96", "+data.stateful=true",
-                      "model._target_=tests.stream_helpers.Net", "train.batch_size=4", "train.max_steps=300",
-                      "checkpoint.every_s=0.3", "eval.every_s=1000", fault="slow:0:20")
-    for s in range(SLOTS):
-        job.start(s)
-    deadline = time.monotonic() + 180
-    while max(_checkpoint_steps(job.run_dir).values(), default=0) < 60:  # every slot some way into its part
-        assert all(job.procs[s].poll() is None for s in range(SLOTS)), [job.tail(s) for s in range(SLOTS)]
-        assert time.monotonic() < deadline, "no checkpoint of 60 steps"
-        time.sleep(0.2)
-    for s in range(SLOTS):
-        job.kill(s)
-    for s in range(SLOTS):
-        job.start(s)
-    job.hurry()
-    assert job.wait_all() == {0: 0, 1: 0, 2: 0}, {s: job.tail(s) for s in range(SLOTS)}
-    restarted = job.logs[0][-1].read_text()  # the writer's: the epoch's restore point, its own checkpoint
-    resumed = r"stream resumed at batch [1-9]\d* \(epoch \d+\) from its saved state"
-    assert re.search(resumed, restarted), restarted[-3000:]
-
-
 def test_a_restarted_writer_and_refused_replicas_never_touch_what_the_job_wrote(job_factory: Callable[..., Job],
                                                                                  tmp_path: Path) -> None:
     # Three ways into a live job's run, in one job of 3 replicas (each used to start its own):
