@@ -44,7 +44,7 @@ from hogwild.replica.shared import held_bytes
 from hogwild.report.memory import PeakMemory
 from hogwild.report.metrics import flatten, strict
 from hogwild.report.rundir import record_config, set_aside_earlier_run
-from hogwild.report.summary import RunResult, RunSummary, Status, Timing, write_report
+from hogwild.report.summary import RunResult, RunSummary, Status, Timing, worker_time, write_report
 from hogwild.report.telemetry import Hooks, Telemetry
 from hogwild.report.verdict import Verdict, judge
 from hogwild.sync.comm import PeerLost
@@ -75,6 +75,8 @@ class Leader:
         """This replica's peak memory, sampled from start-up (building the model is a peak of its
         own) to the final checkpoint."""
         self.t_train: Optional[float] = None
+        self.cpu_train = 0.0
+        """This process's CPU seconds when training began (time_s.leader.cpu counts from there)."""
         self.out_of_time = False
         """``train.max_time`` was spent (this replica's clock)."""
 
@@ -269,7 +271,7 @@ class Leader:
                     if crew.restored is None:
                         set_aside_earlier_run(crew.run_dir)
                     record_config(crew.run_dir, self._config_dict(), self.overrides)
-                self.t_train = time.monotonic()
+                self.t_train, self.cpu_train = time.monotonic(), time.process_time()
                 pool.go(self.t_train)
                 ctl.checkpoint_in(self.cfg.checkpoint.every_s)
                 crew.tel.start(crew.board, sum(s.quota for s in crew.specs), batches_per_step(self.cfg, crew.workers))
@@ -341,6 +343,14 @@ class Leader:
             self._store(crew, positions, job, stopped=True)  # the final round is done: no snapshot
         return verdict
 
+    def _time_report(self, crew: Crew, job: Counts, train_s: float, sync_stats: SyncStats) -> dict[str, Any]:
+        """metrics.json's ``time_s``: every worker's time summed over the job, this replica's
+        workers one by one, and this leader's (docs/outputs.md)."""
+        board = crew.board
+        return {"workers": worker_time(job, crew.workers * self.env.world_size, train_s),
+                "per_worker": [worker_time(board.worker_counts(i), 1, train_s) for i in range(board.workers)],
+                "leader": _leader_time(crew, sync_stats, time.process_time() - self.cpu_train)}
+
     def _report(self, crew: Crew, train_s: float, job: Counts, sync_stats: SyncStats, verdict: Verdict) -> RunResult:
         """metrics.json, and TensorBoard's hyperparameters, from the writer."""
         ctl, tel, board = self.ctl, crew.tel, crew.board
@@ -362,6 +372,7 @@ class Leader:
                              schedule=crew.schedule, resumed=crew.restored, run_dir=crew.run_dir,
                              update={**update_report(crew), **input_report(crew)}).metrics()
         metrics.update(verdict=verdict.summary, target_held=crew.target.held(tel.scores), evaluations=tel.history,
+                       time_s=self._time_report(crew, job, train_s, sync_stats),
                        memory_mb=memory_report(crew, self.memory.peak_mb), **self.changes.report())
         if crew.restored is not None and metrics["status"] != Status.OK:
             # A resumed run that failed keeps the report of the run it resumed, which told of a
@@ -377,6 +388,15 @@ class Leader:
             logger.warning("%s", e)
         return RunResult(status=Status(metrics["status"]), exit_code=metrics["exit_code"], error=metrics.get("error"),
                          run_dir=crew.run_dir, metrics=strict(metrics))  # as metrics.json holds it
+
+
+def _leader_time(crew: Crew, sync_stats: SyncStats, cpu_s: float) -> dict[str, float]:
+    """metrics.json's ``time_s.leader``: the writer's leader during training. ``rounds`` is wall
+    time (the workers train on meanwhile, up to sync.max_lag); ``cpu`` covers everything the
+    process did (evaluation, rounds, the chair, the memory sampler) on the core its workers need."""
+    chair = crew.pool.chair
+    return {"evaluation": crew.tel.eval_s, "rounds": crew.rounds.syncs * sync_stats.mean_sync_s,
+            "rounds_cpu": sync_stats.cpu_s, "chair_cpu": chair.cpu_s if chair is not None else 0.0, "cpu": cpu_s}
 
 
 def update_report(crew: Crew) -> dict[str, Any]:

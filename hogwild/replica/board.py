@@ -41,6 +41,10 @@ STATS = np.dtype([(name, np.float64) for name in (
     "ready",       # 1 once warm-up is over
     "lag_wait_s",  # seconds spent waiting for a round (sync.max_lag)
     "wait_s",      # seconds spent waiting for the other workers (optim.update=barrier)
+    "data_s",      # seconds of steps spent reading and collating batches
+    "compute_s",   # seconds of steps spent in the forward pass, the loss and backward
+    "update_s",    # seconds of steps spent applying the update (optimizer, or the barrier's shard), waits excluded
+    "cpu_s",       # CPU seconds of this worker's process during its steps
 )])
 CONTROL = np.dtype([(name, np.float64) for name in (
     "stop",          # workers leave their loop
@@ -75,6 +79,10 @@ class Counts:
     lag_wait_s: float = 0.0
     wait_s: float = 0.0
     """Seconds workers waited for each other (optim.update=barrier)."""
+    data_s: float = 0.0
+    compute_s: float = 0.0
+    update_s: float = 0.0
+    cpu_s: float = 0.0
 
     LINEAGE: ClassVar[tuple[str, ...]] = ("steps", "samples", "skipped_nonfinite", "worker_restarts", "syncs")
 
@@ -202,12 +210,22 @@ class Board:
         return sum(losses) / len(losses) if losses else float("nan")
 
     def totals(self, restarts: int) -> Counts:
-        s = self.stats
-        return Counts(steps=int(s["applied"].sum()), samples=float(s["samples"].sum()),
-                      skipped_nonfinite=int(s["skipped"].sum()), worker_restarts=restarts,
-                      step_s=float(s["step_s"].sum()), sync_s=float(s["sync_s"].sum()),
-                      sync_steps=float(s["sync_steps"].sum()), pos=float(s["pos"].sum()),
-                      lag_wait_s=float(s["lag_wait_s"].sum()), wait_s=float(s["wait_s"].sum()))
+        return _counts(self.stats, restarts)
+
+    def worker_counts(self, i: int) -> Counts:
+        """Worker ``i``'s own counts, as :meth:`totals` gives the replica's."""
+        return _counts(self.stats[i:i + 1], 0)
+
+
+def _counts(s: np.ndarray, restarts: int) -> Counts:
+    """The counts of the board rows ``s``."""
+    return Counts(steps=int(s["applied"].sum()), samples=float(s["samples"].sum()),
+                  skipped_nonfinite=int(s["skipped"].sum()), worker_restarts=restarts,
+                  step_s=float(s["step_s"].sum()), sync_s=float(s["sync_s"].sum()),
+                  sync_steps=float(s["sync_steps"].sum()), pos=float(s["pos"].sum()),
+                  lag_wait_s=float(s["lag_wait_s"].sum()), wait_s=float(s["wait_s"].sum()),
+                  data_s=float(s["data_s"].sum()), compute_s=float(s["compute_s"].sum()),
+                  update_s=float(s["update_s"].sum()), cpu_s=float(s["cpu_s"].sum()))
 
 
 def _typed(kind: Any, value: Any) -> Any:

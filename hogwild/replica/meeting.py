@@ -217,6 +217,8 @@ class Chair:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hogwild-chair", daemon=True)
         self._applied = int(meeting.head["applied"])
+        self.cpu_s = 0.0
+        """The chair thread's CPU seconds so far (metrics.json's time_s.leader.chair_cpu)."""
 
     def start(self) -> None:
         self._thread.start()
@@ -254,6 +256,7 @@ class Chair:
                 self._late.discard(worker)  # its successor is no straggler yet
                 done.set()
             wait = self.tick(time.monotonic())
+            self.cpu_s = time.thread_time()  # this thread's own: the chair's cost to its leader's core
 
     def tick(self, now: float) -> float:
         """Close or finish what can be; the seconds until the bound of the open step (or a poll)."""

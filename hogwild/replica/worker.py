@@ -57,6 +57,10 @@ OPTIM, SCHED = "optim: the optimizer's step", "sched: the learning-rate schedule
 # checks after the forward, the bookkeeping after the optimizer's step): there only what is raised
 # outside hogwild's files is the user's.
 _USER_ANYWHERE, _USER_OUTSIDE = (DATA, SCHED), (FORWARD, OPTIM)
+# Seconds this worker's steps spent reading batches and in forward and backward (module-global
+# for the same reason as _phase); run_loop moves them onto the board, where metrics.json's time_s
+# reads them. Two clock reads a phase: cheap beside any batch.
+_spent = {"data": 0.0, "compute": 0.0}
 
 
 @dataclass(frozen=True)
@@ -255,12 +259,16 @@ def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, samp
     def step_fn(index: int) -> tuple[Tensor, int]:
         """Adds batch ``index``'s gradient into each ``.grad`` (the updater has set them)."""
         _phase[0] = DATA
+        t0 = time.perf_counter()
         inputs, y = read(index)
         inputs, y = to_device(inputs, y, device, non_blocking=True)
+        t1 = time.perf_counter()
         _phase[0] = FORWARD
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss, _ = step.run(model, inputs, y)
         loss.float().backward()
+        _spent["data"] += t1 - t0
+        _spent["compute"] += time.perf_counter() - t1
         return loss, batch_len(inputs, y)
     return step_fn
 
@@ -337,9 +345,9 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
         if kick is not None and stats["pos"].sum() >= ctrl["lag_limit"]:
             row["lag_wait_s"] += wait_for_round(stats, ctrl, kick, leader_alive)
             continue  # stop may have been set while waiting
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         syncing = bool(ctrl["syncing"])
-        waited = updater.wait_s
+        waited, data0, compute0 = updater.wait_s, _spent["data"], _spent["compute"]
         if not updater.begin():
             break  # the run stops while a step is applied
         # train.accumulate batches make one update; the last of a quota that does not divide may be short.
@@ -358,7 +366,9 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
             clip_grad_norm(grads, clip)
         _phase[0] = OPTIM
         # A poisoned update never reaches the shared model (under the barrier it arrives to say so).
+        t_apply, waited_before_apply = time.perf_counter(), updater.wait_s
         got = updater.apply(grads, ok, rate if sched is not None else None, int(stats["pos"].sum()))
+        row["update_s"] += time.perf_counter() - t_apply - (updater.wait_s - waited_before_apply)
         if ok:
             if marks is not None:  # after the write: a round that misses the stamp still sees the row
                 marks.mark(grads, int(ctrl["row_epoch"]))
@@ -373,6 +383,9 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
         dt = time.perf_counter() - t0
         row["step_s"] += dt
         row["wait_s"] += updater.wait_s - waited
+        row["data_s"] += _spent["data"] - data0
+        row["compute_s"] += _spent["compute"] - compute0
+        row["cpu_s"] += time.process_time() - cpu0
         if syncing:
             row["sync_s"] += dt
             row["sync_steps"] += 1

@@ -98,6 +98,20 @@ class Timing:
     """Seconds of the rank-0 leader's evaluations during training (eval.max_fraction bounds them)."""
 
 
+def worker_time(job: Counts, workers: int, train_s: float) -> dict[str, float]:
+    """metrics.json's ``time_s.workers``: where all workers' seconds of training went, summed over
+    every replica. ``steps`` splits into reading data, forward and backward, applying the update
+    and waiting at the barrier, and ``other_in_steps`` (the gradient checks, clipping, the board);
+    ``round_wait`` is time stopped for a round (sync.max_lag); ``outside_steps`` is the rest of
+    ``workers x train_s`` (start-up after go, respawns, the end). ``cpu_in_steps`` below ``steps``
+    less the waits is time the worker was ready to run and did not: a core shared with others."""
+    named = job.data_s + job.compute_s + job.update_s + job.wait_s
+    return {"train": train_s * workers, "steps": job.step_s, "data": job.data_s, "forward_backward": job.compute_s,
+            "update": job.update_s, "barrier_wait": job.wait_s, "other_in_steps": max(0.0, job.step_s - named),
+            "round_wait": job.lag_wait_s, "outside_steps": max(0.0, train_s * workers - job.step_s - job.lag_wait_s),
+            "cpu_in_steps": job.cpu_s}
+
+
 @dataclass
 class RunSummary:
     """Everything ``metrics.json`` reports, as the writer gathered it at the end of a run."""

@@ -47,3 +47,26 @@ def test_a_real_runs_metrics_are_strict_json(tmp_path: Path) -> None:
     assert [e["step"] for e in evals] == sorted(e["step"] for e in evals) and evals[-1]["step"] <= 30, evals
     with pytest.raises(ValueError):
         _strict('{"x": NaN}')  # the reader used here does refuse what the old files held
+
+
+def test_the_time_breakdown_accounts_for_every_workers_steps(tmp_path: Path) -> None:
+    """time_s says where training time went: each part of a worker's steps measured, none counted
+    twice, and the leader's evaluation, rounds and chair (docs/outputs.md)."""
+    import hogwild
+
+    hogwild.train(["workers=2", "optim=adamw", "train.max_steps=40", "eval.every_s=0.2",
+                   f"run_dir={tmp_path / 'run'}"])
+    m = _strict((tmp_path / "run" / "metrics.json").read_text())
+    t = m["time_s"]
+    w = t["workers"]
+    assert w["data"] > 0 and w["forward_backward"] > 0 and w["update"] > 0 and w["cpu_in_steps"] > 0, w
+    named = w["data"] + w["forward_backward"] + w["update"] + w["barrier_wait"]
+    assert named <= w["steps"] * 1.001 + 1e-6, w  # no second spent twice
+    assert math.isclose(named + w["other_in_steps"], w["steps"], rel_tol=1e-6), w
+    assert math.isclose(w["barrier_wait"], m["barrier_wait_s"], rel_tol=1e-6), (w, m["barrier_wait_s"])
+    per = t["per_worker"]
+    assert len(per) == 2 and math.isclose(sum(p["steps"] for p in per), w["steps"], rel_tol=1e-6), per
+    lead = t["leader"]
+    # Two workers under AdamW meet at the barrier, which the leader's chair thread runs.
+    assert lead["chair_cpu"] > 0 and lead["evaluation"] > 0, lead
+    assert lead["cpu"] >= lead["chair_cpu"], lead
