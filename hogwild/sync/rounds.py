@@ -166,6 +166,7 @@ class Rounds:
         self.gaps: list[float] = []  # replica steps between consecutive snapshots
         self._last_snap = board.replica_pos()
         self._last_work = self.board.busy_s()
+        self._advised = False  # the slow link's advice is given once
         self.asking = (0.0, 0.0)
         """The intervals this replica's last round's time and its CPU ask for (a paced schedule; 0:
         none), sent with the next round."""
@@ -211,11 +212,23 @@ class Rounds:
                 logger.debug("paced interval %d -> %d (asked for the rounds' time, CPU: %s)", before,
                              self.schedule.interval, ", ".join(f"{t:.1f} {c:.1f}" for t, c in out.paces))
             self.asking = self._pace(dt, cpu, pos_at_snap, work)
+            self._advise_on_the_link()
         self._last_snap, self._last_work = pos_at_snap, work
         ctl["next_sync_at"] = self.schedule.after_round(pos_at_snap)
         ctl["lag_limit"] = self.schedule.lag_limit
         out.stats = stats
         return out
+
+    def _advise_on_the_link(self) -> None:
+        """Once a run: a paced interval far above its floor with whole fp32 rounds names the
+        settings that made such a link stop mattering (docs/machines.md)."""
+        cfg = self.rule.cfg
+        if self._advised or not self.schedule.slow_link() or cfg.dtype != "fp32" or cfg.fragments != 1:
+            return
+        self._advised = True
+        logger.warning("rounds every %d steps: the link sets the pace; sync.dtype=int8 sync.fragments=4 send "
+                       "16x fewer bytes a round, and on a 10 Mbit/s link made it stop mattering (docs/machines.md)",
+                       self.schedule.interval)
 
     def _pace(self, round_s: float, cpu_s: float, pos: float, work: float) -> tuple[float, float]:
         """The intervals this round's time and its leader's CPU ask for (0 when the schedule is not
