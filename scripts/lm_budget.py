@@ -14,16 +14,20 @@ hogwild stopped by SIGTERM with evaluation off (the older table in BENCHMARKS.md
 The clock starts at each method's first training step (start-up is off the clock for all).
 Repeats are interleaved so a change in the machine's load hits every method alike.
 ``--baseline-lrs`` runs DDP and the single process at each rate of a grid (hogwild stays on its
-defaults); ``--straggler`` keeps a busy process pinned to core 0 for every run.
+defaults); ``--straggler`` keeps a busy process pinned to core 0 for every run; ``--throttle F``
+holds hogwild 1 x W's first worker and DDP's last rank to F of a core (a cgroup's CPU quota,
+scripts/stragglers.py) and ``--stalls`` stops them for 1 s every 3 s.
 
     python scripts/lm_budget.py --workload gpt --budget 120 --repeats 3 --out bench_results
     python scripts/lm_budget.py --baseline-lrs 1e-3 2e-3 3e-3 6e-3 --repeats 3 --name lm_budget_gpt_grid
     python scripts/lm_budget.py --methods hogwild_1x2 ddp_2 --straggler --repeats 3
+    python scripts/lm_budget.py --methods hogwild_1x2 ddp_2 --throttle 0.5 --repeats 3
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -36,7 +40,7 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -46,6 +50,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from common import busy_core, clean_env, free_port, metrics, table_head, train_cmd, write_results  # noqa: E402
+from stragglers import cgroup_version, stalled, throttled, worker_pids  # noqa: E402
 
 from hogwild.bench import evaluate, last_checkpoint, read_board  # noqa: E402
 
@@ -92,23 +97,47 @@ def _hogwild(replicas: int, budget: float, work: Path) -> dict[str, Any]:
     return {"perplexity": scores["test_perplexity"], "steps": ckpt.steps}
 
 
+# A straggler made of one process: a context that slows ``pid`` while it is open (scripts/stragglers.py).
+Slow = Callable[[int], contextlib.AbstractContextManager[Any]]
+
+
+def _first_worker(proc: subprocess.Popen[str], timeout: float = 300.0) -> int:
+    """The first spawned worker of the leader ``proc``, once it exists."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        pids = worker_pids(proc.pid)
+        if pids:
+            return pids[0]
+        time.sleep(0.2)
+    raise RuntimeError("the leader started no worker")
+
+
 def _hogwild_gpt(replicas: int, budget: float, work: Path, extra: tuple[str, ...] = (),
-                 width: int = 2) -> dict[str, Any]:
+                 width: int = 2, slow: Optional[Slow] = None) -> dict[str, Any]:
     """``+experiment=gpt`` on hogwild's defaults (plus ``extra`` overrides, to try a change),
-    stopped by its own ``train.max_time``: ``replicas`` x (``width`` / ``replicas``) workers."""
+    stopped by its own ``train.max_time``: ``replicas`` x (``width`` / ``replicas``) workers;
+    ``slow``: one worker made a straggler (1 x W only)."""
     run = work / f"hw{replicas}"
     args = ["+experiment=gpt", *GPT_SIZE, "train.max_steps=100000000", f"train.max_time={budget}",
             f"workers={width // replicas}", f"run_dir={run}", *extra]
-    out = subprocess.run(train_cmd(args, replicas, launcher="hogwild.cli.launch"), cwd=REPO,
-                         env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=budget + 900)
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr[-2000:])
+    if slow is None:
+        out = subprocess.run(train_cmd(args, replicas, launcher="hogwild.cli.launch"), cwd=REPO,
+                             env=clean_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=budget + 900)
+        code, err = out.returncode, out.stderr
+    else:  # 1 x W: the leader is this process's child, and its first worker is the straggler
+        proc = subprocess.Popen(train_cmd(args), cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        with slow(_first_worker(proc)):
+            err = proc.communicate(timeout=budget + 900)[1]
+        code = proc.returncode
+    if code != 0:
+        raise RuntimeError(err[-2000:])
     m = metrics(run)
     return {"loss": m["test_loss"], "perplexity": m["test_perplexity"], "steps": m["steps"],
             "tokens_per_s": m["samples_per_s"] * CONTEXT, "eval_fraction": m["eval_fraction"],
             "train_s": m["train_s"], "peak_memory_mb": m["peak_memory_mb"], "update": m.get("update"),
             "optimizer_steps": m.get("optimizer_steps"), "late_gradients": m.get("late_gradients"),
-            "barrier_wait_fraction": m.get("barrier_wait_fraction")}
+            "barrier_wait_fraction": m.get("barrier_wait_fraction"), "time_s": m.get("time_s")}
 
 
 def _join(rank: int, world: int, port: int, threads: int) -> None:
@@ -199,7 +228,8 @@ def _baseline_rank(rank: int, world: int, port: int, budget: float, threads: int
         dist.destroy_process_group()
 
 
-def _baseline(world: int, budget: float, target: Any = None, lr: float = LR) -> dict[str, Any]:
+def _baseline(world: int, budget: float, target: Any = None, lr: float = LR,
+              slow: Optional[Slow] = None) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     out = ctx.Manager().dict()
     threads = max(1, (os.cpu_count() or 2) // world)
@@ -208,8 +238,9 @@ def _baseline(world: int, budget: float, target: Any = None, lr: float = LR) -> 
              for r in range(world)]
     for p in procs:
         p.start()
-    for p in procs:
-        p.join(budget + 600)
+    with slow(procs[-1].pid) if slow is not None else contextlib.nullcontext():  # the last rank straggles
+        for p in procs:
+            p.join(budget + 600)
     if "result" not in out:
         raise RuntimeError(f"baseline on {world} processes produced no result")
     rss = [out[k] for k in out.keys() if str(k).startswith("peak_rss_mb")]
@@ -233,6 +264,10 @@ def main() -> None:
                     help="gpt: DDP and the single process at each of these rates (hogwild stays on its own)")
     ap.add_argument("--straggler", action="store_true",
                     help="a busy process pinned to core 0 for every run: one core shared the whole run")
+    ap.add_argument("--throttle", type=float, default=None, metavar="FRACTION",
+                    help="one hogwild worker and one DDP rank held to FRACTION of a core by a cgroup quota")
+    ap.add_argument("--stalls", action="store_true",
+                    help="one hogwild worker and one DDP rank stopped for 1 s every 3 s")
     ap.add_argument("--name", default=None, help="the results' file name (default from the options)")
     ap.add_argument("--width", type=int, default=2,
                     help="gpt: W for hogwild 1 x W and W x 1 and DDP on W processes (a machine of W cores)")
@@ -248,6 +283,12 @@ def main() -> None:
             "ddp_2": f"ddp_{args.width}", "single": "single"}
     label = {c: wide[c[0]] + (f" lr {c[1]:g}" if c[1] is not None else "") for c in configs}
     runs: dict[str, list[dict[str, Any]]] = {label[c]: [] for c in configs}
+    slow: Optional[Slow] = None
+    if args.throttle is not None:
+        slow = lambda pid: throttled([pid], args.throttle)  # noqa: E731
+        logger.info("stragglers: cgroup %s, one process at %.2f of a core", cgroup_version(), args.throttle)
+    elif args.stalls:
+        slow = lambda pid: stalled(pid, 1.0, 3.0)  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp, busy_core(0 if args.straggler else None):
         for rep in range(args.repeats):
             for c in configs:
@@ -256,15 +297,18 @@ def main() -> None:
                 work.mkdir()
                 if method.startswith("hogwild"):
                     replicas = 1 if method == "hogwild_1x2" else args.width
-                    r = (_hogwild_gpt(replicas, args.budget, work, tuple(overrides), args.width) if gpt
+                    r = (_hogwild_gpt(replicas, args.budget, work, tuple(overrides), args.width,
+                                      slow if replicas == 1 else None) if gpt
                          else _hogwild(int(method[-3]), args.budget, work))
                 else:
                     r = _baseline(args.width if method == "ddp_2" else 1, args.budget, _gpt_rank if gpt else None,
-                                  lr if lr is not None else base_lr)
+                                  lr if lr is not None else base_lr, slow if method == "ddp_2" else None)
                 logger.info("repeat %d %s: %s", rep, label[c], json.dumps(r))
                 runs[label[c]].append(r)
     name = args.name or (("lm_budget_gpt" + (f"_lr{args.lr:g}" if args.lr is not None else "")
-                          + ("_straggler" if args.straggler else "")) if gpt else "lm_budget")
+                          + ("_straggler" if args.straggler else "")
+                          + (f"_throttle{args.throttle:g}" if args.throttle is not None else "")
+                          + ("_stalls" if args.stalls else "")) if gpt else "lm_budget")
     if gpt:
         lines = table_head("method", f"median test loss after {args.budget:.0f} s", "runs", "median tokens/s",
                            "median steps (all processes)", "median eval share", "median peak memory (MiB)")
@@ -284,7 +328,9 @@ def main() -> None:
             lines.append(f"| {method} | {statistics.median(ppl):.3f} | {', '.join(f'{p:.3f}' for p in ppl)} | "
                          f"{steps:.0f} |")
     write_results(args.out, name, {"command": sys.argv, "budget_s": args.budget, "lr": args.lr,
-                                   "straggler": args.straggler, "runs": runs}, "\n".join(lines) + "\n", indent=1)
+                                   "straggler": args.straggler, "throttle": args.throttle,
+                                   "cgroup": cgroup_version() if args.throttle is not None else None,
+                                   "stalls": args.stalls, "runs": runs}, "\n".join(lines) + "\n", indent=1)
     if any(not math.isfinite(r["perplexity"]) for rs in runs.values() for r in rs):
         raise SystemExit(1)
 

@@ -1,0 +1,83 @@
+"""The benchmarks' reproducible stragglers (scripts/stragglers.py), on a fake /proc and cgroup tree:
+the right worker is picked, the quota written where the host's cgroup version reads it, and the
+process sent home afterwards (fast tier)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+_spec = importlib.util.spec_from_file_location("stragglers", REPO / "scripts" / "stragglers.py")
+assert _spec is not None and _spec.loader is not None
+stragglers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(stragglers)
+
+
+def _proc(root: Path, pid: int, ppid: int, start: int, cmd: list[str]) -> None:
+    d = root / str(pid)
+    d.mkdir(parents=True)
+    # The command in parentheses may hold spaces and ")" (a process may name itself anything).
+    rest = ["S", str(ppid)] + ["0"] * 17 + [str(start)]
+    (d / "stat").write_text(f"{pid} (python x) y) {' '.join(rest)}\n")
+    (d / "cmdline").write_bytes(b"\0".join(c.encode() for c in cmd) + b"\0")
+
+
+def test_the_leaders_spawned_workers_are_found_in_start_order(tmp_path: Path) -> None:
+    spawn = [sys.executable, "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)"]
+    _proc(tmp_path, 100, 1, 10, [sys.executable, "-m", "hogwild.cli.train"])
+    _proc(tmp_path, 103, 100, 30, spawn)
+    _proc(tmp_path, 101, 100, 20, [sys.executable, "-c", "from multiprocessing.resource_tracker import main"])
+    _proc(tmp_path, 102, 100, 25, spawn)
+    _proc(tmp_path, 104, 1, 26, spawn)  # someone else's
+    (tmp_path / "self").mkdir()
+    assert stragglers.children(100, tmp_path) == [101, 102, 103]
+    assert stragglers.worker_pids(100, tmp_path) == [102, 103]
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_a_throttled_process_gets_the_quota_of_its_cgroup_version_and_goes_home(tmp_path: Path,
+                                                                               version: str) -> None:
+    if version == "v2":
+        (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory\n")
+        group, home = tmp_path / "slow", tmp_path
+    else:
+        (tmp_path / "cpu").mkdir()
+        group, home = tmp_path / "cpu" / "slow", tmp_path / "cpu"
+    with stragglers.throttled([4242], 0.5, name="slow", root=tmp_path) as used:
+        assert used == version
+        if version == "v2":
+            assert (group / "cpu.max").read_text().split() == ["50000", "100000"]
+        else:
+            assert (group / "cpu.cfs_quota_us").read_text().strip() == "50000"
+            assert (group / "cpu.cfs_period_us").read_text().strip() == "100000"
+        assert (group / "cgroup.procs").read_text().split() == ["4242"]
+    assert (home / "cgroup.procs").read_text().split() == ["4242"]
+
+
+def test_a_stalled_process_stops_and_is_always_left_running() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"])
+    try:
+        with stragglers.stalled(proc.pid, stop_s=0.5, every_s=0.6):
+            deadline = time.monotonic() + 30
+            while _state(proc.pid) != "T":  # stopped, at some moment of its cycle
+                assert time.monotonic() < deadline, "never stopped"
+                time.sleep(0.02)
+        assert _state(proc.pid) != "T"
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait()
+
+
+def _state(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
