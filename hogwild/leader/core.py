@@ -391,11 +391,12 @@ class Leader:
 
 
 def _leader_time(crew: Crew, sync_stats: SyncStats, cpu_s: float) -> dict[str, float]:
-    """metrics.json's ``time_s.leader``: the writer's leader during training. ``rounds`` is wall
-    time (the workers train on meanwhile, up to sync.max_lag); ``cpu`` covers everything the
-    process did (evaluation, rounds, the chair, the memory sampler) on the core its workers need."""
+    """metrics.json's ``time_s.leader``: the writer's leader during training. ``rounds`` is the wall
+    time of this attempt's rounds in this process (the workers train on meanwhile, up to
+    sync.max_lag); ``cpu`` covers everything the process did (evaluation, rounds, the chair, the
+    memory sampler) on the core its workers need."""
     chair = crew.pool.chair
-    return {"evaluation": crew.tel.eval_s, "rounds": crew.rounds.syncs * sync_stats.mean_sync_s,
+    return {"evaluation": crew.tel.eval_s, "rounds": sum(crew.rounds.times),
             "rounds_cpu": sync_stats.cpu_s, "chair_cpu": chair.cpu_s if chair is not None else 0.0, "cpu": cpu_s}
 
 
