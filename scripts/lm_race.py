@@ -54,7 +54,8 @@ def hogwild_run(args: argparse.Namespace, extra: list[str], root: Path, seed: in
             "tx_bytes_per_step": sent / steps, "bytes_per_step": m["sync_bytes_per_step"], "syncs": m["syncs"],
             "link_s": m["sync_link_s"], "sync_cpu_s": m["sync_cpu_s"], "lag_wait_s": m["lag_wait_s"],
             "steps_per_sync": m["steps_per_sync"], "final_interval": m["final_interval"], "update": m.get("update"),
-            "sync_mode": m.get("sync_mode"), "seed": seed}
+            "sync_mode": m.get("sync_mode"), "sync_wire": m.get("sync_wire"),
+            "sync_wire_climbs": m.get("sync_wire_climbs"), "seed": seed}
 
 
 def arm_run(args: argparse.Namespace, arm: str, seed: int) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Choices one setting makes for others, each decided here once: which way gradients reach the
-model (``optim.update=auto``, by the optimizer family), and the cross-machine rule and interval
-that follow from it (``sync.mode=auto``, ``sync.interval=auto``).
+model (``optim.update=auto``, by the optimizer family), and the cross-machine rule, interval and
+wire that follow from it (``sync.mode=auto``, ``sync.interval=auto``, ``sync.compress=auto``).
 
 An adaptive optimizer (AdamW, Adam, Adagrad, any torch optimizer but SGD) takes the barrier: its
 workers' fresh gradients meet before one optimizer state steps (BENCHMARKS.md §17). Across
@@ -10,6 +10,8 @@ and an outer momentum on top of AdamW's own costs more. So it gets ``average``, 
 rounds as often as the link and the leader's core allow (sync/schedule.py). SGD stays lock-free
 (Hogwild), loses little between rounds far apart and gains from keeping every replica's progress,
 so it keeps ``slowmo`` every 50 steps, where its figures were measured (docs/sync.md).
+A paced average's rounds also carry fewer bytes once the link sets their pace (sync/ladder.py):
+only there, and only on the wire a user left alone.
 """
 
 from __future__ import annotations
@@ -58,17 +60,17 @@ def update_path(cfg: OptimConfig) -> str:
 def resolved(cfg: "Config") -> "Config":
     """``cfg`` with ``sync.mode`` a rule's name and ``sync.interval`` a number of steps, or ``auto``
     where the link sets the pace (the barrier's optimizers, unless ``sync.target_drift`` adapts a
-    fixed interval to its own measure). Composing a config applies it, and so does the leader to a
-    config handed to it whole; a resolved config resolves to itself."""
+    fixed interval to its own measure), and ``sync.compress`` left ``auto`` only where it acts: a
+    paced average on whole fp32 rounds (sync/ladder.py). Composing a config applies it, and so does
+    the leader to a config handed to it whole; a resolved config resolves to itself."""
     sync = cfg.sync
-    if sync.mode != AUTO and sync.interval != AUTO:
-        return cfg
     adaptive = update_path(cfg.optim) == BARRIER
     mode = sync.mode if sync.mode != AUTO else (ADAPTIVE_MODE if adaptive else SGD_MODE)
     paced = sync.interval == AUTO and adaptive and sync.target_drift is None
     interval = sync.interval if sync.interval != AUTO or paced else SGD_INTERVAL
-    if (mode, interval) == (sync.mode, sync.interval):
+    compress = sync.compress if dataclasses.replace(sync, mode=mode, interval=interval).climbs() else "off"
+    if (mode, interval, compress) == (sync.mode, sync.interval, sync.compress):
         return cfg
     out = copy.copy(cfg)
-    out.sync = dataclasses.replace(sync, mode=mode, interval=interval)
+    out.sync = dataclasses.replace(sync, mode=mode, interval=interval, compress=compress)
     return out

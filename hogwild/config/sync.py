@@ -16,6 +16,10 @@ AUTO = "auto"
 SGD_INTERVAL = 50
 """``sync.interval=auto`` under SGD: the interval BENCHMARKS.md's SGD figures were measured at."""
 WEIGHTINGS = ("equal", "steps")
+COMPRESS = ("auto", "off")
+RUNGS: tuple[tuple[str, int], ...] = (("fp32", 1), ("int8", 1), ("int8", 4))
+"""``sync.compress=auto``: (sync.dtype, sync.fragments) of each rung of the wire's ladder, in the
+order a paced average climbs them (sync/ladder.py)."""
 
 
 @dataclass
@@ -57,6 +61,11 @@ class SyncConfig:
     fragments: int = 1
     """Sync one of this many stretches of the model per round, in rotation (the final round
     syncs all): a round sends 1/fragments of the model."""
+    compress: str = "auto"
+    """auto | off. auto: a paced average (an adaptive optimizer's default rounds) on fp32 whole
+    rounds climbs to int8, then to int8 in 4 fragments, while the link asks for more than two
+    optimizer steps between rounds (docs/sync.md, "Compression on a slow link"); off: sync.dtype and
+    sync.fragments as set. A sync.dtype or sync.fragments of your own turns it off."""
     row_sparse: bool = False
     """Send only the rows of embedding tables (parameters with sparse gradients) that some replica
     wrote since they last travelled, with every dense value; every rule, fp32 or compressed
@@ -94,6 +103,7 @@ class SyncConfig:
         require(self.max_interval >= self.min_interval, "sync.max_interval",
                  "must be >= sync.min_interval")
         WIRES.check(self.dtype)
+        choice(self.compress, "sync.compress", COMPRESS)
         positive(self.fragments, "sync.fragments")
         require(not (self.row_sparse and self.fragments > 1), "sync.fragments",
                 f"row-sparse rounds send what moved and do not split into fragments; with sync.row_sparse=true "
@@ -111,6 +121,17 @@ class SyncConfig:
             m = self.min_replicas
             require(m is None or 1 <= m <= self.replicas, "sync.min_replicas",
                     f"must be in 1..{self.replicas}, got {m}")
+
+    def climbs(self) -> bool:
+        """``sync.compress=auto`` acts: a paced average on whole fp32 rounds of a user's own choosing
+        (sync/ladder.py). Resolving the defaults turns it ``off`` everywhere else (config/defaults.py)."""
+        return (self.compress == AUTO and self.interval == AUTO and self.mode == "average" and self.dtype == "fp32"
+                and self.fragments == 1 and not self.row_sparse and self.target_drift is None)
+
+
+def wire_label(dtype: str, fragments: int) -> str:
+    """How ``metrics.json`` and the logs name a wire: ``int8``, or ``int8/4`` in 4 fragments."""
+    return dtype if fragments == 1 else f"{dtype}/{fragments}"
 
 
 def interval_value(value: Any) -> Any:

@@ -373,7 +373,8 @@ class Leader:
                              update={**update_report(crew), **input_report(crew)}).metrics()
         metrics.update(verdict=verdict.summary, target_held=crew.target.held(tel.scores), evaluations=tel.history,
                        time_s=self._time_report(crew, job, train_s, sync_stats),
-                       memory_mb=memory_report(crew, self.memory.peak_mb), **self.changes.report())
+                       memory_mb=memory_report(crew, self.memory.peak_mb), **crew.rounds.wire(),
+                       **self.changes.report())
         if crew.restored is not None and metrics["status"] != Status.OK:
             # A resumed run that failed keeps the report of the run it resumed, which told of a
             # model that still exists in the checkpoints: nothing already written is lost.

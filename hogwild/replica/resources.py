@@ -12,11 +12,13 @@ import logging
 import math
 import os
 import shutil
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from hogwild.config.registry import DATASETS, SYNC_RULES
 from hogwild.config.schema import Config, DataConfig, SyncConfig
+from hogwild.config.sync import RUNGS
 from hogwild.data.datasets import Builtin
 from hogwild.errors import ConfigError
 from hogwild.replica.optim import shared_state
@@ -198,7 +200,11 @@ def memory_parts(cfg: Config, workers: int, model_bytes: int, private_state: flo
 def round_bytes(sync: SyncConfig, model_bytes: int) -> float:
     """The leader's round buffers: the snapshot and the reduce buffer of what one exchange carries
     (a fragment of the model, or under ``sync.row_sparse`` at most a chunk of rows), and the rule's
-    model-sized state, which it keeps whole."""
+    model-sized state, which it keeps whole. A wire that climbs (``sync.compress=auto``) needs
+    what its largest rung needs."""
+    if sync.climbs():
+        return max(round_bytes(dataclasses.replace(sync, dtype=d, fragments=f, compress="off"), model_bytes)
+                   for d, f in RUNGS)
     kept = SYNC_RULES.get(sync.mode).state_copies  # type: ignore[attr-defined]
     if sync.dtype != "fp32":
         kept += 2 if sync.mode == "average" else 1  # the residual, and average's agreed base

@@ -12,9 +12,11 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
+from hogwild.config.sync import wire_label
 from hogwild.errors import Fault
 from hogwild.replica.board import Board
 from hogwild.sync.comm import Comm, LinkMeter
+from hogwild.sync.ladder import Ladder
 from hogwild.sync.rows import Gathered
 from hogwild.sync.rules import RoundFlags, RoundVector, SyncRule, context
 from hogwild.sync.schedule import DriftRecord, SyncSchedule, paced_interval
@@ -166,7 +168,8 @@ class Rounds:
         self.gaps: list[float] = []  # replica steps between consecutive snapshots
         self._last_snap = board.replica_pos()
         self._last_work = self.board.busy_s()
-        self._advised = False  # the slow link's advice is given once
+        self.climbed: list[tuple[int, str]] = []
+        """(round, wire) of each step up the wire's ladder (``sync.compress=auto``) in this process."""
         self.asking = (0.0, 0.0)
         """The intervals this replica's last round's time and its CPU ask for (a paced schedule; 0:
         none), sent with the next round."""
@@ -212,23 +215,24 @@ class Rounds:
                 logger.debug("paced interval %d -> %d (asked for the rounds' time, CPU: %s)", before,
                              self.schedule.interval, ", ".join(f"{t:.1f} {c:.1f}" for t, c in out.paces))
             self.asking = self._pace(dt, cpu, pos_at_snap, work)
-            self._advise_on_the_link()
+            self._climb(out.paces)
         self._last_snap, self._last_work = pos_at_snap, work
         ctl["next_sync_at"] = self.schedule.after_round(pos_at_snap)
         ctl["lag_limit"] = self.schedule.lag_limit
         out.stats = stats
         return out
 
-    def _advise_on_the_link(self) -> None:
-        """Once a run: a paced interval far above its floor with whole fp32 rounds names the
-        settings that made such a link stop mattering (docs/machines.md)."""
+    def _climb(self, paces: list[tuple[float, float]]) -> None:
+        """``sync.compress=auto``: the wire steps up while the link sets the pace (sync/ladder.py)."""
+        if isinstance(self.rule, Ladder) and self.rule.after_round(paces, self.schedule.floor):
+            self.climbed.append((self.syncs, self.rule.wire_name))
+
+    def wire(self) -> dict[str, object]:
+        """What the rounds sent at the end (``sync.dtype``, ``/fragments`` when above 1), and where
+        ``sync.compress=auto`` climbed: ``metrics.json``'s ``sync_wire``."""
         cfg = self.rule.cfg
-        if self._advised or not self.schedule.slow_link() or cfg.dtype != "fp32" or cfg.fragments != 1:
-            return
-        self._advised = True
-        logger.warning("rounds every %d steps: the link sets the pace; sync.dtype=int8 sync.fragments=4 send "
-                       "16x fewer bytes a round, and on a 10 Mbit/s link made it stop mattering (docs/machines.md)",
-                       self.schedule.interval)
+        name = self.rule.wire_name if isinstance(self.rule, Ladder) else wire_label(cfg.dtype, cfg.fragments)
+        return {"sync_wire": name, "sync_wire_climbs": [{"round": r, "wire": w} for r, w in self.climbed]}
 
     def _pace(self, round_s: float, cpu_s: float, pos: float, work: float) -> tuple[float, float]:
         """The intervals this round's time and its leader's CPU ask for (0 when the schedule is not

@@ -20,6 +20,7 @@ from hogwild.sync.base import RoundFlags, RoundVector, SyncContext, SyncRule, co
 from hogwild.sync.comm import Comm
 from hogwild.replica.rows import RowMarks
 from hogwild.sync.fragments import Fragmented
+from hogwild.sync.ladder import Ladder
 from hogwild.sync.rows import RowSparse
 
 __all__ = ["Average", "Broadcast", "Median", "RoundFlags", "RoundVector", "SyncContext", "SyncRule", "TrimmedMean",
@@ -32,6 +33,8 @@ def make_rule(cfg: SyncConfig, comm: Comm, params: Optional[int] = None,
               marks: Optional[RowMarks] = None) -> SyncRule:
     """The rule ``sync.mode`` names; ``params``: the flat buffer's parameter prefix (the rest
     are float buffers); ``marks``: the replica's row marks under ``sync.row_sparse``."""
+    if cfg.climbs() and marks is None:
+        return Ladder(cfg, comm, params, lambda c, metered: make_rule(c, metered, params))
     rule: type[SyncRule] = SYNC_RULES.get(cfg.mode)
     if marks is not None:
         return RowSparse(cfg, comm, params, rule(cfg, comm, params), marks)

@@ -24,12 +24,6 @@ PACE_START, PACE_FLOOR = 10, 2
 below that many: averaging every step was no better than every two in the model (BENCHMARKS.md §20)."""
 
 
-SLOW_LINK = 4
-"""A paced interval this many times its floor (8 optimizer steps) says the link, not the steps, sets
-the pace: whole fp32 rounds over 10 Mbit/s met every 21 steps and ended 0.10 above the same job on
-a fast link, where int8 rounds of a quarter of the model each ended level (BENCHMARKS.md §20)."""
-
-
 def paced_interval(round_s: float, cpu_s: float, steps_per_s: float) -> float:
     """The replica steps an interval needs so that a round of ``round_s`` seconds on the clock and
     ``cpu_s`` of its leader's CPU stays within :data:`PACE_WALL` and :data:`PACE_CPU` of it, at
@@ -114,10 +108,6 @@ class SyncSchedule:
         want = math.ceil(max(min(times, default=0.0), max(cpus, default=0.0)))
         bounded = min(2 * self.interval, max(self.interval // 2, want))
         self.interval = int(min(self.max_interval, max(self.floor, bounded)))
-
-    def slow_link(self) -> bool:
-        """The paced interval has grown to :data:`SLOW_LINK` times its floor."""
-        return self.paced and self.interval >= SLOW_LINK * self.floor
 
     def _adapt(self, max_drift: float) -> None:
         """Proportional control of the interval towards ``target_drift``."""

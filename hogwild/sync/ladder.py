@@ -1,0 +1,152 @@
+"""``sync.compress=auto``: a paced average's rounds send fewer bytes once the link, not the steps,
+sets their pace.
+
+Whole fp32 rounds are the best a fast link can carry: every value averaged every round, nothing
+rounded. On a slow link they take longer than the steps between them, the workers run on past a
+round still in flight, and the model is averaged less often and later than the steps allow. On the
+1.8M-parameter GPT of BENCHMARKS.md §20, whole fp32 rounds over 10 Mbit/s met every 21-25 steps and
+ended 0.11 above the same job on loopback; int8 rounds of a quarter of the model each met every two
+steps and ended level with it. Over 100 Mbit/s the same wire reached torchft DiLoCo's final loss
+1.51x sooner, against 1.32x with whole fp32 rounds; over 1 Gbit/s whole fp32 rounds already met at
+the floor of two optimizer steps and had nothing to gain.
+
+So the rule climbs a ladder of wires, one rung at a time, while the link asks for more than
+:data:`~hogwild.sync.schedule.PACE_FLOOR` optimizer steps between rounds: fp32, then int8 (4x fewer
+bytes at two replicas), then int8 in four fragments (16x). It never climbs down: a link that was
+slow once is not trusted to stay fast, and every rung loses little where the link is fast.
+
+Every leader climbs at the same round: the decision reads only the round's reduced control vector
+(the wanted intervals every leader sent) and the rung, which the rule's state carries to a
+checkpoint and to a joiner's heal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from hogwild.config.schema import SyncConfig
+from hogwild.config.sync import RUNGS, wire_label
+from hogwild.replica.board import Board
+from hogwild.sync.base import SyncContext, SyncRule
+from hogwild.sync.comm import Comm
+
+logger = logging.getLogger(__name__)
+
+RUNG = "wire_rung"
+"""The rung's key in the rule's state (a checkpoint, a joiner's heal)."""
+
+
+def climbs(paces: list[tuple[float, float]], floor: int) -> bool:
+    """The link asks for more than ``floor`` steps between rounds: the shortest round any replica
+    saw (the others also waited for the last to arrive) would take more than
+    :data:`~hogwild.sync.schedule.PACE_WALL` of ``floor`` steps' compute (sync/schedule.py)."""
+    times = [t for t, _ in paces if math.isfinite(t) and t > 0]
+    return bool(times) and min(times) >= floor
+
+
+class Ladder(SyncRule):
+    """One rung's rule at a time (sync/rules.py builds it with the rung's ``sync.dtype`` and
+    ``sync.fragments``); everything else is the rung's rule's own."""
+
+    name = "ladder"  # a wrapper, not a sync.mode: never registered
+
+    def __init__(self, cfg: SyncConfig, comm: Comm, params: Optional[int],
+                 make: Callable[[SyncConfig, Comm], SyncRule]) -> None:
+        super().__init__(cfg, comm, params)
+        self._make = make
+        self.rung = 0
+        self.inner = make(self._cfg(0), self.comm)
+        self._board: Optional[Board] = None
+        self._hold = 0
+        """Rounds whose wanted intervals were measured on a lower rung, or while the new rung's
+        first rounds set up its state: they say nothing about the rung now running."""
+
+    def _cfg(self, rung: int) -> SyncConfig:
+        dtype, fragments = RUNGS[rung]
+        return dataclasses.replace(self.cfg, dtype=dtype, fragments=fragments, compress="off")
+
+    @property
+    def top(self) -> bool:
+        return self.rung == len(RUNGS) - 1
+
+    def after_round(self, paces: list[tuple[float, float]], floor: int) -> bool:
+        """Every leader, after each round that was not the last, with the round's agreed wanted
+        intervals and the schedule's floor: climb a rung if the link asks for it. True: climbed."""
+        if self._hold > 0:
+            self._hold -= 1
+            return False
+        if self.top or not climbs(paces, floor):
+            return False
+        self._climb(self.rung + 1)
+        logger.info("the link sets the rounds' pace (a round's transfer asks for %d steps between rounds or "
+                    "more): rounds now send %s (sync.compress=auto)", floor, self.wire_name)
+        return True
+
+    def _climb(self, rung: int) -> None:
+        # The agreed state travels to the new rung in the whole model's layout (a fragmented
+        # rule cuts it): average's base, which every replica holds alike. A fresh compressed
+        # average without one takes the first healthy replica's snapshot in its first round, so
+        # the replicas still agree. The old wire's rounding residual, one round's worth, is dropped.
+        state = {k: v for k, v in self.inner.state_dict().items() if k != RUNG}
+        self.rung = rung
+        self.inner = self._make(self._cfg(rung), self.comm)
+        if state:
+            self.inner.load_state_dict(state)
+        if self._board is not None:
+            self.inner.attach(self._board)
+        self._hold = RUNGS[rung][1] + 1
+
+    # Everything below is the rung's rule's.
+    def prime(self, flat: Tensor) -> None:
+        self.inner.prime(flat)
+
+    def attach(self, board: Board) -> None:
+        self._board = board
+        self.inner.attach(board)
+
+    def plan(self, numel: int, final: bool, timeout_s: Optional[float] = None) -> list[slice]:
+        return self.inner.plan(numel, final, timeout_s)
+
+    def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
+        return self.inner.target(snap, ctx)
+
+    def exchange(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float,
+                 final: bool = False) -> tuple[Tensor, Tensor]:
+        out = self.inner.exchange(snap, ctl, rank, timeout_s, final)
+        self.ending, self.spread = self.inner.ending, self.inner.spread
+        return out
+
+    def scratch(self, name: str, numel: int, like: Tensor) -> Tensor:
+        return self.inner.scratch(name, numel, like)
+
+    def settle(self, flat: Tensor) -> None:
+        self.inner.settle(flat)
+
+    def positional(self) -> dict[str, Tensor]:
+        return self.inner.positional()
+
+    def set_positional(self, state: dict[str, Tensor]) -> None:
+        self.inner.set_positional(state)
+
+    def held(self) -> list[Tensor]:
+        return self.inner.held()
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {**self.inner.state_dict(), RUNG: torch.tensor([self.rung], dtype=torch.int64)}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        rung = int(state[RUNG]) if RUNG in state else 0
+        if rung != self.rung:
+            self._climb(min(rung, len(RUNGS) - 1))
+            self._hold = 0  # the state comes from a group that already measured this rung
+        self.inner.load_state_dict({k: v for k, v in state.items() if k != RUNG})
+
+    @property
+    def wire_name(self) -> str:
+        return wire_label(*RUNGS[self.rung])
