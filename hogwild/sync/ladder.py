@@ -63,9 +63,11 @@ class Ladder(SyncRule):
         self.rung = 0
         self.inner = make(self._cfg(0), self.comm)
         self._board: Optional[Board] = None
-        self._hold = 0
+        self._hold = 1
         """Rounds whose wanted intervals were measured on a lower rung, or while the new rung's
-        first rounds set up its state: they say nothing about the rung now running."""
+        first rounds set up its state: they say nothing about the rung now running. The first
+        round's (the second round carries them) include the group's connection set-up: on
+        loopback that alone asked for int8 once."""
 
     def _cfg(self, rung: int) -> SyncConfig:
         dtype, fragments = RUNGS[rung]
@@ -78,6 +80,8 @@ class Ladder(SyncRule):
     def after_round(self, paces: list[tuple[float, float]], floor: int) -> bool:
         """Every leader, after each round that was not the last, with the round's agreed wanted
         intervals and the schedule's floor: climb a rung if the link asks for it. True: climbed."""
+        if not any(math.isfinite(t) and t > 0 for t, _ in paces):
+            return False  # nothing measured: the rounds that carry asks are the ones counted
         if self._hold > 0:
             self._hold -= 1
             return False

@@ -45,6 +45,8 @@ def test_a_ladder_climbs_one_rung_at_a_time_and_waits_for_the_new_rung_s_own_mea
     ladder = make_rule(PACED, LocalComm(), 100)
     assert isinstance(ladder, Ladder) and ladder.wire_name == "fp32" and not ladder.inner.compressed
     slow = [(9.0, 0.1), (8.0, 0.1)]
+    # The first round's asks (which the second round carries) include the connection's set-up.
+    assert not ladder.after_round(slow, floor=2)
     assert ladder.after_round(slow, floor=2) and ladder.wire_name == "int8"
     assert isinstance(ladder.inner, Average) and ladder.inner.compressed
     # The next round's asks were measured on fp32, the one after on int8's first round (which
@@ -66,7 +68,7 @@ def test_the_rung_travels_in_the_rule_s_state_to_a_checkpoint_or_a_joiner() -> N
     assert isinstance(ladder, Ladder)
     flat = torch.randn(100)
     ladder.prime(flat)
-    for _ in range(4):
+    for _ in range(5):
         ladder.after_round([(9.0, 0.0)], floor=2)
     assert ladder.wire_name == "int8/4"
     joiner = make_rule(PACED, LocalComm(), 100)
@@ -101,15 +103,16 @@ def _replica(comm: Comm, steps: int) -> tuple[list[torch.Tensor], list[str], dic
 
 def test_two_replicas_climb_together_and_still_land_on_one_model() -> None:
     a, b = run_ranks(2, lambda comm: _replica(comm, 12))
-    assert a[1] == b[1] == ["fp32", "int8", "int8", "int8", "int8/4", *["int8/4"] * 7]
-    assert a[2]["sync_wire"] == "int8/4" and a[2]["sync_wire_climbs"] == [{"round": 2, "wire": "int8"},
-                                                                          {"round": 5, "wire": "int8/4"}]
-    for x, y in zip(a[0][:4], b[0][:4]):
+    # Round 1 carries no asks, round 2 the first round's (its connection set-up): round 3 climbs.
+    assert a[1] == b[1] == ["fp32", "fp32", "int8", "int8", "int8", "int8/4", *["int8/4"] * 6]
+    assert a[2]["sync_wire"] == "int8/4" and a[2]["sync_wire_climbs"] == [{"round": 3, "wire": "int8"},
+                                                                          {"round": 6, "wire": "int8/4"}]
+    for x, y in zip(a[0][:5], b[0][:5]):
         # Nothing writes between a whole round and its snapshot here, so both replicas hold the
         # round's target (a fragment's round leaves the rest of the model where each replica took it).
         assert torch.allclose(x, y, atol=1e-5), (x - y).abs().max()
     assert torch.equal(a[0][-1], b[0][-1])
-    fp32, int8, quarter = a[3][0], a[3][3], a[3][-1]  # round 3 also agreed on int8's base
+    fp32, int8, quarter = a[3][0], a[3][4], a[3][-1]  # round 4 also agreed on int8's base
     assert int8 < fp32 / 3 and quarter < fp32 / 12, a[3]  # what the rounds put on the link
 
 
