@@ -42,11 +42,18 @@ def hogwild_run(args: argparse.Namespace, extra: list[str], root: Path, seed: in
              *train_cmd([*hogwild_overrides(args.workload, args.budget, args.eval_every_s), "workers=1",
                          f"train.seed={seed}", f"run_dir={run_dir}", *extra])[1:]] for i in range(args.machines)]
     _, sent = link.on_machines(cmds, link.RUN_TIMEOUT_S)
+    return {**hogwild_result(args.workload, run_dir, args.machines, sent), "seed": seed}
+
+
+def hogwild_result(workload: str, run_dir: Path, replicas: int, sent: float = 0.0) -> dict[str, Any]:
+    """A finished hogwild run of the race: its final model scored as the other arms score theirs,
+    its curve, and what its ``metrics.json`` says of its rounds (``sent``: bytes a replica's link
+    carried, measured outside it)."""
     m = metrics(run_dir)
-    steps = max(m["steps"], 1) / args.machines
+    steps = max(m["steps"], 1) / replicas
     # The job's final model, scored as the other arms score theirs (lm_arms.Race.scores).
-    model = hogwild.load_model(run_dir / "checkpoints" / "last.pt", model=gpt(args.workload))
-    subset, loss = Race(argparse.Namespace(size=args.workload, seed=seed, rank=0)).scores(model)
+    model = hogwild.load_model(run_dir / "checkpoints" / "last.pt", model=gpt(workload))
+    subset, loss = Race(argparse.Namespace(size=workload, seed=0, rank=0)).scores(model)
     curve = [{"s": e["s"], "step": e["step"], "loss": e["loss"]} for e in m["evaluations"]]
     curve.append({"s": m["train_s"], "step": m["steps"], "loss": subset})
     return {"loss": loss, "steps": m["steps"], "steps_per_replica": steps, "train_s": m["train_s"],
@@ -55,7 +62,8 @@ def hogwild_run(args: argparse.Namespace, extra: list[str], root: Path, seed: in
             "link_s": m["sync_link_s"], "sync_cpu_s": m["sync_cpu_s"], "lag_wait_s": m["lag_wait_s"],
             "steps_per_sync": m["steps_per_sync"], "final_interval": m["final_interval"], "update": m.get("update"),
             "sync_mode": m.get("sync_mode"), "sync_wire": m.get("sync_wire"),
-            "sync_wire_climbs": m.get("sync_wire_climbs"), "seed": seed}
+            "sync_wire_climbs": m.get("sync_wire_climbs"), "time_s": m.get("time_s"),
+            "barrier_wait_fraction": m.get("barrier_wait_fraction")}
 
 
 def arm_run(args: argparse.Namespace, arm: str, seed: int) -> dict[str, Any]:

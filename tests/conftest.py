@@ -42,6 +42,31 @@ def pytest_configure(config: pytest.Config) -> None:
         os.sched_setaffinity(0, cores_of_this_test_process())
 
 
+# The longest tests (seconds on a 2-core host, node-id prefixes) start first. pytest-xdist's worksteal
+# hands each test process a contiguous share of the collection and lets an idle one take the back
+# half of another's queue: long tests collected last (the root files are) left one core finishing
+# them alone while the other idled. Longest first, what is left to share at the end is short. A
+# stale figure only costs balance. Tests that share a module fixture keep one key, so they stay
+# together (test_wheel.py builds its wheel and venv once per test process).
+LONG = {
+    "tests/test_bench.py::test_bench_sections": 48, "tests/elastic/test_elastic.py::test_kills_at_random": 42,
+    "tests/elastic/test_elastic.py::test_every_replica_restarted": 34, "tests/cli/test_examples.py::test_resnet18": 31,
+    "tests/elastic/test_elastic.py::test_a_restarted_writer": 29,
+    "tests/elastic/test_elastic.py::test_a_coordinator_killed": 27,
+    "tests/cli/test_clients.py::test_hugging_face_models": 24, "tests/data/test_streams.py::test_a_2_by_2_stream": 23,
+    "tests/elastic/test_elastic.py::test_a_coordinator_that_stays_away": 22,
+    "tests/leader/test_distributed.py::test_max_lag_bounds": 22, "tests/leader/test_distributed.py::test_drift_grows": 22,
+    "tests/replica/test_barrier.py::test_a_dead_worker_holds": 19, "tests/test_wheel.py::": 18,
+    "tests/leader/test_faults.py::test_torchrun_restart": 18, "tests/elastic/test_elastic.py::test_a_writer_stopped": 17,
+    "tests/elastic/test_elastic.py::test_a_minority_waits": 15, "tests/leader/test_distributed.py::test_target_drift": 15,
+    "tests/cli/test_examples.py::test_regression_with_mse": 15, "tests/replica/test_compile.py::test_the_cli_trains": 14,
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: -next((s for p, s in LONG.items() if item.nodeid.startswith(p)), 0))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

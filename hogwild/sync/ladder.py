@@ -10,10 +10,11 @@ steps and ended level with it. Over 100 Mbit/s the same wire reached torchft DiL
 1.51x sooner, against 1.32x with whole fp32 rounds; over 1 Gbit/s whole fp32 rounds already met at
 the floor of two optimizer steps and had nothing to gain.
 
-So the rule climbs a ladder of wires, one rung at a time, while the link asks for more than
-:data:`~hogwild.sync.schedule.PACE_FLOOR` optimizer steps between rounds: fp32, then int8 (4x fewer
-bytes at two replicas), then int8 in four fragments (16x). It never climbs down: a link that was
-slow once is not trusted to stay fast, and every rung loses little where the link is fast.
+So the rule climbs a ladder of wires while the link asks for :data:`~hogwild.sync.schedule.PACE_FLOOR`
+optimizer steps between rounds or more: fp32, int8 (4x fewer bytes at two replicas), int8 in four
+fragments (16x). It climbs straight to the lowest rung whose rounds, at the bytes it saves, would ask
+for fewer (on the 10 Mbit/s link, one rung at a time spent the first 40 s of 90 in slow rounds). It
+never climbs down: a link that was slow once is not trusted to stay fast.
 
 Every leader climbs at the same round: the decision reads only the round's reduced control vector
 (the wanted intervals every leader sent) and the rung, which the rule's state carries to a
@@ -42,12 +43,32 @@ RUNG = "wire_rung"
 """The rung's key in the rule's state (a checkpoint, a joiner's heal)."""
 
 
-def climbs(paces: list[tuple[float, float]], floor: int) -> bool:
-    """The link asks for more than ``floor`` steps between rounds: the shortest round any replica
-    saw (the others also waited for the last to arrive) would take more than
-    :data:`~hogwild.sync.schedule.PACE_WALL` of ``floor`` steps' compute (sync/schedule.py)."""
+def link_ask(paces: list[tuple[float, float]]) -> Optional[float]:
+    """The steps between rounds the link asks for: the shortest round any replica saw (the others
+    also waited for the last to arrive), against the replica's pace (sync/schedule.py); None where
+    no replica measured one."""
     times = [t for t, _ in paces if math.isfinite(t) and t > 0]
-    return bool(times) and min(times) >= floor
+    return min(times) if times else None
+
+
+def cost(rung: int, replicas: int) -> float:
+    """A round's bytes on ``rung`` against whole fp32 rounds: int8's ring all_gather sends
+    ``(R - 1) n`` bytes against fp32's all_reduce ``2 (R - 1) / R * 4n`` (R / 8 of them, no gain
+    from eight replicas on), and F fragments send 1 / F of the model (sync/wire.py)."""
+    dtype, fragments = RUNGS[rung]
+    return (1.0 if dtype == "fp32" else min(1.0, replicas / 8)) / fragments
+
+
+def fitting(rung: int, ask: float, floor: int, replicas: int) -> int:
+    """The rung to climb to from ``rung``, where the link asks for ``ask`` steps between rounds: the
+    lowest one above it whose rounds would ask for fewer than ``floor``, else the top (``rung``
+    itself when the link does not set the pace)."""
+    if ask < floor:
+        return rung
+    for higher in range(rung + 1, len(RUNGS)):
+        if ask * cost(higher, replicas) / cost(rung, replicas) < floor:
+            return higher
+    return len(RUNGS) - 1
 
 
 class Ladder(SyncRule):
@@ -63,11 +84,12 @@ class Ladder(SyncRule):
         self.rung = 0
         self.inner = make(self._cfg(0), self.comm)
         self._board: Optional[Board] = None
-        self._hold = 1
-        """Rounds whose wanted intervals were measured on a lower rung, or while the new rung's
-        first rounds set up its state: they say nothing about the rung now running. The first
-        round's (the second round carries them) include the group's connection set-up: on
-        loopback that alone asked for int8 once."""
+        self._hold = 0
+        """Rounds whose wanted intervals were measured on a lower rung: the round after a climb
+        carries the asks of the round that climbed."""
+        self._agreed: Optional[Tensor] = None
+        """The last whole round's target (the replicas' mean, alike on every replica; the round's
+        own buffer, not a copy): a compressed rung starts from it as its agreed base."""
 
     def _cfg(self, rung: int) -> SyncConfig:
         dtype, fragments = RUNGS[rung]
@@ -80,31 +102,36 @@ class Ladder(SyncRule):
     def after_round(self, paces: list[tuple[float, float]], floor: int) -> bool:
         """Every leader, after each round that was not the last, with the round's agreed wanted
         intervals and the schedule's floor: climb a rung if the link asks for it. True: climbed."""
-        if not any(math.isfinite(t) and t > 0 for t, _ in paces):
+        ask = link_ask(paces)
+        if ask is None:
             return False  # nothing measured: the rounds that carry asks are the ones counted
         if self._hold > 0:
             self._hold -= 1
             return False
-        if self.top or not climbs(paces, floor):
+        rung = fitting(self.rung, ask, floor, len(paces))
+        if rung == self.rung:
             return False
-        self._climb(self.rung + 1)
-        logger.info("the link sets the rounds' pace (a round's transfer asks for %d steps between rounds or "
-                    "more): rounds now send %s (sync.compress=auto)", floor, self.wire_name)
+        self._climb(rung)
+        logger.info("the link sets the rounds' pace (a round asks for %.1f steps between rounds, the floor is %d): "
+                    "rounds now send %s (sync.compress=auto)", ask, floor, self.wire_name)
         return True
 
     def _climb(self, rung: int) -> None:
         # The agreed state travels to the new rung in the whole model's layout (a fragmented
-        # rule cuts it): average's base, which every replica holds alike. A fresh compressed
-        # average without one takes the first healthy replica's snapshot in its first round, so
-        # the replicas still agree. The old wire's rounding residual, one round's worth, is dropped.
+        # rule cuts it): average's base, which every replica holds alike, or, from whole fp32
+        # rounds, the last round's mean. Without either, a compressed average would take the first
+        # healthy replica's snapshot in its first round (a whole fp32 model through the slow link
+        # once more). The old wire's rounding residual, one round's worth, is dropped.
         state = {k: v for k, v in self.inner.state_dict().items() if k != RUNG}
-        self.rung = rung
+        if "base" not in state and self._agreed is not None:
+            state["base"] = self._agreed.clone()
+        self.rung, self._agreed = rung, None
         self.inner = self._make(self._cfg(rung), self.comm)
         if state:
             self.inner.load_state_dict(state)
         if self._board is not None:
             self.inner.attach(self._board)
-        self._hold = RUNGS[rung][1] + 1
+        self._hold = 1
 
     # Everything below is the rung's rule's.
     def prime(self, flat: Tensor) -> None:
@@ -124,6 +151,8 @@ class Ladder(SyncRule):
                  final: bool = False) -> tuple[Tensor, Tensor]:
         out = self.inner.exchange(snap, ctl, rank, timeout_s, final)
         self.ending, self.spread = self.inner.ending, self.inner.spread
+        if RUNGS[self.rung][1] == 1:
+            self._agreed = out[0]
         return out
 
     def scratch(self, name: str, numel: int, like: Tensor) -> Tensor:

@@ -11,7 +11,7 @@ from hogwild.config.sync import SyncConfig
 from hogwild.replica.board import Board
 from hogwild.sync.comm import Comm, LocalComm
 from hogwild.sync.fragments import Fragmented
-from hogwild.sync.ladder import Ladder, climbs
+from hogwild.sync.ladder import Ladder, cost, fitting, link_ask
 from hogwild.sync.rounds import RoundFlags, Rounds
 from hogwild.sync.rules import Average, make_rule
 from hogwild.sync.schedule import SyncSchedule
@@ -21,11 +21,17 @@ from tests.fake_comm import run_ranks
 PACED = SyncConfig(mode="average", interval="auto")
 
 
-def test_the_link_asks_for_a_climb_when_its_shortest_round_needs_the_floor_or_more() -> None:
-    assert climbs([(5.0, 0.1), (2.0, 0.1)], floor=2)
-    assert not climbs([(5.0, 0.1), (1.9, 9.0)], floor=2)  # the leader's CPU is not the link
-    assert not climbs([(0.0, 0.0), (0.0, 0.0)], floor=2)  # nothing measured yet
-    assert not climbs([(float("nan"), 0.0)], floor=2)
+def test_the_link_s_ask_is_the_shortest_round_any_replica_saw_and_picks_the_lowest_rung_that_fits() -> None:
+    assert link_ask([(5.0, 0.1), (2.0, 9.0)]) == 2.0  # the leader's CPU is not the link
+    assert link_ask([(0.0, 0.0), (float("nan"), 0.0)]) is None  # nothing measured yet
+    # Two replicas: int8 sends a quarter of fp32's bytes, four fragments of it a sixteenth.
+    assert fitting(0, 1.9, floor=2, replicas=2) == 0  # the steps set the pace, not the link
+    assert fitting(0, 5.0, floor=2, replicas=2) == 1  # int8 would ask for 1.25
+    assert fitting(0, 30.0, floor=2, replicas=2) == 2  # 10 Mbit/s: straight to int8 in fragments
+    assert fitting(1, 3.0, floor=2, replicas=2) == 2
+    assert fitting(2, 50.0, floor=2, replicas=2) == 2  # the top
+    # From eight replicas on int8's all_gather sends as much as fp32's all_reduce: only fragments help.
+    assert cost(1, 8) == cost(0, 8) and fitting(0, 5.0, floor=2, replicas=8) == 2
 
 
 def test_only_a_paced_average_on_whole_fp32_rounds_climbs() -> None:
@@ -41,21 +47,20 @@ def test_only_a_paced_average_on_whole_fp32_rounds_climbs() -> None:
     assert isinstance(make_rule(PACED, LocalComm(), 100), Ladder)
 
 
-def test_a_ladder_climbs_one_rung_at_a_time_and_waits_for_the_new_rung_s_own_measure() -> None:
+def test_a_ladder_climbs_where_the_link_asks_and_waits_for_the_new_rung_s_own_measure() -> None:
     ladder = make_rule(PACED, LocalComm(), 100)
     assert isinstance(ladder, Ladder) and ladder.wire_name == "fp32" and not ladder.inner.compressed
-    slow = [(9.0, 0.1), (8.0, 0.1)]
-    # The first round's asks (which the second round carries) include the connection's set-up.
-    assert not ladder.after_round(slow, floor=2)
-    assert ladder.after_round(slow, floor=2) and ladder.wire_name == "int8"
+    assert not ladder.after_round([(0.0, 0.0), (0.0, 0.0)], floor=2)  # the first round: nothing measured
+    assert ladder.after_round([(5.0, 0.1), (6.0, 0.1)], floor=2) and ladder.wire_name == "int8"
     assert isinstance(ladder.inner, Average) and ladder.inner.compressed
-    # The next round's asks were measured on fp32, the one after on int8's first round (which
-    # also agrees on its base): neither moves it.
-    assert not ladder.after_round(slow, floor=2) and not ladder.after_round(slow, floor=2)
-    assert ladder.after_round(slow, floor=2) and ladder.wire_name == "int8/4"
+    # The next round's asks were measured on fp32: they do not move it.
+    assert not ladder.after_round([(50.0, 0.1), (50.0, 0.1)], floor=2)
+    assert not ladder.after_round([(1.0, 0.1), (1.2, 0.1)], floor=2)  # int8 fits
+    assert ladder.after_round([(3.0, 0.1), (3.5, 0.1)], floor=2) and ladder.wire_name == "int8/4"
     assert isinstance(ladder.inner, Fragmented) and len(ladder.inner.parts) == 4
     for _ in range(10):
-        assert not ladder.after_round(slow, floor=2)  # the top rung
+        assert not ladder.after_round([(90.0, 0.1), (90.0, 0.1)], floor=2)  # the top; never back down
+    assert ladder.wire_name == "int8/4"
     fast = make_rule(PACED, LocalComm(), 100)
     assert isinstance(fast, Ladder)
     for _ in range(10):
@@ -68,8 +73,7 @@ def test_the_rung_travels_in_the_rule_s_state_to_a_checkpoint_or_a_joiner() -> N
     assert isinstance(ladder, Ladder)
     flat = torch.randn(100)
     ladder.prime(flat)
-    for _ in range(5):
-        ladder.after_round([(9.0, 0.0)], floor=2)
+    ladder.after_round([(30.0, 0.0)], floor=2)
     assert ladder.wire_name == "int8/4"
     joiner = make_rule(PACED, LocalComm(), 100)
     assert isinstance(joiner, Ladder)
@@ -82,7 +86,7 @@ def test_the_rung_travels_in_the_rule_s_state_to_a_checkpoint_or_a_joiner() -> N
 
 def _replica(comm: Comm, steps: int) -> tuple[list[torch.Tensor], list[str], dict[str, object], list[float]]:
     """A replica of 4,096 values that drifts between rounds, whose steps are so fast that any
-    round asks for thousands of steps: its rounds climb to the top."""
+    round asks for thousands of steps: its rounds climb straight to the top."""
     torch.manual_seed(comm.rank)
     flat, board = torch.randn(4096), Board(1)
     rounds = Rounds(flat, make_rule(PACED, comm, 4096), comm, board, SyncSchedule.from_config(PACED))
@@ -103,17 +107,18 @@ def _replica(comm: Comm, steps: int) -> tuple[list[torch.Tensor], list[str], dic
 
 def test_two_replicas_climb_together_and_still_land_on_one_model() -> None:
     a, b = run_ranks(2, lambda comm: _replica(comm, 12))
-    # Round 1 carries no asks, round 2 the first round's (its connection set-up): round 3 climbs.
-    assert a[1] == b[1] == ["fp32", "fp32", "int8", "int8", "int8", "int8/4", *["int8/4"] * 6]
-    assert a[2]["sync_wire"] == "int8/4" and a[2]["sync_wire_climbs"] == [{"round": 3, "wire": "int8"},
-                                                                          {"round": 6, "wire": "int8/4"}]
-    for x, y in zip(a[0][:5], b[0][:5]):
+    # Round 1 carries no asks, round 2 the first round's: it climbs.
+    assert a[1] == b[1] == ["fp32", "int8/4", *["int8/4"] * 10]
+    assert a[2]["sync_wire"] == "int8/4" and a[2]["sync_wire_climbs"] == [{"round": 2, "wire": "int8/4"}]
+    for x, y in zip(a[0][:2], b[0][:2]):
         # Nothing writes between a whole round and its snapshot here, so both replicas hold the
         # round's target (a fragment's round leaves the rest of the model where each replica took it).
         assert torch.allclose(x, y, atol=1e-5), (x - y).abs().max()
     assert torch.equal(a[0][-1], b[0][-1])
-    fp32, int8, quarter = a[3][0], a[3][4], a[3][-1]  # round 4 also agreed on int8's base
-    assert int8 < fp32 / 3 and quarter < fp32 / 12, a[3]  # what the rounds put on the link
+    # What the rounds put on the link: no round after the climb sends a whole fp32 model again
+    # (the fragments start from the last fp32 round's mean, not a broadcast).
+    fp32 = a[3][0]
+    assert all(sent < fp32 / 12 for sent in a[3][2:]), a[3]
 
 
 def test_sync_compress_takes_auto_or_off_and_names_itself_otherwise() -> None:
@@ -121,3 +126,27 @@ def test_sync_compress_takes_auto_or_off_and_names_itself_otherwise() -> None:
 
     with pytest.raises(ConfigError, match=r"^sync\.compress: unknown value 'int8'"):
         SyncConfig(compress="int8")
+
+
+def _climbs_to_int8(comm: Comm) -> tuple[torch.Tensor, float, float]:
+    from hogwild.sync.rounds import sync_round
+
+    torch.manual_seed(comm.rank)
+    flat = torch.randn(4096)
+    ladder = make_rule(PACED, comm, 4096)
+    assert isinstance(ladder, Ladder)
+    ladder.prime(flat)
+    sync_round(flat, ladder)  # whole fp32
+    mean = flat.clone()
+    assert ladder.after_round([(5.0, 0.0), (5.0, 0.0)], floor=2) and ladder.wire_name == "int8"
+    flat.add_(torch.randn(4096), alpha=0.01)
+    before = ladder.meter.sent
+    sync_round(flat, ladder)  # int8, from the fp32 round's mean as its base
+    return flat, ladder.meter.sent - before, float((flat - mean).abs().max())
+
+
+def test_from_whole_fp32_rounds_int8_starts_on_their_mean_and_the_replicas_still_agree() -> None:
+    (a, sent, moved), (b, _, _) = run_ranks(2, _climbs_to_int8)
+    assert torch.allclose(a, b, atol=1e-6)
+    assert sent < 4096 * 4 / 3  # no whole fp32 model went out to agree on a base
+    assert moved < 0.05  # the mean moved by the replicas' small steps, rounded to int8

@@ -1,0 +1,178 @@
+"""Stragglers raced: hogwild against DDP on this host's two cores, one of each arm's processes made
+slow the same way, every arm evaluated alike on the clock (issue 56).
+
+The GPT of BENCHMARKS.md §15 (``--size gpt``, 0.8M parameters) under the race's AdamW recipe
+(scripts/lm_arms.py: warm-up, a cosine over the budget, the same 128 test blocks scored every
+``--eval-every-s`` of training on the clock by hogwild's leader and DDP's rank 0, the final model on
+the whole split off the clock). Arms:
+
+- ``hogwild``: 1 x 2 (one replica, two workers on the barrier); its first worker is the straggler.
+  ``--machines 2``: 2 x 1 under torchrun on this host, replica 1's leader and worker the straggler.
+- ``ddp``: DDP on two processes; its last rank is the straggler.
+
+Stragglers (scripts/stragglers.py): ``--slow throttle:F`` (a cgroup CPU quota of F of a core),
+``stalls`` (stopped 1 s every 3 s), ``busy`` (a busy process pinned to core 0 the whole run: §17's
+shared core), ``none`` (balanced). Output as scripts/lm_race.py's: JSON, table, PNG.
+
+    python scripts/straggler_race.py --slow throttle:0.5 --repeats 3 --name straggler_throttle
+    python scripts/straggler_race.py --slow stalls --repeats 3
+    python scripts/straggler_race.py --machines 2 --slow throttle:0.5 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from common import busy_core, clean_env, free_port, result_line, train_cmd
+from lm_arms import LR, SIZES, hogwild_overrides
+from lm_race import hogwild_result, report, summary
+from stragglers import cgroup_version, stalled, throttled, worker_pids
+
+logger = logging.getLogger("straggler_race")
+REPO = Path(__file__).resolve().parent.parent
+TIMEOUT_S = 900.0
+Slow = Callable[[list[int]], contextlib.AbstractContextManager[Any]]
+
+
+def slowing(spec: str) -> tuple[Optional[Slow], Optional[int], str]:
+    """``--slow``: what slows a straggler's processes, the core a busy process holds, and a label."""
+    if spec.startswith("throttle:"):
+        f = float(spec.split(":", 1)[1])
+        return (lambda pids: throttled(pids, f)), None, f"one process at {f:g} of a core (cgroup {cgroup_version()})"
+    if spec == "stalls":
+        return (lambda pids: _stalled_all(pids)), None, "one process stopped 1 s every 3 s"
+    if spec == "busy":
+        return None, 0, "a busy process on core 0"
+    if spec == "none":
+        return None, None, "balanced"
+    raise SystemExit(f"--slow: unknown {spec!r}; choose throttle:F, stalls, busy or none")
+
+
+@contextlib.contextmanager
+def _stalled_all(pids: list[int]) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for pid in pids:
+            stack.enter_context(stalled(pid, 1.0, 3.0))
+        yield
+
+
+def _wait_for(find: Callable[[], list[int]], proc: subprocess.Popen[str], what: str) -> list[int]:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        pids = find()
+        if pids:
+            return pids
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} never started")
+
+
+def _replica_pids(launcher: int, rank: int) -> list[int]:
+    """Under torchrun on this host: replica ``rank``'s leader and its spawned workers."""
+    from stragglers import children
+
+    for pid in children(launcher):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env:
+            workers = worker_pids(pid)
+            return [pid, *workers] if workers else []
+    return []
+
+
+def hogwild_arm(args: argparse.Namespace, slow: Optional[Slow], root: Path, seed: int) -> dict[str, Any]:
+    run_dir = Path(tempfile.mkdtemp(dir=root))
+    workers = 2 // args.machines
+    cmd = train_cmd([*hogwild_overrides(args.size, args.budget, args.eval_every_s), f"workers={workers}",
+                     f"train.seed={seed}", f"run_dir={run_dir}", *args.override], args.machines,
+                    launcher="hogwild.cli.launch")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        if slow is None:
+            err = proc.communicate(timeout=TIMEOUT_S)[1]
+        else:
+            find = ((lambda: worker_pids(proc.pid)[:1]) if args.machines == 1
+                    else (lambda: _replica_pids(proc.pid, 1)))
+            with slow(_wait_for(find, proc, "the straggler")):
+                err = proc.communicate(timeout=TIMEOUT_S)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+    if proc.returncode != 0:
+        raise RuntimeError(err[-2000:])
+    return {**hogwild_result(args.size, run_dir, args.machines), "seed": seed}
+
+
+def ddp_arm(args: argparse.Namespace, slow: Optional[Slow], seed: int) -> dict[str, Any]:
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, str(REPO / "scripts" / "lm_arms.py"), "--arm", "ddp", "--rank", str(r),
+                               "--world", "2", "--port", str(port), "--size", args.size, "--budget", str(args.budget),
+                               "--lr", str(args.lr), "--eval-every-s", str(args.eval_every_s), "--seed", str(seed)],
+                              cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    try:
+        with slow([procs[-1].pid]) if slow is not None else contextlib.nullcontext():
+            logs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    r = result_line(logs[0])
+    return {**r, "tx_bytes_per_step": 0.0, "seed": seed}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--slow", default="throttle:0.5", help="throttle:F | stalls | busy | none")
+    ap.add_argument("--machines", type=int, choices=(1, 2), default=1,
+                    help="hogwild 1 x 2 (a slow worker) or 2 x 1 (a slow machine: replica 1's leader and worker)")
+    ap.add_argument("--size", choices=sorted(SIZES), default="gpt")
+    ap.add_argument("--budget", type=float, default=120.0)
+    ap.add_argument("--eval-every-s", type=float, default=10.0)
+    ap.add_argument("--lr", type=float, default=LR, help="DDP's peak rate (hogwild: the experiment's, or --override)")
+    ap.add_argument("--override", action="append", default=[], help="a Hydra override for hogwild's runs")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--methods", nargs="+", choices=("hogwild", "ddp"), default=["hogwild", "ddp"])
+    ap.add_argument("--out", type=Path, default=REPO / "bench_results" / "stragglers")
+    ap.add_argument("--name", default=None)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="[straggler_race] %(message)s")
+    slow, core, label = slowing(args.slow)
+    name = args.name or f"{args.size}_{args.machines}x_{args.slow.replace(':', '')}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    from examples.gpt import GPT, GPTConfig
+
+    head = {"machines": args.machines, "shaping": f"this host's 2 cores, {label}", "workload": args.size,
+            "budget": args.budget, "eval_every_s": args.eval_every_s, "lr": args.lr, "command": sys.argv,
+            "params": sum(p.numel() for p in GPT(GPTConfig(**SIZES[args.size])).parameters())}
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in args.methods}
+    with tempfile.TemporaryDirectory() as tmp, busy_core(core):
+        for rep in range(args.repeats):  # interleaved: a slow spell of the host hits both arms alike
+            for m in args.methods:
+                logger.info("repeat %d/%d: %s", rep + 1, args.repeats, m)
+                try:
+                    r = hogwild_arm(args, slow, Path(tmp), 0) if m == "hogwild" else ddp_arm(args, slow, 0)
+                    logger.info("%s: loss %.4f, %d steps", m, r["loss"], r["steps"])
+                except (RuntimeError, subprocess.TimeoutExpired, StopIteration) as e:
+                    logger.error("%s failed: %s", m, str(e)[-800:])
+                    r = {"error": str(e)[-2000:], "seed": 0}
+                runs[m].append(r)
+                (args.out / f"{name}.json").write_text(
+                    json.dumps({**head, "arms": summary(runs, {"hogwild"})}, indent=1, default=str) + "\n")
+    report(head, summary(runs, {"hogwild"}), name, args.out)
+
+
+if __name__ == "__main__":
+    main()
