@@ -24,6 +24,8 @@ reaches the model when the way of meeting lets it:
 
 - ``ddp``: every step waits for every worker's fresh gradient and applies their mean (DDP, and a
   barrier with no bound on waiting);
+- ``lbbsp``: the same, each worker's batch sized to its speed (the step's samples kept) and the mean
+  weighted by samples, so a step's gradients arrive together (LB-BSP);
 - ``bound``: the same barrier with a bound on waiting, ``--bound`` time units after the step's
   first fresh gradient, or with ``--median-bound`` after the median worker's (hogwild's rule; the
   same for 2 workers) (Chen et al. 2016's backup workers); a late gradient joins the next step
@@ -129,7 +131,7 @@ def run(variant: str, steps: int, lr: float, beta1: float, seed: int, dc_lambda:
     return _test_loss(model, x_test, y_test)
 
 
-MEETS = ("ddp", "bound_join", "bound_drop", "async", "hogwild", "replicas_slowmo", "replicas_diloco",
+MEETS = ("ddp", "lbbsp", "bound_join", "bound_drop", "async", "hogwild", "replicas_slowmo", "replicas_diloco",
          "replicas_average")
 
 
@@ -140,6 +142,8 @@ class Pending:
     worker: int
     grads: list[torch.Tensor]
     version: int
+    samples: int = BATCH
+    """The batch it was computed on: a step's mean weighs each gradient by its samples."""
 
 
 def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound: float = 0.25,
@@ -163,6 +167,11 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
     waiting: set[int] = set()
     late = kind in ("bound_join", "bound_drop")
     wait_bound = bound if late else math.inf
+    # lbbsp: each worker's batch sized to its rate (known here; measured in a real run), the step's
+    # total kept, so a step's gradients arrive together and none is late (LB-BSP, Chen et al. 2020).
+    speeds = [1.0 / slow if w == 0 else 1.0 for w in range(workers)]
+    sizes = ([max(1, round(workers * BATCH * v / sum(speeds))) for v in speeds] if kind == "lbbsp"
+             else [BATCH] * workers)
 
     def push(t: float, what: str, payload: Any) -> None:
         n["seq"] += 1
@@ -172,17 +181,18 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
         """Worker ``w`` reads the weights at ``t`` and computes a gradient on them."""
         if (until_time is None and n["computed"] >= gradients) or (until_time is not None and t >= until_time):
             return
-        idx = torch.randint(len(x_all), (BATCH,), generator=batches)
+        idx = torch.randint(len(x_all), (sizes[w],), generator=batches)
         for p in ps:
             p.grad = None
         model(x_all[idx], y_all[idx])[1].backward()
         n["computed"] += 1
-        d = (slow if w == 0 else 1.0) * math.exp(jitter * clock.gauss(0.0, 1.0))
-        push(t + d, "arrive", Pending(w, [p.grad.clone() for p in ps], n["version"]))
+        d = (slow if w == 0 else 1.0) * sizes[w] / BATCH * math.exp(jitter * clock.gauss(0.0, 1.0))
+        push(t + d, "arrive", Pending(w, [p.grad.clone() for p in ps], n["version"], sizes[w]))
 
     def step(pending: list[Pending], opt: torch.optim.Optimizer, t: float) -> None:
+        total = sum(q.samples for q in pending)
         for i, p in enumerate(ps):
-            p.grad = torch.stack([q.grads[i] for q in pending]).mean(0)
+            p.grad = sum(q.grads[i] * (q.samples / total) for q in pending)
         torch.nn.utils.clip_grad_norm_(ps, CLIP)
         s = n["version"]
         cos = min(t / until_time, 1.0) if until_time is not None else min(s / planned, 1.0)

@@ -49,17 +49,25 @@ def pytest_configure(config: pytest.Config) -> None:
 # stale figure only costs balance. Tests that share a module fixture keep one key, so they stay
 # together (test_wheel.py builds its wheel and venv once per test process).
 LONG = {
-    "tests/test_bench.py::test_bench_sections": 48, "tests/elastic/test_elastic.py::test_kills_at_random": 42,
-    "tests/elastic/test_elastic.py::test_every_replica_restarted": 34, "tests/cli/test_examples.py::test_resnet18": 31,
+    "tests/test_bench.py::test_bench_sections": 48,
+    "tests/elastic/test_elastic.py::test_kills_at_random": 42,
+    "tests/elastic/test_elastic.py::test_every_replica_restarted": 34,
+    "tests/cli/test_examples.py::test_resnet18": 31,
     "tests/elastic/test_elastic.py::test_a_restarted_writer": 29,
     "tests/elastic/test_elastic.py::test_a_coordinator_killed": 27,
-    "tests/cli/test_clients.py::test_hugging_face_models": 24, "tests/data/test_streams.py::test_a_2_by_2_stream": 23,
+    "tests/cli/test_clients.py::test_hugging_face_models": 24,
+    "tests/data/test_streams.py::test_a_2_by_2_stream": 23,
     "tests/elastic/test_elastic.py::test_a_coordinator_that_stays_away": 22,
-    "tests/leader/test_distributed.py::test_max_lag_bounds": 22, "tests/leader/test_distributed.py::test_drift_grows": 22,
-    "tests/replica/test_barrier.py::test_a_dead_worker_holds": 19, "tests/test_wheel.py::": 18,
-    "tests/leader/test_faults.py::test_torchrun_restart": 18, "tests/elastic/test_elastic.py::test_a_writer_stopped": 17,
-    "tests/elastic/test_elastic.py::test_a_minority_waits": 15, "tests/leader/test_distributed.py::test_target_drift": 15,
-    "tests/cli/test_examples.py::test_regression_with_mse": 15, "tests/replica/test_compile.py::test_the_cli_trains": 14,
+    "tests/leader/test_distributed.py::test_max_lag_bounds": 22,
+    "tests/leader/test_distributed.py::test_drift_grows": 22,
+    "tests/replica/test_barrier.py::test_a_dead_worker_holds": 19,
+    "tests/test_wheel.py::": 18,
+    "tests/leader/test_faults.py::test_torchrun_restart": 18,
+    "tests/elastic/test_elastic.py::test_a_writer_stopped": 17,
+    "tests/elastic/test_elastic.py::test_a_minority_waits": 15,
+    "tests/leader/test_distributed.py::test_target_drift": 15,
+    "tests/cli/test_examples.py::test_regression_with_mse": 15,
+    "tests/replica/test_compile.py::test_the_cli_trains": 14,
 }
 
 

@@ -51,6 +51,11 @@ def test_char_language_model_two_replicas_of_two_workers(tmp_path: Path) -> None
     # SGD's 50 (docs/sync.md, "Adaptive optimizers across machines").
     assert m["sync_mode"] == "average" and m["final_interval"] >= 4 and m["steps_per_sync"] < 50, m
     assert m["sync_cpu_s"] > 0, m
+    # sync.compress=auto: the wire the rounds ended on is the last one climbed to (on loopback
+    # usually none: whole fp32 rounds), and a climb lands on a rung of the ladder.
+    climbs = m["sync_wire_climbs"]
+    assert m["sync_wire"] == (climbs[-1]["wire"] if climbs else "fp32"), m
+    assert all(c["wire"] in ("int8", "int8/4") and c["round"] >= 2 for c in climbs), m
 
 
 def test_regression_with_mse(tmp_path: Path) -> None:

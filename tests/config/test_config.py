@@ -124,6 +124,7 @@ def test_experiment_file(tmp_cwd) -> None:
     ("workers=0", "workers"), ("optim.lr=-1", "optim.lr"), ("model=foo", "model"),
     ("traim.epochs=2", "traim"), ("sync.interval=0", "sync.interval"), ("sync.interval=fast", "sync.interval"),
     ("sync.interval=2.5", "sync.interval"), ("sync.mode=autom", "sync.mode"), ("eval.batch_size=0", "eval.batch_size"),
+    ("sync.compress=int8", "sync.compress"),
 ])
 def test_bad_values_name_the_key(tmp_cwd, override: str, key: str) -> None:
     with pytest.raises(ConfigError, match=rf"^{key}\b"):
