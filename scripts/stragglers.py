@@ -111,12 +111,21 @@ def children(pid: int, proc: Path = Path("/proc")) -> list[int]:
 
 
 def worker_pids(leader: int, proc: Path = Path("/proc")) -> list[int]:
-    """A hogwild leader's spawned workers (multiprocessing's spawn children, not its resource
-    tracker), in start order."""
-    out = []
+    """A hogwild leader's workers, in start order: the children of its fork server (a fork of the
+    leader with the leader's command line, replica/start.py), or its own multiprocessing spawn
+    children where there is none; not its resource tracker."""
+    def cmdline(pid: int) -> list[bytes]:
+        try:
+            return (proc / str(pid) / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return []
+
+    out: list[int] = []
+    mine = cmdline(leader)
     for pid in children(leader, proc):
-        with contextlib.suppress(OSError):
-            cmd = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")
-            if any(b"spawn_main" in part for part in cmd):
-                out.append(pid)
+        cmd = cmdline(pid)
+        if cmd and cmd == mine:  # the fork server: its children are the workers
+            out += [w for w in children(pid, proc) if cmdline(w)]
+        elif any(b"spawn_main" in part for part in cmd):
+            out.append(pid)
     return out

@@ -43,6 +43,18 @@ def test_the_leaders_spawned_workers_are_found_in_start_order(tmp_path: Path) ->
     assert stragglers.worker_pids(100, tmp_path) == [102, 103]
 
 
+def test_the_workers_of_a_leader_s_fork_server_are_found(tmp_path: Path) -> None:
+    """Workers start from a fork of the leader (replica/start.py): its children, not the fork."""
+    leader = [sys.executable, "-m", "hogwild.cli.train", "+experiment=gpt"]
+    _proc(tmp_path, 200, 1, 10, leader)
+    _proc(tmp_path, 201, 200, 20, [sys.executable, "-c", "from multiprocessing.resource_tracker import main"])
+    _proc(tmp_path, 202, 200, 21, leader)  # the fork server
+    _proc(tmp_path, 204, 202, 40, leader)
+    _proc(tmp_path, 203, 202, 30, leader)
+    (tmp_path / "self").mkdir()
+    assert stragglers.worker_pids(200, tmp_path) == [203, 204]
+
+
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_a_throttled_process_gets_the_quota_of_its_cgroup_version_and_goes_home(tmp_path: Path,
                                                                                version: str) -> None:
