@@ -56,8 +56,9 @@ def job_fingerprint(cfg: Config, params: int, workers: int) -> str:
     """Everything every replica of one elastic job must agree on. A mismatch is refused in one
     line when the replica registers: a different wire type re-formed the group forever, a
     different optimizer crashed the joiner at every heal, a different seed or batch size made
-    the shards overlap, a different fragment count sent collectives of different sizes, and a
-    replica without row-sparse rounds would answer a union of rows with a whole model."""
+    the shards overlap, a different fragment count (or a wire that climbs against one that does
+    not) sent collectives of different sizes, and a replica without row-sparse rounds would answer a
+    union of rows with a whole model."""
     data = cfg.data._target_ or cfg.data.name
     # The path decides the optimizer state a heal sends: one replica's barrier state means nothing
     # to a Hogwild replica's per-worker one.
@@ -65,7 +66,8 @@ def job_fingerprint(cfg: Config, params: int, workers: int) -> str:
     optim = f"{cfg.optim._target_ or cfg.optim.name}/{'shared' if shared_state(cfg.optim) else 'worker'}/{path}"
     sc = cfg.sync
     return (f"model={model_id(cfg.model)} params={params} data={data} optim={optim} sync.mode={sc.mode} "
-            f"sync.dtype={sc.dtype} sync.fragments={sc.fragments} sync.row_sparse={sc.row_sparse} "
+            f"sync.dtype={sc.dtype} sync.fragments={sc.fragments} sync.compress={sc.compress} "
+            f"sync.row_sparse={sc.row_sparse} "
             f"sync.weighting={sc.weighting} "
             f"workers={workers} sync.replicas={sc.replicas} train.seed={cfg.train.seed} "
             f"train.batch_size={cfg.train.batch_size}")

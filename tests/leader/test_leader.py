@@ -78,15 +78,15 @@ def test_a_round_of_a_running_job_re_forms_when_asked() -> None:
 @pytest.mark.parametrize("override", ["optim=adam", "sync.dtype=bf16", "data=sparse_synthetic", "train.seed=1",
                                       "sync.mode=diloco", "train.batch_size=64", "optim.state=shared",
                                       "sync.fragments=2", "sync.weighting=steps", "sync.row_sparse=true",
-                                      "optim.update=hogwild"])
+                                      "optim.update=hogwild", "sync.compress=off"])
 def test_an_elastic_jobs_identity_covers_what_replicas_must_share(override: str) -> None:
     """A replica with another optimizer, wire type, data or seed is refused when it registers
     (issue 24, item 8); one that only logs differently is the same job."""
     from hogwild.leader.elastic import job_fingerprint
     from tests.conftest import compose_cfg
 
-    base = {"optim.state=shared": ["optim=adam", "optim.update=hogwild"], "optim.update=hogwild": ["optim=adam"]}.get(
-        override, [])
+    base = {"optim.state=shared": ["optim=adam", "optim.update=hogwild"], "optim.update=hogwild": ["optim=adam"],
+            "sync.compress=off": ["optim=adam"]}.get(override, [])
     mine = job_fingerprint(compose_cfg(base), 9610, 2)
     assert job_fingerprint(compose_cfg([*base, override]), 9610, 2) != mine
     assert job_fingerprint(compose_cfg([*base, "train.log_every_s=5"]), 9610, 2) == mine
