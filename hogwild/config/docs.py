@@ -97,7 +97,7 @@ def default_config() -> Config:
     cfg = preflight([])
     cfg.run_dir = "outputs/<run id or time>"  # resolved per job; the page shows its form
     # Decided per job by its optimizer (config/defaults.py); each key's meaning says to what.
-    cfg.sync = dataclasses.replace(cfg.sync, mode=AUTO, interval=AUTO)
+    cfg.sync = dataclasses.replace(cfg.sync, mode=AUTO, interval=AUTO, compress=AUTO)
     return cfg
 
 

@@ -62,10 +62,10 @@ class SyncConfig:
     """Sync one of this many stretches of the model per round, in rotation (the final round
     syncs all): a round sends 1/fragments of the model."""
     compress: str = "auto"
-    """auto | off. auto: a paced average (an adaptive optimizer's default rounds) on fp32 whole
-    rounds climbs to int8, then to int8 in 4 fragments, while the link asks for more than two
-    optimizer steps between rounds (docs/sync.md, "Compression on a slow link"); off: sync.dtype and
-    sync.fragments as set. A sync.dtype or sync.fragments of your own turns it off."""
+    """auto | off. auto: a paced average (an adaptive optimizer's default rounds) on whole fp32
+    rounds switches to int8, or int8 in 4 fragments, the least that fits, once the link asks for two
+    optimizer steps between rounds or more (docs/sync.md, "Compression on a slow link"); off:
+    sync.dtype and sync.fragments as set. A sync.dtype or sync.fragments of your own turns it off."""
     row_sparse: bool = False
     """Send only the rows of embedding tables (parameters with sparse gradients) that some replica
     wrote since they last travelled, with every dense value; every rule, fp32 or compressed
