@@ -50,7 +50,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from common import busy_core, clean_env, free_port, metrics, table_head, train_cmd, write_results  # noqa: E402
-from stragglers import cgroup_version, stalled, throttled, worker_pids  # noqa: E402
+from stragglers import cgroup_version, stalled, throttled, wait_for, worker_pids  # noqa: E402
 
 from hogwild.bench import evaluate, last_checkpoint, read_board  # noqa: E402
 
@@ -101,17 +101,6 @@ def _hogwild(replicas: int, budget: float, work: Path) -> dict[str, Any]:
 Slow = Callable[[int], contextlib.AbstractContextManager[Any]]
 
 
-def _first_worker(proc: subprocess.Popen[str], timeout: float = 300.0) -> int:
-    """The first spawned worker of the leader ``proc``, once it exists."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        pids = worker_pids(proc.pid)
-        if pids:
-            return pids[0]
-        time.sleep(0.2)
-    raise RuntimeError("the leader started no worker")
-
-
 def _hogwild_gpt(replicas: int, budget: float, work: Path, extra: tuple[str, ...] = (),
                  width: int = 2, slow: Optional[Slow] = None) -> dict[str, Any]:
     """``+experiment=gpt`` on hogwild's defaults (plus ``extra`` overrides, to try a change),
@@ -127,7 +116,7 @@ def _hogwild_gpt(replicas: int, budget: float, work: Path, extra: tuple[str, ...
     else:  # 1 x W: the leader is this process's child, and its first worker is the straggler
         proc = subprocess.Popen(train_cmd(args), cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        with slow(_first_worker(proc)):
+        with slow(wait_for(lambda: worker_pids(proc.pid)[:1], proc, "the leader's first worker")[0]):
             err = proc.communicate(timeout=budget + 900)[1]
         code = proc.returncode
     if code != 0:

@@ -29,14 +29,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from common import busy_core, clean_env, free_port, result_line, train_cmd
 from lm_arms import LR, SIZES, hogwild_overrides
 from lm_race import hogwild_result, report, summary
-from stragglers import cgroup_version, stalled, throttled, worker_pids
+from stragglers import cgroup_version, stalled, throttled, wait_for, worker_pids
 
 logger = logging.getLogger("straggler_race")
 REPO = Path(__file__).resolve().parent.parent
@@ -64,16 +63,6 @@ def _stalled_all(pids: list[int]) -> Iterator[None]:
         for pid in pids:
             stack.enter_context(stalled(pid, 1.0, 3.0))
         yield
-
-
-def _wait_for(find: Callable[[], list[int]], proc: subprocess.Popen[str], what: str) -> list[int]:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        pids = find()
-        if pids:
-            return pids
-        time.sleep(0.2)
-    raise RuntimeError(f"{what} never started")
 
 
 def _replica_pids(launcher: int, rank: int) -> list[int]:
@@ -105,7 +94,7 @@ def hogwild_arm(args: argparse.Namespace, slow: Optional[Slow], root: Path, seed
         else:
             find = ((lambda: worker_pids(proc.pid)[:1]) if args.machines == 1
                     else (lambda: _replica_pids(proc.pid, 1)))
-            with slow(_wait_for(find, proc, "the straggler")):
+            with slow(wait_for(find, proc, "the straggler")):
                 err = proc.communicate(timeout=TIMEOUT_S)[1]
     finally:
         if proc.poll() is None:

@@ -18,9 +18,11 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import threading
+import time
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -129,3 +131,17 @@ def worker_pids(leader: int, proc: Path = Path("/proc")) -> list[int]:
         elif any(b"spawn_main" in part for part in cmd):
             out.append(pid)
     return out
+
+
+def wait_for(find: Callable[[], list[int]], proc: subprocess.Popen[str], what: str,
+             timeout: float = 300.0) -> list[int]:
+    """The processes ``find`` names once it names any, while ``proc`` (the job that starts them)
+    lives; RuntimeError naming ``what`` if they never appear."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        pids = find()
+        if pids:
+            return pids
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} never started")
+

@@ -8,11 +8,11 @@ them for a user who knows better.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
 import shutil
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from typing import Callable, Optional
 
 import torch
@@ -36,19 +35,12 @@ from hogwild.config.sync import RUNGS, wire_label
 from hogwild.replica.board import Board
 from hogwild.sync.base import SyncContext, SyncRule
 from hogwild.sync.comm import Comm
+from hogwild.sync.schedule import link_ask
 
 logger = logging.getLogger(__name__)
 
 RUNG = "wire_rung"
 """The rung's key in the rule's state (a checkpoint, a joiner's heal)."""
-
-
-def link_ask(paces: list[tuple[float, float]]) -> Optional[float]:
-    """The steps between rounds the link asks for: the shortest round any replica saw (the others
-    also waited for the last to arrive), against the replica's pace (sync/schedule.py); None where
-    no replica measured one."""
-    times = [t for t, _ in paces if math.isfinite(t) and t > 0]
-    return min(times) if times else None
 
 
 def cost(rung: int, replicas: int) -> float:
@@ -95,10 +87,6 @@ class Ladder(SyncRule):
         dtype, fragments = RUNGS[rung]
         return dataclasses.replace(self.cfg, dtype=dtype, fragments=fragments, compress="off")
 
-    @property
-    def top(self) -> bool:
-        return self.rung == len(RUNGS) - 1
-
     def after_round(self, paces: list[tuple[float, float]], floor: int) -> bool:
         """Every leader, after each round that was not the last, with the round's agreed wanted
         intervals and the schedule's floor: climb a rung if the link asks for it. True: climbed."""
@@ -122,7 +110,7 @@ class Ladder(SyncRule):
         # rounds, the last round's mean. Without either, a compressed average would take the first
         # healthy replica's snapshot in its first round (a whole fp32 model through the slow link
         # once more). The old wire's rounding residual, one round's worth, is dropped.
-        state = {k: v for k, v in self.inner.state_dict().items() if k != RUNG}
+        state = dict(self.inner.state_dict())
         if "base" not in state and self._agreed is not None:
             state["base"] = self._agreed.clone()
         self.rung, self._agreed = rung, None

@@ -31,6 +31,14 @@ def paced_interval(round_s: float, cpu_s: float, steps_per_s: float) -> float:
     return steps_per_s * max(round_s / PACE_WALL, cpu_s / PACE_CPU)
 
 
+def link_ask(wanted: list[tuple[float, float]]) -> Optional[float]:
+    """The interval the link asks for, from every replica's (time, CPU) asks: the shortest round
+    any replica saw (the others also waited for the last to arrive, which is not the link's cost);
+    None where no replica measured one."""
+    times = [t for t, _ in wanted if math.isfinite(t) and t > 0]
+    return min(times) if times else None
+
+
 @dataclass
 class DriftRecord:
     """What one round's gathered drifts amounted to."""
@@ -101,11 +109,11 @@ class SyncSchedule:
         cost. The busiest leader's CPU counts. Every leader sees the same list, so all take the same
         interval; one round at most halves or doubles it, so a hiccup, or the first round's
         connection set-up, does not swing it."""
-        times = [t for t, _ in wanted if math.isfinite(t) and t > 0]
+        link = link_ask(wanted)
         cpus = [c for _, c in wanted if math.isfinite(c) and c > 0]
-        if not self.paced or not (times or cpus):
+        if not self.paced or (link is None and not cpus):
             return
-        want = math.ceil(max(min(times, default=0.0), max(cpus, default=0.0)))
+        want = math.ceil(max(link or 0.0, max(cpus, default=0.0)))
         bounded = min(2 * self.interval, max(self.interval // 2, want))
         self.interval = int(min(self.max_interval, max(self.floor, bounded)))
 

@@ -11,7 +11,8 @@ from hogwild.config.sync import SyncConfig
 from hogwild.replica.board import Board
 from hogwild.sync.comm import Comm, LocalComm
 from hogwild.sync.fragments import Fragmented
-from hogwild.sync.ladder import Ladder, cost, fitting, link_ask
+from hogwild.sync.ladder import Ladder, cost, fitting
+from hogwild.sync.schedule import link_ask
 from hogwild.sync.rounds import RoundFlags, Rounds
 from hogwild.sync.rules import Average, make_rule
 from hogwild.sync.schedule import SyncSchedule
