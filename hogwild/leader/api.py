@@ -166,7 +166,7 @@ class Group(ABC):
     """Where this leader sits: torchrun's rank, or the elastic slot among ``sync.replicas``."""
 
     @abstractmethod
-    def connect(self, cfg: Config, run_dir: Path, workers: int, rep: Replica) -> tuple[Comm, Path]:
+    def connect(self, cfg: Config, run_dir: Path, rep: Replica) -> tuple[Comm, Path]:
         """Join the group: its communicator, and the run_dir every member agreed on."""
 
     @abstractmethod

@@ -25,6 +25,7 @@ from hogwild.checkpoint import store as checkpoint
 from hogwild.checkpoint.health import loss_bar
 from hogwild.checkpoint.saver import Record, Saver
 from hogwild.config.env import DistEnv
+from hogwild.config.plan import Plan
 from hogwild.config.schema import Config
 from hogwild.errors import EXIT_FAILED, StopNow
 from hogwild.leader.api import Changes, Control, Crew, Group
@@ -35,8 +36,6 @@ from hogwild.replica.build import build_replica, replica_device
 from hogwild.replica.faults import Faults
 from hogwild.replica.lr_schedule import check_schedule
 from hogwild.replica.meeting import STEPS_KEY
-from hogwild.config.defaults import BARRIER, HOGWILD
-from hogwild.replica.update import batches_per_step
 from hogwild.replica.models import model_id
 from hogwild.replica.pool import WorkerPool, worker_specs
 from hogwild.replica.resources import resolve_workers
@@ -86,16 +85,17 @@ class Leader:
         cfg, env, group = self.cfg, self.env, self.group
         torch.set_num_threads(1)  # the leader sleeps; the cores belong to the workers
         k = resolve_workers(cfg.workers, env.local_world_size)
-        resources.check(cfg, k, env.local_world_size)  # before anything is allocated
+        plan = Plan.of(cfg, k)  # the choices the config makes for this replica, made here once
+        resources.check(cfg, plan, env.local_world_size)  # before anything is allocated
         device = replica_device(cfg.device, env.local_rank)
-        rep = build_replica(cfg, device, k, env.local_world_size, syncs=env.distributed)
-        comm, run_dir = group.connect(cfg, self.run_dir, k, rep)
+        rep = build_replica(cfg, plan, device, env.local_world_size, syncs=env.distributed)
+        comm, run_dir = group.connect(cfg, self.run_dir, rep)
         self.run_dir = run_dir
         rule = make_rule(cfg.sync, comm, rep.param_numel, rep.marks)
         board_file = run_dir / "progress" / f"rank{env.rank}.board"
         previous = previous_attempt(board_file)  # read before this attempt overwrites it
         board = Board(k, board_file)
-        schedule = SyncSchedule.from_config(cfg.sync, env.distributed, batches_per_step(cfg, k))
+        schedule = SyncSchedule.from_config(cfg.sync, env.distributed, plan.batches_per_step)
         restored = group.restore(cfg, run_dir, rep, board, rule, previous)
         base = restored.counters if restored else Counts()
         saver = Saver(run_dir, cfg.checkpoint.keep, restored.lineage if restored else checkpoint.new_lineage(),
@@ -104,10 +104,9 @@ class Leader:
             # Until the first round gathers them, the other replicas are where the checkpoint left
             # them: a checkpoint written alone before then must not put their shards back to zero.
             saver.gathered(restored.positions, Counts(), Counts())
-        specs = worker_specs(cfg, env, k, rep.ds.train, rep.compile, self.faults)
-        per_step = batches_per_step(cfg, k)
+        specs = worker_specs(cfg, env, plan, rep.ds.train, rep.compile, self.faults)
         # The schedule's real length: what each worker reads it at.
-        check_schedule(cfg.sched, cfg.optim.lr, -(-(specs[0].replica_quota or specs[0].quota) // per_step))
+        check_schedule(cfg.sched, cfg.optim.lr, plan.schedule_steps(specs[0].replica_quota))
         target = Target(cfg.train.target, rep.task, rep.model, rep.flat)
         tel = Telemetry(cfg, run_dir, env.rank == 0, rep, Hooks(self.changes.progress, target.subject, target.saw))
         rounds = self.faults.rounds(Rounds(rep.flat, rule, comm, board, schedule, base.syncs), env.rank)
@@ -274,7 +273,7 @@ class Leader:
                 self.t_train, self.cpu_train = time.monotonic(), time.process_time()
                 pool.go(self.t_train)
                 ctl.checkpoint_in(self.cfg.checkpoint.every_s)
-                crew.tel.start(crew.board, sum(s.quota for s in crew.specs), batches_per_step(self.cfg, crew.workers))
+                crew.tel.start(crew.board, sum(s.quota for s in crew.specs), crew.rep.plan)
                 self._loop(crew)
             finally:
                 pool.stop(self.cfg.fault.shutdown_timeout_s, self.changes.progress)
@@ -406,10 +405,10 @@ def update_report(crew: Crew) -> dict[str, Any]:
     barrier the optimizer steps of this replica (its lineage's) and the gradients that came late
     to their step and joined the next."""
     rep = crew.rep
-    if rep.meeting is None:
-        return {"update": HOGWILD, "optimizer_steps": None, "late_gradients": None}
-    assert rep.opt_state is not None
-    return {"update": BARRIER, "optimizer_steps": int(rep.opt_state[STEPS_KEY][0]),
+    if not rep.plan.barrier:
+        return {"update": rep.plan.update, "optimizer_steps": None, "late_gradients": None}
+    assert rep.opt_state is not None and rep.meeting is not None
+    return {"update": rep.plan.update, "optimizer_steps": int(rep.opt_state[STEPS_KEY][0]),
             "late_gradients": int(rep.meeting.head["closed_late"])}
 
 

@@ -43,8 +43,7 @@ from hogwild.replica.faults import Faults
 from hogwild.replica.models import model_id
 from hogwild.report.summary import RunResult, Status
 from hogwild.replica.meeting import STEPS_KEY
-from hogwild.config.defaults import update_path
-from hogwild.replica.optim import shared_state
+from hogwild.config.plan import Plan
 from hogwild.sync.comm import Comm, PeerLost
 from hogwild.sync.group import destroy_group
 from hogwild.sync.rules import SyncRule
@@ -52,7 +51,7 @@ from hogwild.sync.rules import SyncRule
 logger = logging.getLogger(__name__)
 
 
-def job_fingerprint(cfg: Config, params: int, workers: int) -> str:
+def job_fingerprint(cfg: Config, plan: Plan, params: int) -> str:
     """Everything every replica of one elastic job must agree on. A mismatch is refused in one
     line when the replica registers: a different wire type re-formed the group forever, a
     different optimizer crashed the joiner at every heal, a different seed or batch size made
@@ -62,14 +61,13 @@ def job_fingerprint(cfg: Config, params: int, workers: int) -> str:
     data = cfg.data._target_ or cfg.data.name
     # The path decides the optimizer state a heal sends: one replica's barrier state means nothing
     # to a Hogwild replica's per-worker one.
-    path = update_path(cfg.optim)
-    optim = f"{cfg.optim._target_ or cfg.optim.name}/{'shared' if shared_state(cfg.optim) else 'worker'}/{path}"
+    optim = f"{cfg.optim._target_ or cfg.optim.name}/{'shared' if plan.shared_state else 'worker'}/{plan.update}"
     sc = cfg.sync
     return (f"model={model_id(cfg.model)} params={params} data={data} optim={optim} sync.mode={sc.mode} "
             f"sync.dtype={sc.dtype} sync.fragments={sc.fragments} sync.compress={sc.compress} "
             f"sync.row_sparse={sc.row_sparse} "
             f"sync.weighting={sc.weighting} "
-            f"workers={workers} sync.replicas={sc.replicas} train.seed={cfg.train.seed} "
+            f"workers={plan.workers} sync.replicas={sc.replicas} train.seed={cfg.train.seed} "
             f"train.batch_size={cfg.train.batch_size}")
 
 
@@ -96,7 +94,7 @@ class ElasticGroup(Group):
         return self.is_writer
 
     # ---------------------------------------------------------------- setup
-    def connect(self, cfg: Config, run_dir: Path, workers: int, rep: Replica) -> tuple[Comm, Path]:
+    def connect(self, cfg: Config, run_dir: Path, rep: Replica) -> tuple[Comm, Path]:
         """Register with the coordinator (the group itself forms in :meth:`start`)."""
         sc = cfg.sync
         assert sc.coordinator is not None
@@ -106,12 +104,12 @@ class ElasticGroup(Group):
                             sc.min_replicas, sc.timeout_s, lambda: self.ctl.signalled)
         self.comm = ElasticComm(self.m, sc.timeout_s, self.faults.lose(self.env.rank))
         self.connected = True
-        run_dir = Path(self.m.agree_job(job_fingerprint(cfg, rep.flat.numel(), workers), str(run_dir)))
+        run_dir = Path(self.m.agree_job(job_fingerprint(cfg, rep.plan, rep.flat.numel()), str(run_dir)))
         # Before this process touches anything in run_dir: a second process started in a live
         # slot would otherwise truncate that slot's progress board (its data positions) before
         # being refused.
         self.m.claim()
-        self.ledger = Ledger(self.env.world_size, workers)
+        self.ledger = Ledger(self.env.world_size, rep.plan.workers)
         return self.comm, run_dir
 
     def restore(self, cfg: Config, run_dir: Path, rep: Replica, board: Board, rule: SyncRule,

@@ -35,13 +35,13 @@ class TorchrunGroup(Group):
     def writer(self) -> bool:
         return self.env.rank == 0
 
-    def connect(self, cfg: Config, run_dir: Path, workers: int, rep: Replica) -> tuple[Comm, Path]:
+    def connect(self, cfg: Config, run_dir: Path, rep: Replica) -> tuple[Comm, Path]:
         """The group, the agreed run_dir, and its one writer's lock (design rule 17)."""
         sc = cfg.sync
         if self.env.world_size > 1:
             logs.stamp(replica=self.env.rank)
         self.comm, run_dir = join_torchrun_group(self.env, sc.backend, sc.timeout_s, cfg.device, run_dir,
-                                                 workers, rep.flat.device, self.stopped)
+                                                 rep.plan.workers, rep.flat.device, self.stopped)
         if self.writer:
             self.lock = RunDirLock(run_dir)
             self.lock.acquire()

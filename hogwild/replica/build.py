@@ -11,7 +11,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from hogwild.config.defaults import BARRIER, update_path
+from hogwild.config.defaults import BARRIER
+from hogwild.config.plan import Plan
 from hogwild.config.schema import Config
 from hogwild.data.datasets import Dataset, load_dataset
 from hogwild.data.streams import StreamRecords, StreamSplit
@@ -21,7 +22,7 @@ from hogwild.replica.lr_schedule import check_schedule
 from hogwild.replica.models import build_model
 from hogwild.replica import resources
 from hogwild.replica.meeting import STEPS_KEY, Meeting
-from hogwild.replica.optim import (check_in_place, new_shared_state, row_tables, shared_state, state_names,
+from hogwild.replica.optim import (check_in_place, new_shared_state, row_tables, state_names,
                                    state_numel, torch_state_probe)
 from hogwild.replica.rows import RowMarks, check_row_sparse
 from hogwild.replica.shared import Slot, alloc, layout, param_slots, share_model
@@ -40,6 +41,8 @@ class Replica:
     """Optimizer state in shared memory (the barrier's, or ``optim.state=shared``), else None (per worker)."""
     task: Task
     """The loss, the test metrics and the baseline (replica/task.py)."""
+    plan: Plan
+    """The choices the config made for this replica (config/plan.py), as the leader built them."""
     marks: Optional[RowMarks] = None
     """``sync.row_sparse``: the stamps of the embedding tables' rows the workers write."""
     meeting: Optional[Meeting] = None
@@ -106,10 +109,11 @@ def model_sized_state(probe: list[dict[str, object]], params: list[Tensor]) -> i
     return -(-held // n)
 
 
-def build_replica(cfg: Config, device: torch.device, workers: int = 1, replicas_here: int = 1,
+def build_replica(cfg: Config, plan: Plan, device: torch.device, replicas_here: int = 1,
                   syncs: bool = True) -> Replica:
-    """``device`` comes from :func:`replica_device`, which has made it current; ``workers``,
-    ``replicas_here`` and ``syncs`` (the replica meets others in rounds) size the memory check."""
+    """``device`` comes from :func:`replica_device`, which has made it current; the ``plan``'s
+    workers, ``replicas_here`` and ``syncs`` (the replica meets others in rounds) size the memory
+    check."""
     warn_slow_bf16(cfg, device)
     compile_mode = check_compiler(cfg.train.compile, device)  # before any worker: a broken compiler fails here
     ds = load_dataset(cfg.data).share_memory_()
@@ -124,7 +128,7 @@ def build_replica(cfg: Config, device: torch.device, workers: int = 1, replicas_
     tables = check_row_sparse(cfg, model, sparse) if cfg.sync.row_sparse else None
     # A replica that never meets another has no round to send rows in: its workers stamp none.
     stamped = tables if syncs else None
-    barrier = update_path(cfg.optim) == BARRIER
+    barrier = plan.barrier
     numel = sum(t.numel() for t in [*model.parameters(), *model.buffers()] if t.is_floating_point())
     state_n = state_numel(cfg.optim, numel, check_rowwise(cfg, model))
     copies: float = len(state_names(cfg.optim)) * state_n / max(numel, 1)
@@ -135,25 +139,25 @@ def build_replica(cfg: Config, device: torch.device, workers: int = 1, replicas_
         if barrier:
             check_in_place(cfg.optim, list(model.parameters()), sparse)
     dense = sum(p.numel() for p, s in zip(model.parameters(), sparse) if p.requires_grad and not s)
-    resources.check(cfg, workers, replicas_here, resources.Footprint(
+    resources.check(cfg, plan, replicas_here, resources.Footprint(
         model_bytes=4 * numel, state_copies=copies, stamp_bytes=4 * sum(t.rows for t in stamped or []),
-        row_bytes=4 * dense * workers if barrier else 0, syncs=syncs))
+        row_bytes=4 * dense * plan.workers if barrier else 0, syncs=syncs))
     flat = share_model(model, device.type)
     opt_state, meeting = None, None
-    if shared_state(cfg.optim):
+    if plan.shared_state:
         params = list(model.parameters())
         opt_state = new_shared_state(cfg.optim, params, param_slots(model), state_n, alloc, device.type)
     if barrier:
         assert opt_state is not None
         opt_state[STEPS_KEY] = torch.zeros(1, dtype=torch.float64).share_memory_()
-        meeting = Meeting(workers, param_slots(model), sparse, device.type, alloc,
+        meeting = Meeting(plan.workers, param_slots(model), sparse, device.type, alloc,
                           trainable=[p.requires_grad for p in model.parameters()])
     marks = RowMarks(stamped, device.type) if stamped else None
     # A record per batch of a step, and the one before it: the state at the position the board
     # shows stays held while the worker reads its next step's batches.
-    streams = StreamRecords(workers, cfg.train.accumulate + 1) if isinstance(ds.train, StreamSplit) else None
-    private = 0 if shared_state(cfg.optim) or device.type != "cpu" else int(copies * 4 * numel)
-    return Replica(ds, model, flat, opt_state, task, marks, meeting, streams, compile_mode, private)
+    streams = StreamRecords(plan.workers, cfg.train.accumulate + 1) if isinstance(ds.train, StreamSplit) else None
+    private = 0 if plan.shared_state or device.type != "cpu" else int(copies * 4 * numel)
+    return Replica(ds, model, flat, opt_state, task, plan, marks, meeting, streams, compile_mode, private)
 
 
 def check_rowwise(cfg: Config, model: nn.Module) -> list[Slot]:

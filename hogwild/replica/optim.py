@@ -15,18 +15,11 @@ from typing import Callable, ClassVar, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from hogwild.config.defaults import BARRIER, update_path
 from hogwild.config.registry import OPTIMIZERS
 from hogwild.config.schema import OptimConfig
 from hogwild.config.targets import call_target, import_target, schema_kwargs
 from hogwild.errors import PASSES, ConfigError, first_line, user_call
 from hogwild.replica.shared import Slot, param_slots
-
-
-def shared_state(cfg: OptimConfig) -> bool:
-    """Whether the optimizer state lives once per replica, in shared memory: always on the barrier
-    path, and under hogwild when ``optim.state=shared``."""
-    return update_path(cfg) == BARRIER or cfg.state == "shared"
 
 
 def state_names(cfg: OptimConfig) -> tuple[str, ...]:

@@ -14,6 +14,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Optional
 
 from hogwild.config.env import DistEnv
+from hogwild.config.plan import Plan
 from hogwild.config.schema import Config
 from hogwild.data.datasets import shard
 from hogwild.data.streams import StreamSplit
@@ -34,10 +35,11 @@ logger = logging.getLogger(__name__)
 UNBOUNDED = 2**52
 
 
-def worker_specs(cfg: Config, env: DistEnv, k: int, train: Any, compile_mode: str = "off",
+def worker_specs(cfg: Config, env: DistEnv, plan: Plan, train: Any, compile_mode: str = "off",
                  faults: Faults = Faults()) -> list[WorkerSpec]:
-    """This replica's K workers: global shard index, thread budget and batch quota of each, the
-    torch.compile mode they use, and what a test plans to go wrong in them."""
+    """This replica's workers: global shard index, thread budget and batch quota of each, the
+    ``plan`` they follow, the torch.compile mode they use, and what a test plans to go wrong in them."""
+    k = plan.workers
     num_global = k * env.world_size
     threads = max(1, available_cores() // (k * env.local_world_size))
     stream = isinstance(train, StreamSplit)
@@ -53,8 +55,8 @@ def worker_specs(cfg: Config, env: DistEnv, k: int, train: Any, compile_mode: st
             n_shard = len(shard(len(train), num_global, env.rank * k + i, cfg.train.seed))
             quotas.append(cfg.train.epochs * -(-n_shard // min(cfg.train.batch_size, n_shard)))
     nice = WORKER_NICENESS if env.distributed else 0  # only a replica that meets others has sync bursts
-    return [WorkerSpec(i, env.rank * k + i, num_global, threads, q, sum(quotas), os.getpid(), compile_mode, nice,
-                       faults) for i, q in enumerate(quotas)]
+    return [WorkerSpec(i, env.rank * k + i, num_global, threads, q, plan, sum(quotas), os.getpid(), compile_mode,
+                       nice, faults) for i, q in enumerate(quotas)]
 
 
 def check_stream_length(cfg: Config, train: StreamSplit, num_global: int) -> None:
@@ -89,8 +91,8 @@ class WorkerPool:
         # on which they tell it they arrived or finished a shard (replica/meeting.py).
         self.chair: Optional[Chair] = None
         self._notices: Optional[tuple[Connection, Connection]] = None
-        if rep.meeting is not None and rep.meeting.workers > 1:
-            assert rep.opt_state is not None
+        if rep.plan.barrier and rep.plan.workers > 1:
+            assert rep.opt_state is not None and rep.meeting is not None
             self._notices = self._ctx.Pipe(duplex=False)
             self.chair = Chair(rep.meeting, cfg.optim.max_wait, rep.opt_state[STEPS_KEY], self.release,
                                *self._notices, straggler_wait=cfg.optim.straggler_wait)

@@ -16,12 +16,12 @@ import shutil
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from hogwild.config.plan import Plan
 from hogwild.config.registry import DATASETS, SYNC_RULES
 from hogwild.config.schema import Config, DataConfig, SyncConfig
 from hogwild.config.sync import RUNGS
 from hogwild.data.datasets import Builtin
 from hogwild.errors import ConfigError
-from hogwild.replica.optim import shared_state
 from hogwild.replica.rows import CHUNK_VALUES
 from hogwild.replica.shared import SHM_PATH
 
@@ -158,14 +158,15 @@ class Footprint:
     """The replica will meet others in rounds (a lone replica keeps no round buffers)."""
 
 
-def check(cfg: Config, workers: int, replicas_here: int = 1, built: Footprint = Footprint()) -> None:
+def check(cfg: Config, plan: Plan, replicas_here: int = 1, built: Footprint = Footprint()) -> None:
     """Refuse, with the numbers, a run whose data and model will not fit in shared memory or whose
     processes will not fit in RAM. ``replicas_here``: replicas on this machine. Called twice: before
     the data is loaded, and once the model is ``built`` but before it is shared or any worker spawns."""
     if cfg.force:
         return
     data = data_bytes(cfg.data) or 0
-    shared = built.state_copies if shared_state(cfg.optim) else 0
+    workers = plan.workers
+    shared = built.state_copies if plan.shared_state else 0
     shm_parts = {"data": data * replicas_here,
                  "model": (int(built.model_bytes * (1 + shared)) + built.stamp_bytes + built.row_bytes) * replicas_here}
     shm = shm_free()

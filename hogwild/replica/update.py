@@ -20,8 +20,7 @@ from typing import Callable, Optional, Protocol
 import torch
 from torch import Tensor
 
-from hogwild.config.schema import Config, OptimConfig
-from hogwild.config.defaults import BARRIER, update_path
+from hogwild.config.schema import OptimConfig
 from hogwild.errors import UserError
 from hogwild.replica.meeting import STEPS_KEY, Meeting, Piece, mean_into, wait_until
 from hogwild.replica.optim import (FlatOptimizer, Optimizer, TorchOptimizer, bind_views, decays, rebound_state,
@@ -52,16 +51,11 @@ class Updater(Protocol):
         """The worker's loop ends: no step waits for it any more."""
 
 
-def batches_per_step(cfg: Config, workers: int) -> int:
-    """Batches one optimizer step of a replica takes: each worker's ``train.accumulate``, and under
-    the barrier every worker's."""
-    return cfg.train.accumulate * (workers if update_path(cfg.optim) == BARRIER else 1)
-
-
 class HogwildUpdate:
-    def __init__(self, opt: Optimizer, params: list[Tensor], accumulate: int = 1) -> None:
+    def __init__(self, opt: Optimizer, params: list[Tensor], batches_per_step: int = 1) -> None:
+        """``batches_per_step``: the plan's (config/plan.py), the worker's ``train.accumulate``."""
         self.opt, self.params = opt, params
-        self.batches_per_step = accumulate
+        self.batches_per_step = batches_per_step
         self.wait_s = 0.0
 
     def ready(self) -> None:
@@ -90,12 +84,13 @@ class BarrierUpdate:
     def __init__(self, cfg: OptimConfig, meeting: Meeting, index: int, flat: Tensor, params: list[Tensor],
                  slots: list[Slot], opt_state: dict[str, Tensor], direct: Optional[Optimizer],
                  notify: Optional[Connection], kick: Optional[Connection], stopping: Callable[[], bool],
-                 accumulate: int = 1) -> None:
-        """``direct``: the optimizer of the sparse tables' rows, which this worker writes itself."""
+                 batches_per_step: int) -> None:
+        """``direct``: the optimizer of the sparse tables' rows, which this worker writes itself;
+        ``batches_per_step``: the plan's (config/plan.py), every worker's ``train.accumulate``."""
         self.cfg, self.m, self.i, self.flat, self.params, self.slots = cfg, meeting, index, flat, params, slots
         self.state, self.direct = opt_state, direct
         self.notify, self.kick, self.stopping = notify, kick, stopping
-        self.batches_per_step = meeting.workers * accumulate
+        self.batches_per_step = batches_per_step
         self.wait_s = 0.0
         self.last_count = 0
         """Finite gradients in the last step this worker applied a shard of (their mean's divisor)."""

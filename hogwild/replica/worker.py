@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from hogwild.config.plan import Plan
 from hogwild.config.schema import Config
 from hogwild.data.datasets import Dataset, ShardSampler, shard
 from hogwild.data.mapped import MapSplit, Prefetcher
@@ -73,6 +74,8 @@ class WorkerSpec:
     threads: int
     quota: int
     """Batches this worker processes in the whole run."""
+    plan: Plan
+    """The choices the config made for this replica (config/plan.py), as its leader built them."""
     replica_quota: int = 0
     """Batches all workers of this replica process: the length of the learning-rate schedule."""
     leader_pid: int = 0
@@ -203,7 +206,7 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, held: Held, lines: Lines) 
     step_fn = make_step_fn(model, params, ds, sampler, flat.device, step, cfg.data.loader_workers,
                            bf16=cfg.train.precision == "bf16")
     step_fn = spec.faults.step(step_fn, params, spec.global_index, spec.leader_pid)
-    sched = LRSchedule(cfg.sched, cfg.optim.lr, -(-(spec.replica_quota or spec.quota) // updater.batches_per_step))
+    sched = LRSchedule(cfg.sched, cfg.optim.lr, spec.plan.schedule_steps(spec.replica_quota or spec.quota))
     # One throw-away forward/backward: the allocator's and autograd's first-call costs land
     # in startup (reported as such), not in the first training steps.
     # eval: a training-mode forward would move BatchNorm's shared running statistics; a compiled
@@ -224,9 +227,10 @@ def make_updater(cfg: Config, spec: WorkerSpec, held: Held, params: list[Tensor]
     if opt_state is None:
         opt_state = FlatOptimizer.new_state(cfg.optim, state_numel(cfg.optim, flat.numel(), tables),
                                             lambda n: torch.zeros(n, device=flat.device))
-    if meeting is None:
+    if not spec.plan.barrier:
         return HogwildUpdate(make_optimizer(cfg.optim, flat, slots, params, opt_state, tables), params,
-                             cfg.train.accumulate)
+                             spec.plan.batches_per_step)
+    assert meeting is not None  # the barrier's replica holds one (replica/build.py)
     direct: Optional[Optimizer] = None
     tables = meeting.tables
     if tables:  # the rows of sparse tables are written directly, with the replica's one state
@@ -237,7 +241,7 @@ def make_updater(cfg: Config, spec: WorkerSpec, held: Held, params: list[Tensor]
         else:  # every worker writes rows of the one state: racing, as optim.state=shared under hogwild
             direct = FlatOptimizer(cfg.optim, flat, slots, opt_state, racing=True)
     return BarrierUpdate(cfg.optim, meeting, spec.local_index, flat, params, slots, opt_state, direct, lines.notices,
-                         lines.kick, stopping, cfg.train.accumulate)
+                         lines.kick, stopping, spec.plan.batches_per_step)
 
 
 def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, sampler: Union[ShardSampler, StreamReader],

@@ -12,6 +12,7 @@ from typing import Callable, Optional
 
 from torch import nn
 
+from hogwild.config.plan import Plan
 from hogwild.config.schema import Config
 from hogwild.replica.board import Board
 from hogwild.replica.build import Replica
@@ -26,7 +27,7 @@ Scores = Callable[[dict[str, float], float, float], None]
 
 # Points per curve: spread over the run's steps (workers wake the leader at each one), so a
 # run of one second draws a curve too; at least one loss point a second on long runs.
-LOSS_POINTS, EVAL_POINTS = 100, 30
+LOSS_POINTS = 100
 
 
 @dataclass(frozen=True)
@@ -77,21 +78,21 @@ class Telemetry:
             self.evaluate(step)
             self._eval_cost = time.monotonic() - t0
 
-    def start(self, board: Board, total_steps: int, batches_per_step: int = 1) -> None:
+    def start(self, board: Board, total_steps: int, plan: Plan) -> None:
         """Training starts now: clocks, curves and the progress display count from here.
-        ``total_steps``: the replica's batches; ``batches_per_step``: how many make one optimizer
-        step (the learning-rate schedule counts steps)."""
+        ``total_steps``: the replica's batches; the ``plan`` says how many make one optimizer step
+        (the learning-rate schedule counts steps) and how often to evaluate."""
         self._t0 = self._next_tb = self._next_eval = self._eval_ok_at = time.monotonic()
         initial = board.replica_pos()
         self._initial = initial
         self._tb_pos, self._eval_pos = initial, initial + 1
         self._loss_every = max(1.0, (total_steps - initial) / LOSS_POINTS)
-        self._eval_every = max(1.0, (total_steps - initial) / EVAL_POINTS)
+        self._eval_every = plan.eval_every(total_steps - initial)
         self._next_eval = self._t0 + self.cfg.eval.every_s
         self._eval_ok_at = self._budget_allows()
         self.progress = Progress(total_steps, self.cfg.train.log_every_s, self.is_rank0, int(initial))
-        self._per_step = batches_per_step
-        self.lr = LRSchedule(self.cfg.sched, self.cfg.optim.lr, -(-total_steps // batches_per_step))  # as the workers
+        self._per_step = plan.batches_per_step
+        self.lr = LRSchedule(self.cfg.sched, self.cfg.optim.lr, plan.schedule_steps(total_steps))  # as the workers
         board.control["next_report_at"] = initial
 
     def next_due(self) -> float:

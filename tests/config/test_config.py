@@ -19,11 +19,15 @@ def test_defaults_compose_to_digits_mlp_sgd(tmp_cwd) -> None:
     assert cfg.workers == "auto" and cfg.optim.state == "auto" and cfg.optim.update == "auto"
     # SGD keeps lock-free Hogwild; an adaptive optimizer's gradients meet at the barrier.
     from hogwild.config.defaults import update_path
-    from hogwild.replica.optim import shared_state
+    from hogwild.config.plan import Plan
 
-    assert update_path(cfg.optim) == "hogwild" and not shared_state(cfg.optim)
-    adamw = compose_cfg(["optim=adamw"]).optim
-    assert update_path(adamw) == "barrier" and shared_state(adamw)
+    sgd = Plan.of(cfg, 2)
+    assert (sgd.update, sgd.shared_state, sgd.batches_per_step) == ("hogwild", False, 1)
+    # Under the barrier a step takes a batch of every worker: the schedule counts such steps.
+    adamw = Plan.of(compose_cfg(["optim=adamw", "train.accumulate=2"]), 3)
+    assert (adamw.update, adamw.shared_state, adamw.batches_per_step) == ("barrier", True, 6)
+    assert adamw.schedule_steps(60) == 10 and adamw.schedule_steps(61) == 11 and sgd.schedule_steps(61) == 61
+    assert Plan.of(compose_cfg(["optim.state=shared"]), 2).shared_state
     assert update_path(compose_cfg(["optim._target_=torch.optim.SGD"]).optim) == "hogwild"
     assert update_path(compose_cfg(["optim._target_=torch.optim.RMSprop"]).optim) == "barrier"
 

@@ -82,14 +82,20 @@ def test_a_round_of_a_running_job_re_forms_when_asked() -> None:
 def test_an_elastic_jobs_identity_covers_what_replicas_must_share(override: str) -> None:
     """A replica with another optimizer, wire type, data or seed is refused when it registers
     (issue 24, item 8); one that only logs differently is the same job."""
+    from hogwild.config.plan import Plan
     from hogwild.leader.elastic import job_fingerprint
     from tests.conftest import compose_cfg
 
     base = {"optim.state=shared": ["optim=adam", "optim.update=hogwild"], "optim.update=hogwild": ["optim=adam"],
             "sync.compress=off": ["optim=adam"]}.get(override, [])
-    mine = job_fingerprint(compose_cfg(base), 9610, 2)
-    assert job_fingerprint(compose_cfg([*base, override]), 9610, 2) != mine
-    assert job_fingerprint(compose_cfg([*base, "train.log_every_s=5"]), 9610, 2) == mine
+
+    def fingerprint(overrides: list[str]) -> str:
+        cfg = compose_cfg(overrides)
+        return job_fingerprint(cfg, Plan.of(cfg, 2), 9610)
+
+    mine = fingerprint(base)
+    assert fingerprint([*base, override]) != mine
+    assert fingerprint([*base, "train.log_every_s=5"]) == mine
 
 
 def test_no_test_hook_sits_on_the_production_path() -> None:

@@ -179,7 +179,7 @@ def test_members_stepping_their_shards_are_one_optimizer_stepping_the_mean(cfg: 
     ref_model = copy.deepcopy(_net())
     ref = _reference(cfg, ref_model)
     params = list(model.parameters())
-    ups = [BarrierUpdate(cfg, m, j, flat, params, param_slots(model), state, None, None, None, lambda: False)
+    ups = [BarrierUpdate(cfg, m, j, flat, params, param_slots(model), state, None, None, None, lambda: False, 3)
            for j in range(3)]
     gen = torch.Generator().manual_seed(1)
     for step in range(6):
@@ -240,7 +240,7 @@ def _racing_worker(j: int, meeting: Meeting, flat: Tensor, state: dict[str, Tens
     bind(model, flat)
     cfg = OptimConfig(name="sgd", lr=1.0, update="barrier")
     up = BarrierUpdate(cfg, meeting, j, flat, list(model.parameters()), param_slots(model), state, None, notices,
-                       kick, lambda: False)
+                       kick, lambda: False, meeting.workers)
     rng = random.Random(seed + j)
     up.ready()
     for s in range(UPDATES):

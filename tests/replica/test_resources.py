@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from hogwild.config.plan import Plan
+from hogwild.config.schema import Config
 from hogwild.errors import ConfigError
 from hogwild.replica import build, resources
 from hogwild.replica.resources import Footprint
@@ -16,6 +18,10 @@ from hogwild.replica.optim import torch_state_probe
 from tests.conftest import compose_cfg
 
 GB = 2**30
+
+
+def planned(cfg: Config, workers: int) -> tuple[Config, Plan]:
+    return cfg, Plan.of(cfg, workers)
 
 
 def _memory(monkeypatch: pytest.MonkeyPatch, avail: int) -> None:
@@ -30,12 +36,13 @@ def test_a_model_whose_workers_copies_do_not_fit_is_refused_naming_workers(
     # Eight workers, each with the gradients and two Adam moments of a 1 GB model (about 26 GB), and
     # the leader's snapshot, reduce buffer and slowmo's θ_g and momentum (4 GB).
     with pytest.raises(ConfigError, match=r"^workers: 8 workers x 1 replica\(s\) need about 30\.\d GB .*model 4\.0 GB"):
-        resources.check(cfg, 8, 1, Footprint(model_bytes=GB, state_copies=2))
-    resources.check(cfg, 8, 1, Footprint(model_bytes=0, state_copies=2))  # the data alone fits: the first check passes
+        resources.check(cfg, Plan.of(cfg, 8), 1, Footprint(model_bytes=GB, state_copies=2))
+    # The data alone fits: the first check passes.
+    resources.check(cfg, Plan.of(cfg, 8), 1, Footprint(model_bytes=0, state_copies=2))
     # One worker, plain SGD: it fits.
-    resources.check(compose_cfg(["optim=sgd", "workers=1"]), 1, 1, Footprint(model_bytes=GB))
+    resources.check(*planned(compose_cfg(["optim=sgd", "workers=1"]), 1), 1, Footprint(model_bytes=GB))
     # Under the barrier the moments are held once and the gradients meet in shared memory: it fits.
-    resources.check(compose_cfg(["optim=adamw", "workers=8"]), 8, 1,
+    resources.check(*planned(compose_cfg(["optim=adamw", "workers=8"]), 8), 1,
                     Footprint(model_bytes=GB, state_copies=2, row_bytes=8 * GB))
 
 
@@ -43,20 +50,21 @@ def test_loader_processes_count_and_are_named(tmp_cwd: Path, monkeypatch: pytest
     _memory(monkeypatch, 8 * GB)
     cfg = compose_cfg(["workers=2", "data.loader_workers=32"])
     with pytest.raises(ConfigError, match=r"^data\.loader_workers: .*need about 19\.\d GB"):
-        resources.check(cfg, 2, 1)
+        resources.check(cfg, Plan.of(cfg, 2), 1)
 
 
 def test_shared_optimizer_state_counts_in_shared_memory(tmp_cwd: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(resources, "mem_available", lambda: 1000 * GB)
     monkeypatch.setattr(resources, "shm_free", lambda: 2 * GB)
     hogwild = ["optim=adamw", "optim.update=hogwild"]
-    resources.check(compose_cfg(hogwild), 1, 1, Footprint(model_bytes=GB, state_copies=2))  # moments per worker: RAM
+    # Moments per worker: RAM.
+    resources.check(*planned(compose_cfg(hogwild), 1), 1, Footprint(model_bytes=GB, state_copies=2))
     with pytest.raises(ConfigError, match=r"^model: the model and its shared optimizer state needs 3\.0 GB of shared"):
-        resources.check(compose_cfg([*hogwild, "optim.state=shared"]), 1, 1,
+        resources.check(*planned(compose_cfg([*hogwild, "optim.state=shared"]), 1), 1,
                         Footprint(model_bytes=GB, state_copies=2))
     # The barrier's one state, and its workers' gradient rows, are shared memory too.
     with pytest.raises(ConfigError, match=r"^model: the model and its shared optimizer state needs 5\.0 GB of shared"):
-        resources.check(compose_cfg(["optim=adamw"]), 2, 1,
+        resources.check(*planned(compose_cfg(["optim=adamw"]), 2), 1,
                         Footprint(model_bytes=GB, state_copies=2, row_bytes=2 * GB))
 
 
@@ -75,7 +83,7 @@ def test_the_replica_is_refused_before_its_model_is_shared(tmp_cwd: Path, monkey
     # slowmo keeps two more models in the leader (θ_g and its momentum): past 1.5 GB with four workers.
     cfg = compose_cfg(["optim=adamw", "workers=4", "model.hidden=500000", "sync.mode=slowmo"])
     with pytest.raises(ConfigError, match=r"^workers: 4 workers"):
-        build.build_replica(cfg, torch.device("cpu"), 4, 1)
+        build.build_replica(cfg, Plan.of(cfg, 4), torch.device("cpu"), 1)
     assert not shared
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from hogwild.config.plan import Plan
 from hogwild.config.schema import OptimConfig
 from hogwild.data.datasets import Dataset, ShardSampler, Split
 from hogwild.replica.board import Board
@@ -41,7 +42,8 @@ def tiny_worker(quota: int, fault: str = "", rows: int = 1, bf16: bool = False, 
     board.control["go"] = 1.0
     board.control["next_sync_at"] = math.inf
     board.control["next_report_at"] = math.inf
-    return step_fn, opt, params, WorkerSpec(0, 0, 1, 1, quota, replica_quota), board, flat, ds, model
+    spec = WorkerSpec(0, 0, 1, 1, quota, Plan("hogwild", False, 1, 1), replica_quota)
+    return step_fn, opt, params, spec, board, flat, ds, model
 
 
 def _accuracy(model: nn.Module, ds: Dataset) -> float:
@@ -214,7 +216,7 @@ def test_accumulated_batches_make_one_update_on_their_mean_gradient() -> None:
         with torch.no_grad():
             w -= 0.5 * (grads[0] + grads[1]) / 2
     expected = w.detach()
-    updater = HogwildUpdate(opt.opt, params, accumulate=2)
+    updater = HogwildUpdate(opt.opt, params, batches_per_step=2)
     run_loop(step_fn, updater, params, spec, Lines(board), Recipe(accumulate=2))
     assert (board.row(0)["pos"], board.row(0)["applied"]) == (6, 3)
     torch.testing.assert_close(flat, expected, rtol=1e-5, atol=1e-6)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hogwild.config.plan import Plan
 from hogwild.replica.board import Board
 from hogwild.report import telemetry as telemetry_mod
 from hogwild.report.telemetry import Telemetry
@@ -24,7 +25,7 @@ def _telemetry(tmp_path: Path, overrides: list[str], monkeypatch: pytest.MonkeyP
     from hogwild.replica.build import build_replica
 
     cfg = compose_cfg(["workers=1", f"run_dir={tmp_path}", *overrides])
-    rep = build_replica(cfg, torch.device("cpu"))
+    rep = build_replica(cfg, Plan.of(cfg, 1), torch.device("cpu"))
     calls: list = []
 
     def slow(model, split, device, task, batch_size=2048, on_batch=lambda: None,  # type: ignore[no-untyped-def]
@@ -44,7 +45,7 @@ def test_evaluations_take_at_most_their_share_of_the_leader_s_time(tmp_path: Pat
     # eval.every_s asks for an evaluation at every tick: only the budget holds them back.
     tel, calls = _telemetry(tmp_path, ["eval.every_s=0.001", f"eval.max_fraction={fraction}"], monkeypatch)
     board = Board(1)
-    tel.start(board, total_steps=10_000)
+    tel.start(board, total_steps=10_000, plan=Plan("hogwild", False, 1, 1))
     t0 = time.monotonic()
     while time.monotonic() - t0 < 1.5:
         board.stats["pos"][0] += 1
@@ -63,7 +64,7 @@ def test_max_batches_scores_a_subset_during_training_and_the_whole_split_at_the_
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tel, calls = _telemetry(tmp_path, ["eval.every_s=0.001", "eval.max_batches=1", "eval.batch_size=64"], monkeypatch)
     board = Board(1)
-    tel.start(board, total_steps=100)
+    tel.start(board, total_steps=100, plan=Plan("hogwild", False, 1, 1))
     board.stats["pos"][0] = 50
     tel.tick(board, 0, 0)
     tel.evaluate_final(100)
@@ -76,7 +77,7 @@ def test_a_subset_is_the_first_batches_and_the_whole_split_by_default(tmp_path: 
     from hogwild.replica.task import evaluate
 
     cfg = compose_cfg(["workers=1", f"run_dir={tmp_path}"])
-    rep = build_replica(cfg, torch.device("cpu"))
+    rep = build_replica(cfg, Plan.of(cfg, 1), torch.device("cpu"))
     full = evaluate(rep.model, rep.ds.test, torch.device("cpu"), rep.task, batch_size=100)
     part = evaluate(rep.model, rep.ds.test, torch.device("cpu"), rep.task, batch_size=100, max_batches=1)
     first = evaluate(rep.model, rep.ds.test, torch.device("cpu"), rep.task, batch_size=100, max_batches=100)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from hogwild.config.plan import Plan
 from hogwild.config.schema import SyncConfig
 from hogwild.config.train import TargetConfig
 from hogwild.leader.core import hand_back_judged
@@ -49,7 +50,7 @@ def _replica(tmp_path: Path, target: list[str]) -> tuple[Telemetry, Target, Tens
     from hogwild.replica.build import build_replica
 
     cfg = compose_cfg(["workers=1", f"run_dir={tmp_path}", *target])
-    rep = build_replica(cfg, torch.device("cpu"))
+    rep = build_replica(cfg, Plan.of(cfg, 1), torch.device("cpu"))
     judge = Target(cfg.train.target, rep.task, rep.model, rep.flat)
     tel = Telemetry(cfg, tmp_path, False, rep, Hooks(subject=judge.subject, on_scores=judge.saw))
     return tel, judge, rep.flat

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from hogwild.checkpoint import store as checkpoint
+from hogwild.config.plan import Plan
 from hogwild.config.schema import SyncConfig
 from hogwild.replica.board import Board
 from hogwild.replica.resources import memory_parts
@@ -52,6 +53,6 @@ def test_a_lone_replicas_workers_stamp_no_rows() -> None:
     from hogwild.replica.build import build_replica
 
     cfg = compose_cfg(["+experiment=clicks", "data.kwargs.samples=2000", "data.kwargs.rows=1000"])
-    assert build_replica(cfg, torch.device("cpu"), syncs=False).marks is None
-    marks = build_replica(cfg, torch.device("cpu"), syncs=True).marks
+    assert build_replica(cfg, Plan.of(cfg, 1), torch.device("cpu"), syncs=False).marks is None
+    marks = build_replica(cfg, Plan.of(cfg, 1), torch.device("cpu"), syncs=True).marks
     assert marks is not None and marks.rows == 4 * 1000
