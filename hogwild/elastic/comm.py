@@ -23,7 +23,7 @@ from hogwild.elastic.link import CoordinatorAway
 from hogwild.elastic.membership import Epoch, Membership
 from hogwild.errors import first_line
 from hogwild.native import hold, leave
-from hogwild.sync.comm import SYNC_ROUND, Comm, PeerLost
+from hogwild.sync.comm import Comm, PeerLost
 
 logger = logging.getLogger(__name__)
 
@@ -31,12 +31,9 @@ CHECK_EVERY_S = 0.5
 
 
 class ElasticComm(Comm):
-    def __init__(self, membership: Membership, timeout_s: float, lose_rounds: frozenset[int] = frozenset()) -> None:
+    def __init__(self, membership: Membership, timeout_s: float) -> None:
         self.m = membership
         self.timeout_s = timeout_s
-        # Fault injection (HOGWILD_LEADER_FAULT=lose:S:N): these sync rounds fail here after
-        # completing everywhere, as when this leader judges a peer lost the moment the others finish.
-        self.lose_rounds, self.rounds = lose_rounds, 0
         self.pg: Optional[Any] = None
 
     @property
@@ -142,11 +139,6 @@ class ElasticComm(Comm):
 
     def all_reduce(self, t: Tensor, timeout_s: Optional[float] = None, what: str = "a collective") -> Tensor:
         self._wait(self._group().allreduce([t]), timeout_s, what)
-        if what == SYNC_ROUND:
-            self.rounds += 1
-            if self.rounds in self.lose_rounds:
-                raise PeerLost(f"sync: {what} failed here after it completed "
-                               f"(injected: lose:{self.m.slot}:{self.rounds})")
         return t
 
     def broadcast(self, t: Tensor, src: int) -> Tensor:

@@ -11,7 +11,7 @@ from hogwild.config.schema import Config
 from hogwild.leader.api import Control
 from hogwild.leader.core import Leader
 from hogwild.leader.torchrun import TorchrunGroup
-from hogwild.replica.faults import Faults
+from hogwild.replica import faults
 from hogwild.report.summary import RunResult
 
 
@@ -19,14 +19,15 @@ def leader_for(cfg: Config, run_dir: str, env: Optional[DistEnv] = None,
                overrides: Optional[Sequence[str]] = None) -> Leader:
     """The leader ``cfg`` asks for: elastic with ``sync.coordinator``, else a torchrun group.
     ``overrides``: the command line's, recorded in ``.hydra/overrides.yaml``."""
-    ctl, faults = Control(), Faults.from_env()  # the one place the environment's fault plan is read
+    faults.install()  # a test's fault plan, read from this process's environment (replica/faults.py)
+    ctl = Control()
     cfg = resolved(cfg)  # a Config handed in whole (hogwild.train(config=...)): its sync defaults decided
     if cfg.sync.coordinator:
         from hogwild.leader.elastic import ElasticGroup, Rejoins
 
-        group = ElasticGroup(cfg, ctl, env, faults)
-        return Leader(cfg, run_dir, group, ctl, overrides, changes=Rejoins(group), faults=faults)
-    return Leader(cfg, run_dir, TorchrunGroup(env, lambda: ctl.signalled), ctl, overrides, faults=faults)
+        group = ElasticGroup(cfg, ctl, env)
+        return Leader(cfg, run_dir, group, ctl, overrides, changes=Rejoins(group))
+    return Leader(cfg, run_dir, TorchrunGroup(env, lambda: ctl.signalled), ctl, overrides)
 
 
 def run(cfg: Config, run_dir: str, env: Optional[DistEnv] = None) -> RunResult:

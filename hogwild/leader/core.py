@@ -29,11 +29,11 @@ from hogwild.config.plan import Plan
 from hogwild.config.schema import Config
 from hogwild.errors import EXIT_FAILED, StopNow
 from hogwild.leader.api import Changes, Control, Crew, Group
+from hogwild.leader.faults import faulty_comm, faulty_rounds
 from hogwild.leader.target import Target
 from hogwild.replica import resources
 from hogwild.replica.board import Board, Counts, previous_attempt
 from hogwild.replica.build import build_replica, replica_device
-from hogwild.replica.faults import Faults
 from hogwild.replica.lr_schedule import check_schedule
 from hogwild.replica.meeting import STEPS_KEY
 from hogwild.replica.models import model_id
@@ -61,13 +61,11 @@ LOCAL_GRACE = 0.25
 
 class Leader:
     def __init__(self, cfg: Config, run_dir: str, group: Group, ctl: Optional[Control] = None,
-                 overrides: Optional[Sequence[str]] = None, *, changes: Optional[Changes] = None,
-                 faults: Faults = Faults()) -> None:
-        """``changes``: what a group whose members change adds (none: a fixed group); ``faults``:
-        what a test plans to go wrong (replica/faults.py), parsed once by whoever builds the leader."""
+                 overrides: Optional[Sequence[str]] = None, *, changes: Optional[Changes] = None) -> None:
+        """``changes``: what a group whose members change adds (none: a fixed group)."""
         self.cfg, self.run_dir, self.overrides = cfg, Path(run_dir), overrides
         self.ctl = ctl or Control()
-        self.group, self.changes, self.faults = group, changes or Changes(), faults
+        self.group, self.changes = group, changes or Changes()
         self.env: DistEnv = self.group.env
         self.t_start = time.monotonic()
         self.memory = PeakMemory()
@@ -90,6 +88,7 @@ class Leader:
         device = replica_device(cfg.device, env.local_rank)
         rep = build_replica(cfg, plan, device, env.local_world_size, syncs=env.distributed)
         comm, run_dir = group.connect(cfg, self.run_dir, rep)
+        comm = faulty_comm(comm, env.rank)  # as it is, unless a test planned a fault (leader/faults.py)
         self.run_dir = run_dir
         rule = make_rule(cfg.sync, comm, rep.param_numel, rep.marks)
         board_file = run_dir / "progress" / f"rank{env.rank}.board"
@@ -104,12 +103,12 @@ class Leader:
             # Until the first round gathers them, the other replicas are where the checkpoint left
             # them: a checkpoint written alone before then must not put their shards back to zero.
             saver.gathered(restored.positions, Counts(), Counts())
-        specs = worker_specs(cfg, env, plan, rep.ds.train, rep.compile, self.faults)
+        specs = worker_specs(cfg, env, plan, rep.ds.train, rep.compile)
         # The schedule's real length: what each worker reads it at.
         check_schedule(cfg.sched, cfg.optim.lr, plan.schedule_steps(specs[0].replica_quota))
         target = Target(cfg.train.target, rep.task, rep.model, rep.flat)
         tel = Telemetry(cfg, run_dir, env.rank == 0, rep, Hooks(self.changes.progress, target.subject, target.saw))
-        rounds = self.faults.rounds(Rounds(rep.flat, rule, comm, board, schedule, base.syncs), env.rank)
+        rounds = faulty_rounds(Rounds(rep.flat, rule, comm, board, schedule, base.syncs), env.rank)
         pool = WorkerPool(cfg, specs, rep, board)
         crew = Crew(cfg=cfg, env=env, run_dir=run_dir, workers=k, rep=rep, comm=comm, rule=rule, board=board,
                     schedule=schedule, restored=restored, base=base, saver=saver, specs=specs, tel=tel,

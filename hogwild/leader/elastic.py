@@ -39,7 +39,6 @@ from hogwild.files import RunDirLock
 from hogwild.leader.api import Changes, Control, Crew, Group
 from hogwild.replica.board import Board, Counts
 from hogwild.replica.build import Replica
-from hogwild.replica.faults import Faults
 from hogwild.replica.models import model_id
 from hogwild.report.summary import RunResult, Status
 from hogwild.replica.meeting import STEPS_KEY
@@ -75,12 +74,11 @@ class ElasticGroup(Group):
     """Membership: registering, forming each epoch's group, healing joiners and members left
     behind, and who writes. What the leader's rounds need besides is :class:`Rejoins`."""
 
-    def __init__(self, cfg: Config, ctl: Control, env: Optional[DistEnv] = None,
-                 faults: Faults = Faults()) -> None:
+    def __init__(self, cfg: Config, ctl: Control, env: Optional[DistEnv] = None) -> None:
         sc = cfg.sync
         assert sc.slot is not None and sc.coordinator is not None
         self.env = dataclasses.replace(env or DistEnv.from_env(), rank=sc.slot, world_size=sc.replicas)
-        self.cfg, self.ctl, self.faults = cfg, ctl, faults
+        self.cfg, self.ctl = cfg, ctl
         self.connected = False  # the membership and its communicator exist from connect() on
         self.lock: Optional[RunDirLock] = None
         self.lock_refused = False
@@ -102,7 +100,7 @@ class ElasticGroup(Group):
         # while the coordinator is slow to answer stops this replica cleanly.
         self.m = Membership(sc.coordinator, self.env.rank, self.env.world_size, sc.peer_timeout_s,
                             sc.min_replicas, sc.timeout_s, lambda: self.ctl.signalled)
-        self.comm = ElasticComm(self.m, sc.timeout_s, self.faults.lose(self.env.rank))
+        self.comm = ElasticComm(self.m, sc.timeout_s)
         self.connected = True
         run_dir = Path(self.m.agree_job(job_fingerprint(cfg, rep.plan, rep.flat.numel()), str(run_dir)))
         # Before this process touches anything in run_dir: a second process started in a live

@@ -1,7 +1,9 @@
-"""Fault injection for tests: one :class:`Faults` object, parsed once from the environment by
-the process that builds the leader and handed in (to the leader, and to its workers in their
-:class:`~hogwild.replica.worker.WorkerSpec`). With nothing planned every hook gives back what
-it was given, so neither the leader's nor a worker's production path carries test code.
+"""Fault injection for tests: what a test plans to go wrong, read from the environment by
+:func:`install` when a process starts (the leader in leader/choose.py, each worker once it has taken
+its leader's environment) and nowhere else. No constructor takes it: it acts at the seams that read
+:func:`planned`, here a worker's step function (:meth:`Faults.step`), and in leader/faults.py the
+leader's comm and its rounds. With nothing planned each seam gives back what it was given, so
+neither the leader's nor a worker's production path carries test code.
 
 ``HOGWILD_FAULT`` plans a worker's faults (kind:worker:step, e.g. ``nan:0:20,crash:1:50``):
 ``nan`` poisons the first gradient of that step, ``crash`` raises in that step,
@@ -30,7 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, TypeVar, cast
+from typing import Callable, Mapping, Optional
 
 import torch
 from torch import Tensor
@@ -42,7 +44,6 @@ LEADER_FAULT_ENV = "HOGWILD_LEADER_FAULT"
 
 # Computes batch ``step``'s gradients into the parameters' ``.grad``: (loss, batch size).
 StepFn = Callable[[int], tuple[Tensor, int]]
-R = TypeVar("R")
 
 
 def planned_faults(index: int, spec: str) -> dict[str, set[int]]:
@@ -103,17 +104,24 @@ class Faults:
             return loss, batch
         return faulty
 
-    def lose(self, slot: int) -> frozenset[int]:
-        """The sync rounds that fail at ``slot`` after completing everywhere else."""
-        return frozenset(planned_faults(slot, self.leaders).get("lose", ()))
+    def leader(self, slot: int) -> dict[str, set[int]]:
+        """Slot ``slot``'s leader faults by kind (``lose``, ``late``, ``exit``)."""
+        return planned_faults(slot, self.leaders)
 
-    def rounds(self, rounds: R, rank: int) -> R:
-        """Replica ``rank``'s sync rounds (sync/rounds.py ``Rounds``) with its final-round faults
-        and the dump; the same object when nothing is planned for it."""
-        plan = planned_faults(rank, self.leaders)
-        if not (plan.keys() & {"late", "exit"} or self.dump_dir):
-            return rounds
-        return cast(R, _FaultyRounds(rounds, plan, self.dump_dir, rank))
+
+_planned = Faults()
+
+
+def install(environ: Mapping[str, str] = os.environ) -> Faults:
+    """Read this process's fault plan from its environment: once, as it starts."""
+    global _planned
+    _planned = Faults.from_env(environ)
+    return _planned
+
+
+def planned() -> Faults:
+    """What :func:`install` read (nothing, in a process that never called it)."""
+    return _planned
 
 
 def _startup(faults: dict[str, set[int]], global_index: int, leader_pid: int) -> None:
@@ -133,33 +141,3 @@ def _startup(faults: dict[str, set[int]], global_index: int, leader_pid: int) ->
     if "start" in faults and not marker.exists():
         marker.touch()
         os._exit(70)  # dies like an OOM-killed process: no cleanup, no traceback
-
-
-class _FaultyRounds:
-    """Forwards to the replica's rounds; the final round comes ``late`` and the leader ``exit``s
-    right after it; :meth:`close` (after the final round and gather) dumps the final state. Not a
-    subclass: every attribute, and every write a method of the rounds makes, stays theirs."""
-
-    def __init__(self, rounds: Any, plan: dict[str, set[int]], dump_dir: Optional[str], rank: int) -> None:
-        self._rounds, self._plan, self._dump, self._rank = rounds, plan, dump_dir, rank
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._rounds, name)
-
-    def run(self, **kwargs: Any) -> Any:
-        final = kwargs["flags"].final  # sync/rounds.py: RoundFlags
-        if final:
-            for seconds in self._plan.get("late", ()):
-                time.sleep(seconds)
-        out = self._rounds.run(**kwargs)
-        if final and "exit" in self._plan:
-            os._exit(137)  # as a SIGKILL would leave it: nothing flushed, no lock released
-        return out
-
-    def close(self, *args: Any, **kwargs: Any) -> Any:
-        stats = self._rounds.close(*args, **kwargs)
-        if self._dump:
-            r = self._rounds
-            torch.save(r.flat.cpu().clone(), Path(self._dump) / f"rank{self._rank}.pt")
-            torch.save({"sync": r.rule.state_dict(), "syncs": r.syncs}, Path(self._dump) / f"rank{self._rank}.state.pt")
-        return stats

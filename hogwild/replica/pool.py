@@ -22,7 +22,6 @@ from hogwild.errors import ConfigError, Fault
 from hogwild.replica.blame import USER_EXIT, read_notice
 from hogwild.replica.board import Board
 from hogwild.replica.build import Replica
-from hogwild.replica.faults import Faults
 from hogwild.replica.meeting import STEPS_KEY, Chair
 from hogwild.replica.resources import available_cores
 from hogwild.replica.start import environment, worker_context
@@ -35,10 +34,9 @@ logger = logging.getLogger(__name__)
 UNBOUNDED = 2**52
 
 
-def worker_specs(cfg: Config, env: DistEnv, plan: Plan, train: Any, compile_mode: str = "off",
-                 faults: Faults = Faults()) -> list[WorkerSpec]:
+def worker_specs(cfg: Config, env: DistEnv, plan: Plan, train: Any, compile_mode: str = "off") -> list[WorkerSpec]:
     """This replica's workers: global shard index, thread budget and batch quota of each, the
-    ``plan`` they follow, the torch.compile mode they use, and what a test plans to go wrong in them."""
+    ``plan`` they follow and the torch.compile mode they use."""
     k = plan.workers
     num_global = k * env.world_size
     threads = max(1, available_cores() // (k * env.local_world_size))
@@ -56,7 +54,7 @@ def worker_specs(cfg: Config, env: DistEnv, plan: Plan, train: Any, compile_mode
             quotas.append(cfg.train.epochs * -(-n_shard // min(cfg.train.batch_size, n_shard)))
     nice = WORKER_NICENESS if env.distributed else 0  # only a replica that meets others has sync bursts
     return [WorkerSpec(i, env.rank * k + i, num_global, threads, q, plan, sum(quotas), os.getpid(), compile_mode,
-                       nice, faults) for i, q in enumerate(quotas)]
+                       nice) for i, q in enumerate(quotas)]
 
 
 def check_stream_length(cfg: Config, train: StreamSplit, num_global: int) -> None:

@@ -29,7 +29,8 @@ from hogwild import logs
 from hogwild.errors import escaped, first_line, save_traceback, say
 from hogwild.replica.board import Board
 from hogwild.replica.compiled import compile_model, warm_up_in_training_mode
-from hogwild.replica.faults import Faults, StepFn
+from hogwild.replica import faults
+from hogwild.replica.faults import StepFn
 from hogwild.replica.lr_schedule import LRSchedule
 from hogwild.replica.bound import build_bound
 from hogwild.replica.meeting import Meeting
@@ -84,8 +85,6 @@ class WorkerSpec:
     """The torch.compile mode of this worker's model (train.compile, resolved by the leader)."""
     niceness: int = WORKER_NICENESS
     """How much lower than the leader's this worker's priority is: 0 for a replica that meets no other."""
-    faults: Faults = Faults()
-    """What a test plans to go wrong in this worker (replica/faults.py): nothing, by default."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +136,7 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, held: Held, lines: L
     printed a full traceback, four or five times over for a bug that every respawn hits."""
     if environ is not None:
         adopt_environment(environ)
+    faults.install()  # a test's fault plan for this worker, from its leader's environment
     board, wake = lines.board, lines.wake
     try:
         _work(cfg, spec, ds, held, lines)
@@ -205,7 +205,7 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, held: Held, lines: Lines) 
     step = make_step(cfg.step, cfg.loss, make_loss(cfg.loss, task_kind(cfg, ds)), model)
     step_fn = make_step_fn(model, params, ds, sampler, flat.device, step, cfg.data.loader_workers,
                            bf16=cfg.train.precision == "bf16")
-    step_fn = spec.faults.step(step_fn, params, spec.global_index, spec.leader_pid)
+    step_fn = faults.planned().step(step_fn, params, spec.global_index, spec.leader_pid)
     sched = LRSchedule(cfg.sched, cfg.optim.lr, spec.plan.schedule_steps(spec.replica_quota or spec.quota))
     # One throw-away forward/backward: the allocator's and autograd's first-call costs land
     # in startup (reported as such), not in the first training steps.

@@ -114,9 +114,22 @@ def test_fault_plan_parses_only_this_workers_faults() -> None:
     fn = lambda step: (torch.tensor(0.0), 1)  # noqa: E731
     assert Faults().step(fn, [], 0, 0) is fn  # nothing planned: the loop runs the plain step function
     assert Faults(workers="nan:1:3").step(fn, [], 0, 0) is fn
-    rounds = object()
-    assert Faults().rounds(rounds, 0) is rounds and Faults(leaders="late:1:4").rounds(rounds, 0) is rounds
     assert Faults.from_env({FAULT_ENV: "crash:0:5"}) == Faults(workers="crash:0:5")
+
+
+def test_the_leaders_seams_give_back_what_they_wrap_unless_a_fault_is_planned_for_its_slot() -> None:
+    from hogwild.leader.faults import faulty_comm, faulty_rounds
+    from hogwild.replica import faults
+
+    comm, rounds = object(), object()
+    try:
+        faults.install({})
+        assert faulty_comm(comm, 0) is comm and faulty_rounds(rounds, 0) is rounds  # type: ignore[arg-type]
+        faults.install({"HOGWILD_LEADER_FAULT": "late:1:4,lose:1:2"})
+        assert faulty_comm(comm, 0) is comm and faulty_rounds(rounds, 0) is rounds  # type: ignore[arg-type]
+        assert faulty_comm(comm, 1) is not comm and faulty_rounds(rounds, 1) is not rounds  # type: ignore[arg-type]
+    finally:
+        faults.install({})
 
 
 def test_workers_wait_at_the_lag_limit_until_the_round_completes() -> None:
