@@ -17,9 +17,12 @@ import torch
 
 from hogwild.checkpoint import store as checkpoint
 from hogwild.checkpoint.health import diverged, loss_bar
+from hogwild.config.plan import Plan
 from hogwild.errors import EXIT_WRITE, UserError
 from hogwild.files import RunDirLock
 from hogwild.replica.tasks import chance_accuracy
+
+LONE = Plan("hogwild", False, 1, 1)  # a replica of one Hogwild worker: what these tests build by hand
 
 
 def _payload(step: int, lineage: str = "aaaa", value: float | None = None) -> dict:
@@ -251,7 +254,7 @@ def _linear_run(tmp_path: Path) -> tuple[Any, Any, Any, Any]:
     ds = Dataset(Split((x,), y), Split((x,), y), 3, (4,))
     model = nn.Linear(4, 3)
     rep = Replica(ds, model, share_model(model, "cpu"), None,
-                  Task("classification", DEFAULT_LOSS["classification"], 3))
+                  Task("classification", DEFAULT_LOSS["classification"], 3), LONE)
     saver = Saver(tmp_path, keep=1, lineage="aaaa", model_name="linear")
     saver.loss_bar = loss_bar(1.1, 3)
     return model, rep, saver, Record(torch.zeros(1, 1, dtype=torch.float64), Counts(), {}, {})
@@ -278,7 +281,8 @@ def test_a_nan_loss_is_called_nan_not_infinite(tmp_path: Path) -> None:
     x, y = torch.randn(20, 4), torch.randint(0, 3, (20,))
     ds = Dataset(Split((x,), y), Split((x,), y), 3, (4,))
     model = NaNLoss()
-    rep = Replica(ds, model, share_model(model, "cpu"), None, Task("classification", DEFAULT_LOSS["classification"], 3))
+    rep = Replica(ds, model, share_model(model, "cpu"), None, Task("classification", DEFAULT_LOSS["classification"], 3),
+                  LONE)
     saver = Saver(tmp_path, keep=1, lineage="aaaa", model_name="nan")
     saver.loss_bar = loss_bar(1.1, 3)
     failed = saver.write(rep, Record(torch.zeros(1, 1, dtype=torch.float64), Counts(), {}, {}), loss=1.0)

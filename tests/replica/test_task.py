@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from hogwild.config.plan import Plan
 from hogwild.config.train import LossConfig, TargetConfig
 from hogwild.data.splits import Dataset, Split
 from hogwild.errors import ConfigError
@@ -26,6 +27,8 @@ from tests.conftest import compose_cfg
 
 pytestmark = pytest.mark.timeout(60)
 CPU = torch.device("cpu")
+
+LONE = Plan("hogwild", False, 1, 1)  # a replica of one Hogwild worker: what these tests build by hand
 
 
 class Const(nn.Module):
@@ -171,7 +174,7 @@ def test_the_verdict_uses_the_task_s_own_baseline(tmp_cwd: object) -> None:
 
     ds = _regression()
     task = build_task(compose_cfg([]), ds)
-    rep = Replica(ds, Identity(), torch.zeros(1), None, task)
+    rep = Replica(ds, Identity(), torch.zeros(1), None, task, LONE)
     assert judge(rep, {"loss": 0.0, "r2": 0.95}, 100.0, 10, 0).summary.startswith("learned: r2 0.9500")
     flat = judge(rep, {"loss": 1.0, "r2": 0.001}, 100.0, 10, 0)
     assert flat.failure is None and flat.summary.startswith("no better than the baseline")
