@@ -272,10 +272,10 @@ def pyplot() -> Any:
 
 
 def plot(res: dict[str, Any], out: Path) -> None:
+    if "scaling" not in res or "time_to_accuracy" not in res:
+        return  # nothing to draw: matplotlib (a second of imports) is not even loaded
     plt = pyplot()
     if plt is None:
-        return
-    if "scaling" not in res or "time_to_accuracy" not in res:
         return
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     for name, rows in res["scaling"].items():

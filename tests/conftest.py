@@ -63,6 +63,7 @@ LONG = {
     "tests/replica/test_barrier.py::test_a_dead_worker_holds": 19,
     "tests/test_wheel.py::": 18,
     "tests/leader/test_faults.py::test_torchrun_restart": 18,
+    "tests/elastic/test_elastic.py::test_a_stream_restored": 17,
     "tests/elastic/test_elastic.py::test_a_writer_stopped": 17,
     "tests/elastic/test_elastic.py::test_a_minority_waits": 15,
     "tests/leader/test_distributed.py::test_target_drift": 15,

@@ -1,11 +1,12 @@
-"""The conductor's interface to its group of replicas, and the two records it shares with it.
+"""The conductor's interface to its group of replicas, and what it shares with it.
 
 The leader (core.py) runs one replica and meets the others in sync rounds. *How* it meets them
-is a :class:`Group`, handed to it: a torchrun group that never changes (torchrun.py), or an
-elastic group that re-forms around lost and returning replicas (elastic.py), which also hands the
-leader its :class:`Changes` (the rounds' re-forming, the job's counts while members come and go).
-Both read and update the replica through :class:`Crew`, the one record of everything the leader
-built, and report trouble through :class:`Control`. Neither side touches the other's private state.
+is the one :class:`Group` it is handed: a torchrun group that never changes (torchrun.py), or an
+elastic group that re-forms around lost and returning replicas (elastic.py). What a group whose
+members change adds (re-forming between rounds, the job's counts while members come and go) are
+methods of the same interface whose defaults mean a group of fixed members. A group sees the
+replica only through :class:`Here`, and changes it only by healing it (its ``state_dict`` and
+``load_state_dict``); both sides report trouble through :class:`Control`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
 import torch
 
 from hogwild.checkpoint.resume import Restored
@@ -28,6 +30,7 @@ from hogwild.leader.stopping import Stopper
 from hogwild.leader.target import Target
 from hogwild.replica.board import Board, Counts
 from hogwild.replica.build import Replica
+from hogwild.replica.meeting import STEPS_KEY
 from hogwild.replica.pool import WorkerPool
 from hogwild.replica.worker import WorkerSpec
 from hogwild.report.summary import RunResult
@@ -113,12 +116,125 @@ class Crew:
         self.board.set_base_steps(base.steps)
 
 
-class Changes:
-    """What a group whose members change adds (elastic.py's :class:`~hogwild.leader.elastic.Rejoins`),
-    handed to the leader beside its :class:`Group`. A group of fixed members (torchrun.py) has none,
-    and the leader uses this class itself, whose every method is what a fixed group means: nothing
-    to report, nothing to re-form, the members' counts are the job's."""
+class Here:
+    """The replica as its group sees it, built by the leader over its :class:`Crew`: what the group
+    reads (how far the replica is, its data positions, its counters) and the one way it changes
+    it, a heal: :meth:`state_dict` on the replica that sends, :meth:`load_state_dict` on the one
+    that receives, as torchft's Manager heals through the state functions a trainer registers."""
 
+    def __init__(self, crew: Crew) -> None:
+        self._crew = crew
+
+    @property
+    def workers(self) -> int:
+        return self._crew.workers
+
+    @property
+    def run_dir(self) -> Path:
+        return self._crew.run_dir
+
+    @property
+    def syncs(self) -> int:
+        """Sync rounds this replica's lineage applied."""
+        return self._crew.rounds.syncs
+
+    @property
+    def steps(self) -> int:
+        """The lineage's steps before this process (restored, or received when healed)."""
+        return self._crew.base.steps
+
+    @property
+    def has_view(self) -> bool:
+        """The checkpoints know every replica's positions (from a gather, or the restore point)."""
+        return self._crew.saver.has_view
+
+    def positions(self) -> np.ndarray:
+        """Each of this replica's workers' data position, in batches (a copy)."""
+        return self._crew.board.stats["pos"].astype(np.float64)
+
+    def totals(self) -> Counts:
+        """This process's counters so far (respawned workers' included)."""
+        return self._crew.board.totals(self._crew.pool.restarts)
+
+    def scalar(self, tag: str, value: float) -> None:
+        self._crew.scalar(tag, value)
+
+    def optimizer_steps(self) -> Optional[int]:
+        """The replica's one optimizer state's step, where it keeps one (the barrier)."""
+        steps = (self._crew.rep.opt_state or {}).get(STEPS_KEY)
+        return int(steps[0]) if steps is not None else None
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a heal sends: the model, the optimizer state, the sync rule's state, the lineage,
+        its counters and the rounds it applied. The tensors are the live ones: send, then drop."""
+        crew = self._crew
+        return {"flat": crew.rep.flat, "opt": crew.rep.opt_state or {}, "sync": crew.rule.state_dict(),
+                "counters": crew.base.lineage(), "syncs": crew.rounds.syncs, "lineage": crew.saver.lineage}
+
+    def load_state_dict(self, state: dict[str, Any], counters: bool = True) -> None:
+        """Take another replica's :meth:`state_dict`, before or between rounds (no worker writes
+        the model while the leader is in a round or has not started them). ``counters``: its
+        lineage's counters too, for a replica that goes on from there (a joiner); a live member
+        a round behind keeps its own."""
+        crew = self._crew
+        crew.saver.adopt(str(state["lineage"]))
+        with torch.no_grad():
+            crew.rep.flat.copy_(state["flat"])
+            for name, buf in (crew.rep.opt_state or {}).items():
+                buf.copy_(state["opt"][name])
+        crew.rule.load_state_dict(state["sync"])
+        if counters:
+            crew.adopt_counters(Counts.from_dict(state["counters"]))
+        crew.rounds.adopt(int(state["syncs"]))
+
+    def resume_at(self, positions: np.ndarray) -> None:
+        """The workers, not started yet, read on from ``positions`` (a batch count each)."""
+        self._crew.board.set_positions(positions)
+
+    def rebase(self) -> None:
+        """The healed model is the one the next round's drift and schedule count from."""
+        self._crew.rounds.rebase()
+
+
+class Group(ABC):
+    """How this replica meets the others: the one interface the leader is handed. It calls, in
+    order: :meth:`connect` and :meth:`restore` while it builds the replica, :meth:`start` once all
+    is built and before the workers run, :meth:`positions` for each checkpoint, and :meth:`close`
+    always. The methods after :meth:`close` are what a group whose members change adds; their
+    defaults are what a group of fixed members means: nothing to report, nothing to re-form, the
+    members' counts are the job's."""
+
+    env: DistEnv
+    """Where this leader sits: torchrun's rank, or the elastic slot among ``sync.replicas``."""
+
+    @abstractmethod
+    def connect(self, cfg: Config, run_dir: Path, rep: Replica) -> tuple[Comm, Path]:
+        """Join the group: its communicator, and the run_dir every member agreed on."""
+
+    @abstractmethod
+    def restore(self, cfg: Config, run_dir: Path, rep: Replica, board: Board, rule: SyncRule,
+                previous: Optional[tuple[float, float]]) -> Optional[Restored]:
+        """Load the checkpoint ``cfg.resume`` names into the replica, if any."""
+
+    @property
+    @abstractmethod
+    def writer(self) -> bool:
+        """This leader writes checkpoints and metrics.json now."""
+
+    @abstractmethod
+    def start(self, here: Here) -> None:
+        """Before the workers run, with the replica built: every member here, the replica at the
+        group's state."""
+
+    @abstractmethod
+    def positions(self, here: Here) -> torch.Tensor:
+        """Every replica's data positions, in rank order (collective)."""
+
+    @abstractmethod
+    def close(self, degraded: bool) -> None:
+        """Leave the group and let go of what it holds (the run_dir lock)."""
+
+    # ------------------------------------------- what a group whose members change adds
     def progress(self, rounds: Optional[int] = None, steps: Optional[int] = None) -> None:
         """The leader is alive: its main loop turned (``rounds``, ``steps``: how far it is), or its
         main thread is busy but moving (a batch of a long evaluation; no figures)."""
@@ -127,8 +243,8 @@ class Changes:
         """Before each round: whether this member asks the group to re-form after it."""
         return False
 
-    def reform(self) -> None:  # every leader calls it after the same round
-        pass
+    def reform(self) -> None:
+        """After the round that asked for it; every leader calls it after the same round."""
 
     def recover(self, e: PeerLost) -> Optional[str]:
         """A collective failed: None if the group re-formed and training goes on, else why not."""
@@ -153,41 +269,3 @@ class Changes:
     def report(self) -> dict[str, Any]:
         """Extra keys of metrics.json."""
         return {}
-
-
-class Group(ABC):
-    """How this replica meets the others: what every group provides. The leader calls, in
-    order: :meth:`connect` and :meth:`restore` while it builds the replica, :meth:`start` once all
-    is built and before the workers run, :meth:`positions` for each checkpoint, and :meth:`close`
-    always. What a group whose members change adds is a :class:`Changes`, handed to the leader
-    beside it."""
-
-    env: DistEnv
-    """Where this leader sits: torchrun's rank, or the elastic slot among ``sync.replicas``."""
-
-    @abstractmethod
-    def connect(self, cfg: Config, run_dir: Path, rep: Replica) -> tuple[Comm, Path]:
-        """Join the group: its communicator, and the run_dir every member agreed on."""
-
-    @abstractmethod
-    def restore(self, cfg: Config, run_dir: Path, rep: Replica, board: Board, rule: SyncRule,
-                previous: Optional[tuple[float, float]]) -> Optional[Restored]:
-        """Load the checkpoint ``cfg.resume`` names into the replica, if any."""
-
-    @property
-    @abstractmethod
-    def writer(self) -> bool:
-        """This leader writes checkpoints and metrics.json now."""
-
-    @abstractmethod
-    def start(self, crew: Crew) -> None:
-        """Before the workers run, with everything the leader built: every member here, the
-        replica at the group's state."""
-
-    def positions(self, crew: Crew) -> torch.Tensor:
-        """Every replica's data positions, in rank order (collective in a torchrun group)."""
-        return torch.stack(crew.comm.all_gather(torch.from_numpy(crew.board.stats["pos"].copy()))).cpu()
-
-    @abstractmethod
-    def close(self, degraded: bool) -> None:
-        """Leave the group and let go of what it holds (the run_dir lock)."""

@@ -23,10 +23,9 @@ def leader_for(cfg: Config, run_dir: str, env: Optional[DistEnv] = None,
     ctl = Control()
     cfg = resolved(cfg)  # a Config handed in whole (hogwild.train(config=...)): its sync defaults decided
     if cfg.sync.coordinator:
-        from hogwild.leader.elastic import ElasticGroup, Rejoins
+        from hogwild.leader.elastic import ElasticGroup
 
-        group = ElasticGroup(cfg, ctl, env)
-        return Leader(cfg, run_dir, group, ctl, overrides, changes=Rejoins(group))
+        return Leader(cfg, run_dir, ElasticGroup(cfg, ctl, env), ctl, overrides)
     return Leader(cfg, run_dir, TorchrunGroup(env, lambda: ctl.signalled), ctl, overrides)
 
 

@@ -28,7 +28,7 @@ from hogwild.config.env import DistEnv
 from hogwild.config.plan import Plan
 from hogwild.config.schema import Config
 from hogwild.errors import EXIT_FAILED, StopNow
-from hogwild.leader.api import Changes, Control, Crew, Group
+from hogwild.leader.api import Control, Crew, Group, Here
 from hogwild.leader.faults import faulty_comm, faulty_rounds
 from hogwild.leader.target import Target
 from hogwild.replica import resources
@@ -61,11 +61,10 @@ LOCAL_GRACE = 0.25
 
 class Leader:
     def __init__(self, cfg: Config, run_dir: str, group: Group, ctl: Optional[Control] = None,
-                 overrides: Optional[Sequence[str]] = None, *, changes: Optional[Changes] = None) -> None:
-        """``changes``: what a group whose members change adds (none: a fixed group)."""
+                 overrides: Optional[Sequence[str]] = None) -> None:
         self.cfg, self.run_dir, self.overrides = cfg, Path(run_dir), overrides
         self.ctl = ctl or Control()
-        self.group, self.changes = group, changes or Changes()
+        self.group = group
         self.env: DistEnv = self.group.env
         self.t_start = time.monotonic()
         self.memory = PeakMemory()
@@ -107,7 +106,7 @@ class Leader:
         # The schedule's real length: what each worker reads it at.
         check_schedule(cfg.sched, cfg.optim.lr, plan.schedule_steps(specs[0].replica_quota))
         target = Target(cfg.train.target, rep.task, rep.model, rep.flat)
-        tel = Telemetry(cfg, run_dir, env.rank == 0, rep, Hooks(self.changes.progress, target.subject, target.saw))
+        tel = Telemetry(cfg, run_dir, env.rank == 0, rep, Hooks(self.group.progress, target.subject, target.saw))
         rounds = faulty_rounds(Rounds(rep.flat, rule, comm, board, schedule, base.syncs), env.rank)
         pool = WorkerPool(cfg, specs, rep, board)
         crew = Crew(cfg=cfg, env=env, run_dir=run_dir, workers=k, rep=rep, comm=comm, rule=rule, board=board,
@@ -118,7 +117,7 @@ class Leader:
     # ---------------------------------------------------------------- rounds
     def _round(self, crew: Crew, done: bool, stop: bool, final: bool = False) -> tuple[bool, bool]:
         ctl, group = self.ctl, self.group
-        reform = self.changes.before_round()
+        reform = self.group.before_round()
         # A leader stopped by a signal or a fault may have a dead peer (torchrun SIGTERMs
         # survivors): bound the wait. A job that simply ended is not stopping, and its final round
         # may take as long as any round: a dense 128 MB round needs 11 s at 100 Mbit/s, and a
@@ -134,12 +133,12 @@ class Leader:
         # A round that ends the job admits nobody: the members go on to their final collectives,
         # which a joiner just healed would never enter. It finds the job finished and leaves.
         if out.reform and not (final or out.all_done or out.any_stop or out.reached):
-            self.changes.reform()
+            self.group.reform()
         return out.all_done or out.reached, out.any_stop
 
     def _recover(self, e: PeerLost) -> bool:
         """A collective failed: True if the group re-formed and the loop may go on."""
-        why = self.changes.recover(e)
+        why = self.group.recover(e)
         if why is None:
             return True
         self.ctl.fail(why, degraded=True)
@@ -153,13 +152,13 @@ class Leader:
     def _gather(self, crew: Crew) -> tuple[torch.Tensor, Counts]:
         """Every replica's data positions and the job-wide totals (collective)."""
         own = self._own(crew)
-        positions = self.group.positions(crew)
-        job = self.changes.job(Counts.from_tensor(crew.comm.all_reduce(own.to_tensor())))
+        positions = self.group.positions(Here(crew))
+        job = self.group.job(Counts.from_tensor(crew.comm.all_reduce(own.to_tensor())))
         crew.saver.gathered(positions, job, own)
         return positions, job
 
     def _store(self, crew: Crew, positions: torch.Tensor, job: Counts, stopped: bool = False) -> None:
-        if self.changes.may_write():
+        if self.group.may_write():
             self._write(crew, positions, job, stopped)
         else:
             self.ctl.checkpoint_in(self.cfg.checkpoint.every_s)
@@ -175,13 +174,13 @@ class Leader:
 
     def _write_alone(self, crew: Crew) -> None:
         """A checkpoint of this replica alone, without a collective (see Saver.local_view)."""
-        if not self.changes.may_write(alone=True):
+        if not self.group.may_write(alone=True):
             self.ctl.checkpoint_in(self.cfg.checkpoint.every_s)
             return
         self._write(crew, *crew.saver.local_view(crew.board, self.env.rank, self.env.world_size, self._own(crew)))
 
     def _own(self, crew: Crew) -> Counts:  # this replica's counters (elastic mode adds its slot's earlier processes')
-        return self.changes.own(crew.board.totals(crew.pool.restarts))
+        return self.group.own(crew.board.totals(crew.pool.restarts))
 
     def _config_dict(self) -> dict[str, Any]:
         return OmegaConf.to_container(OmegaConf.structured(self.cfg), resolve=True)  # type: ignore[return-value]
@@ -243,7 +242,7 @@ class Leader:
                 # replica's own, so checkpoint.every_s holds (within the grace) between rounds.
                 self._write_alone(crew)
             tel.tick(board, crew.base.steps, crew.rounds.syncs)
-            self.changes.progress(crew.rounds.syncs, crew.base.steps + int(board.applied()))
+            self.group.progress(crew.rounds.syncs, crew.base.steps + int(board.applied()))
 
     # ------------------------------------------------------------------- run
     def run(self) -> RunResult:
@@ -264,7 +263,7 @@ class Leader:
                     raise StopNow()  # a signal while the workers warmed up: nothing trained yet
                 crew.tel.warm_up(crew.base.steps)
                 crew.saver.set_loss_bar(loss_bar(crew.tel.test_loss, crew.rep.task.classes))
-                self.group.start(crew)
+                self.group.start(Here(crew))
                 if self.group.writer:  # the run_dir lock is held: the record is this run's to write
                     if crew.restored is None:
                         set_aside_earlier_run(crew.run_dir)
@@ -275,9 +274,9 @@ class Leader:
                 crew.tel.start(crew.board, sum(s.quota for s in crew.specs), crew.rep.plan)
                 self._loop(crew)
             finally:
-                pool.stop(self.cfg.fault.shutdown_timeout_s, self.changes.progress)
+                pool.stop(self.cfg.fault.shutdown_timeout_s, self.group.progress)
                 crew.tel.close()
-            return self.changes.finish(self._finish(crew, time.monotonic() - self.t_train))
+            return self.group.finish(self._finish(crew, time.monotonic() - self.t_train))
         except StopNow:
             ctl.why("stopped during start-up: nothing trained, no checkpoint written")
             return self._outcome()
@@ -372,7 +371,7 @@ class Leader:
         metrics.update(verdict=verdict.summary, target_held=crew.target.held(tel.scores), evaluations=tel.history,
                        time_s=self._time_report(crew, job, train_s, sync_stats),
                        memory_mb=memory_report(crew, self.memory.peak_mb), **crew.rounds.wire(),
-                       **self.changes.report())
+                       **self.group.report())
         if crew.restored is not None and metrics["status"] != Status.OK:
             # A resumed run that failed keeps the report of the run it resumed, which told of a
             # model that still exists in the checkpoints: nothing already written is lost.

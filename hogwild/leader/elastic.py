@@ -36,12 +36,11 @@ from hogwild.elastic.link import CoordinatorAway
 from hogwild.elastic.membership import Dropped, Epoch, Membership
 from hogwild.errors import Fault, StopNow, UserError
 from hogwild.files import RunDirLock
-from hogwild.leader.api import Changes, Control, Crew, Group
+from hogwild.leader.api import Control, Group, Here
 from hogwild.replica.board import Board, Counts
 from hogwild.replica.build import Replica
 from hogwild.replica.models import model_id
 from hogwild.report.summary import RunResult, Status
-from hogwild.replica.meeting import STEPS_KEY
 from hogwild.config.plan import Plan
 from hogwild.sync.comm import Comm, PeerLost
 from hogwild.sync.group import destroy_group
@@ -72,7 +71,9 @@ def job_fingerprint(cfg: Config, plan: Plan, params: int) -> str:
 
 class ElasticGroup(Group):
     """Membership: registering, forming each epoch's group, healing joiners and members left
-    behind, and who writes. What the leader's rounds need besides is :class:`Rejoins`."""
+    behind, and who writes; and around the leader's rounds, re-forming the group around lost and
+    returning replicas, counting the job's steps while slots are away, and writing only while its
+    epoch is current. It sees the replica only through the :class:`Here` handed to :meth:`start`."""
 
     def __init__(self, cfg: Config, ctl: Control, env: Optional[DistEnv] = None) -> None:
         sc = cfg.sync
@@ -86,6 +87,8 @@ class ElasticGroup(Group):
         self.ledger: Optional[Ledger] = None  # the job's counts and positions as this slot keeps them
         self.members: tuple[int, ...] = ()
         self.tally = {"replicas_lost": 0, "replicas_joined": 0}  # as this slot saw them, for TensorBoard
+        self.round_t0 = time.monotonic()  # when the current round began (a survivor's stall counts from it)
+        self._here: Optional[Here] = None
 
     @property
     def writer(self) -> bool:
@@ -124,15 +127,20 @@ class ElasticGroup(Group):
         self.books.restored(restored.positions)
         return restored
 
-    def start(self, crew: Crew) -> None:
+    @property
+    def here(self) -> Here:
+        assert self._here is not None, "the replica is handed over at start()"
+        return self._here
+
+    def start(self, here: Here) -> None:
         """Join the running group (or form the first one) before the workers start."""
-        self.crew = crew
+        self._here = here
         t0 = time.monotonic()
         # Its heartbeat shows how far its restored state is, for the choice of a heal source.
-        self.m.tick(crew.rounds.syncs, crew.base.steps)
+        self.m.tick(here.syncs, here.steps)
         self._enter(self.m.join(), fresh=True)
         self.m.put(f"heal/{self.m.epoch.number}/{self.env.rank}", str(time.monotonic() - t0))
-        crew.scalar("elastic/heal_s", time.monotonic() - t0)
+        here.scalar("elastic/heal_s", time.monotonic() - t0)
 
     # ------------------------------------------------------------ membership
     def _enter(self, ep: Epoch, fresh: bool = False) -> None:
@@ -148,7 +156,7 @@ class ElasticGroup(Group):
             self.tally["replicas_joined"] += len(ep.joiners)
         self.members = ep.members
         for tag, value in (("epoch", ep.number), ("members", len(ep.members)), *self.tally.items()):
-            self.crew.scalar(f"elastic/{tag}", value)
+            self.here.scalar(f"elastic/{tag}", value)
         logs.stamp(slot=self.env.rank, epoch=ep.number)
         logger.info("members %s, rank %d of %d%s", list(ep.members), self.comm.rank, self.comm.world_size,
                     " (writer)" if self.writer else "")
@@ -158,7 +166,7 @@ class ElasticGroup(Group):
         member applied. A round whose collective completed for some members and failed for
         others leaves them apart; the ones behind take the state of one that is not (its model,
         and above all its outer-rule state, which no later round would bring back together)."""
-        got = self.comm.all_gather(torch.tensor([self.crew.rounds.syncs], dtype=torch.int64))
+        got = self.comm.all_gather(torch.tensor([self.here.syncs], dtype=torch.int64))
         applied = dict(zip(ep.members, (int(g) for g in got)))
         live = [s for s in ep.members if s not in ep.joiners]
         if not live:
@@ -169,14 +177,11 @@ class ElasticGroup(Group):
         return source, tuple(s for s in live if applied[s] < top)
 
     def _heal(self, ep: Epoch, source: int, behind: tuple[int, ...], fresh: bool) -> None:
-        crew = self.crew
-        rep, mine = crew.rep, self.env.rank == source
+        here, mine = self.here, self.env.rank == source
         # Every slot (re)started (source is a joiner): the coordinator's positions and totals are
         # from rounds after any checkpoint, so they come from the source's restore point instead.
         restart = source in ep.joiners
-        state = {"flat": rep.flat, "opt": rep.opt_state or {}, "sync": crew.rule.state_dict(),
-                 "counters": crew.base.lineage(), "syncs": crew.rounds.syncs, "lineage": crew.saver.lineage,
-                 "positions": self.books.restored_positions if restart else None} if mine else None
+        state = {**here.state_dict(), "positions": self.books.restored_positions if restart else None} if mine else None
         if mine and restart:
             self._reset_absent(ep)
         got = self.comm.send_state(state, ep.members.index(source))
@@ -184,41 +189,33 @@ class ElasticGroup(Group):
             if restart:
                 self.publish()
             return
-        crew.saver.adopt(str(got["lineage"]))
-        with torch.no_grad():
-            rep.flat.copy_(got["flat"])
-            for name, buf in (rep.opt_state or {}).items():
-                buf.copy_(got["opt"][name])
-        crew.rule.load_state_dict(got["sync"])
         if self.env.rank in behind:  # a live member: its counters and positions are its own
             logger.warning("applied %d rounds, slot %d applied %d (a round failed here and completed "
-                           "there): took slot %d's state", crew.rounds.syncs, source,
-                           int(got["syncs"]), source)
-            crew.rounds.adopt(int(got["syncs"]))
+                           "there): took slot %d's state", here.syncs, source, int(got["syncs"]), source)
+            here.load_state_dict(got, counters=False)
             return
-        crew.adopt_counters(Counts.from_dict(got["counters"]))
-        crew.rounds.adopt(int(got["syncs"]))
+        here.load_state_dict(got)
         if restart:  # this slot's position in the source's checkpoint (its shard's start if none)
             table = got["positions"]
-            crew.board.set_positions(table[self.env.rank].numpy() if table is not None else np.zeros(crew.workers))
+            here.resume_at(table[self.env.rank].numpy() if table is not None else np.zeros(here.workers))
             self.books.carry(None)
             self.publish()  # what an earlier lineage left at the coordinator must not be read again
         else:
-            pos = self.m.fetch_as(f"pos/{self.env.rank}", floats(crew.workers)) if fresh else None
+            pos = self.m.fetch_as(f"pos/{self.env.rank}", floats(here.workers)) if fresh else None
             if pos is not None:  # workers not started: resume this slot's shard
-                crew.board.set_positions(pos)
+                here.resume_at(pos)
             done = self.m.fetch_as(f"done/{self.env.rank}", floats(Counts().to_tensor().numel())) if fresh else None
             if done is not None:  # and count on from its earlier processes' totals at their last round
                 self.books.carry(torch.from_numpy(done))
-        crew.rounds.rebase()
-        steps = (rep.opt_state or {}).get(STEPS_KEY)
-        logger.info("healed from slot %d (step %d, %d syncs%s)", source, crew.base.steps, crew.rounds.syncs,
-                    f", the replica's optimizer state at its step {int(steps[0])}" if steps is not None else "")
+        here.rebase()
+        steps = here.optimizer_steps()
+        logger.info("healed from slot %d (step %d, %d syncs%s)", source, here.steps, here.syncs,
+                    f", the replica's optimizer state at its step {steps}" if steps is not None else "")
 
     def _reset_absent(self, ep: Epoch) -> None:
         """A group of joiners only goes back to the source's restore point. The slots outside it
         left at the coordinator the positions and totals of the lineage that went back: read by
-        :meth:`Rejoins.job` and :meth:`positions`, and by such a slot when it joins later, they
+        :meth:`job` and :meth:`positions`, and by such a slot when it joins later, they
         counted its steps before the checkpoint twice and skipped its data after it. The restore
         point's positions replace them, and zero totals: its steps up to the checkpoint are in the
         counters every member restored. Set before the state is sent, so no later epoch can admit
@@ -228,7 +225,7 @@ class ElasticGroup(Group):
         for s in range(self.env.world_size):
             if s in ep.members:
                 continue
-            pos = table[s].numpy() if table is not None else np.zeros(self.crew.workers)
+            pos = table[s].numpy() if table is not None else np.zeros(self.here.workers)
             try:
                 for key, raw in slot_record(s, pos, Counts()).items():
                     self.m.set(key, raw)
@@ -240,7 +237,7 @@ class ElasticGroup(Group):
         writer may still hold it, and may let it go at any round."""
         writer = self.comm.rank == 0
         if writer and self.lock is None:
-            lock = RunDirLock(self.crew.run_dir)
+            lock = RunDirLock(self.here.run_dir)
             try:
                 lock.acquire()
                 self.lock = lock
@@ -275,8 +272,8 @@ class ElasticGroup(Group):
     def publish(self) -> None:
         """This slot's data positions and totals, for a restarted slot to go on from and for the
         job's count while the slot is away."""
-        totals = Counts.from_tensor(self.books.own(self.crew.board.totals(self.crew.pool.restarts).to_tensor()))
-        for key, raw in slot_record(self.env.rank, self.crew.board.stats["pos"], totals).items():
+        totals = Counts.from_tensor(self.books.own(self.here.totals().to_tensor()))
+        for key, raw in slot_record(self.env.rank, self.here.positions(), totals).items():
             self.m.put(key, raw)
 
     @property
@@ -284,15 +281,15 @@ class ElasticGroup(Group):
         assert self.ledger is not None, "the ledger exists from connect() on"
         return self.ledger
 
-    def positions(self, crew: Crew) -> torch.Tensor:
+    def positions(self, here: Here) -> torch.Tensor:
         """Every slot's data positions (collective): the members' as they are now, gathered in the
         group next to the totals, and an absent slot's as it published them at its last round,
-        as its totals are counted (see :meth:`Rejoins.job`). The members' never come from the
+        as its totals are counted (see :meth:`job`). The members' never come from the
         coordinator: while it is away it holds old positions, which beside fresh totals would make
         a resume read their shards again."""
-        mine = torch.from_numpy(crew.board.stats["pos"].astype(np.float64))
+        mine = torch.from_numpy(here.positions())
         members = dict(zip(self.m.epoch.members, self.comm.all_gather(mine)))
-        fetch = lambda s: self.m.fetch_as(f"pos/{s}", floats(crew.workers))  # noqa: E731
+        fetch = lambda s: self.m.fetch_as(f"pos/{s}", floats(here.workers))  # noqa: E731
         return self.books.positions(members, self.absent(), fetch)
 
     def absent(self) -> list[int]:
@@ -307,107 +304,93 @@ class ElasticGroup(Group):
             self.comm.abandon(midway=degraded)
             self.m.close()
 
-
-class Rejoins(Changes):
-    """What elastic mode adds to the leader's rounds, beside its :class:`ElasticGroup`: a member
-    that re-forms the group around lost and returning replicas, counts the job's steps while
-    slots are away, and writes only while its epoch is current."""
-
-    def __init__(self, group: ElasticGroup) -> None:
-        self.group, self.cfg, self.ctl = group, group.cfg, group.ctl
-        self.round_t0 = time.monotonic()
-
+    # ------------------------------------------------ what members that change add
     def progress(self, rounds: Optional[int] = None, steps: Optional[int] = None) -> None:
         if rounds is not None:
-            self.group.m.tick(rounds, steps)
-        elif self.group.connected:
-            self.group.m.moving()
+            self.m.tick(rounds, steps)
+        elif self.connected:
+            self.m.moving()
 
     def before_round(self) -> bool:
-        g = self.group
         self.round_t0 = time.monotonic()
-        g.publish()
-        g.elect()  # the writer may take the lock a dropped writer has let go
-        away = g.m.away_for()
+        self.publish()
+        self.elect()  # the writer may take the lock a dropped writer has let go
+        away = self.m.away_for()
         if away > self.cfg.sync.timeout_s:  # the group could not change any more: stop while it is whole
-            self.ctl.fail(f"sync.coordinator {g.m.endpoint} unreachable for {away:.0f}s (sync.timeout_s); "
+            self.ctl.fail(f"sync.coordinator {self.m.endpoint} unreachable for {away:.0f}s (sync.timeout_s); "
                           "stopping with a final sync and checkpoint")
-        return not self.ctl.stopping and g.m.changed()
+        return not self.ctl.stopping and self.m.changed()
 
     def reform(self) -> None:
         try:
-            self.group.regroup()
+            self.regroup()
         except StopNow:  # stopped while the group re-formed: the lost-group path stops it cleanly
             raise PeerLost("sync: stopped by a signal while the group re-formed") from None
 
     def recover(self, e: PeerLost) -> Optional[str]:
-        g = self.group
         logger.warning("%s; re-forming the group", e)
         try:
-            g.regroup()
+            self.regroup()
         except (Fault, StopNow) as f:  # no quorum in time, or a signal: a minority stops, never writes
-            g.resign()
+            self.resign()
             return super().recover(PeerLost(str(f) or "sync: stopped by a signal while waiting for a group"))
         stall = time.monotonic() - self.round_t0
-        g.m.put(f"stall/{g.m.epoch.number}/{g.env.rank}", str(stall))
-        g.crew.scalar("elastic/survivor_stall_s", stall)
+        self.m.put(f"stall/{self.m.epoch.number}/{self.env.rank}", str(stall))
+        self.here.scalar("elastic/survivor_stall_s", stall)
         return None
 
     def may_write(self, alone: bool = False) -> bool:
-        g = self.group
         if alone:
             # A healed writer knows the others only from its first gather: before it, a checkpoint of
             # its own would hold their positions at zero and the job's steps at its own.
-            return g.m.away_for() == 0.0 and g.crew.saver.has_view
+            return self.m.away_for() == 0.0 and self.here.has_view
         # A writer that was stopped past the timeout wakes up believing it still writes; the
         # others have moved on. One look at the epoch before each write keeps it out.
         # While the coordinator is away, the collective that gathered the totals just now is the
         # proof that this group is whole and current (a write alone, which has none, waits).
         try:
-            newer = g.m.current() != g.m.epoch.number
+            newer = self.m.current() != self.m.epoch.number
         except CoordinatorAway:
             newer = False
-        if g.writer and newer:
+        if self.writer and newer:
             logger.warning("a newer group exists; not writing")
         return not newer
 
     def own(self, totals: Counts) -> Counts:
-        return Counts.from_tensor(self.group.books.own(totals.to_tensor()))
+        return Counts.from_tensor(self.books.own(totals.to_tensor()))
 
     def job(self, members: Counts) -> Counts:
         """The members' totals plus, for each slot outside this epoch, its totals as it published
         them at its last round: the group merged those updates, and a slot lost for good must
         not take them out of the job's count. (A slot that comes back carries the same totals
         into its own, so nothing counts twice.)"""
-        g, total = self.group, members.to_tensor()
-        fetch = lambda s: g.m.fetch_as(f"done/{s}", floats(total.numel()))  # noqa: E731
-        return Counts.from_tensor(g.books.job(total, g.absent(), fetch))
+        total = members.to_tensor()
+        fetch = lambda s: self.m.fetch_as(f"done/{s}", floats(total.numel()))  # noqa: E731
+        return Counts.from_tensor(self.books.job(total, self.absent(), fetch))
 
     def finish(self, result: RunResult) -> RunResult:
-        g = self.group
         if self.ctl.degraded:
             return result
-        g.m.put("finished", str(g.m.epoch.number))  # a replica that wakes later exits
-        if g.comm.rank == 0 and not g.writer:
+        self.m.put("finished", str(self.m.epoch.number))  # a replica that wakes later exits
+        if self.comm.rank == 0 and not self.writer:
             return dataclasses.replace(
                 result, status=Status.FAILED, exit_code=Status.FAILED.exit_code,
                 error=f"no metrics.json and no final checkpoint: the run_dir lock is held by a dropped "
-                      f"writer (its pid is in {g.crew.run_dir}/.hogwild.lock)")
+                      f"writer (its pid is in {self.here.run_dir}/.hogwild.lock)")
         return result
 
     def report(self) -> dict[str, Any]:
-        g = self.group
-        history = g.m.history()
+        history = self.m.history()
         lost = sum(len(set(a.members) - set(b.members)) + len(set(b.joiners) & set(a.members))
                    for a, b in zip(history, history[1:]))
         joined = sum(len(ep.joiners) for ep in history[1:])
-        seconds = lambda key: g.m.fetch_as(key, float)  # noqa: E731
+        seconds = lambda key: self.m.fetch_as(key, float)  # noqa: E731
         heal = [seconds(f"heal/{ep.number}/{s}") for ep in history[1:] for s in ep.joiners]
         stall = [seconds(f"stall/{ep.number}/{s}") for ep in history[1:] for s in ep.members if s not in ep.joiners]
         return {"elastic": True, "epochs": len(history), "replicas_lost": lost, "replicas_joined": joined,
                 "heal_s": max((h for h in heal if h is not None), default=0.0),
                 "survivor_stall_s": max((s for s in stall if s is not None), default=0.0),
-                "slot_positions": g.books.report()}
+                "slot_positions": self.books.report()}
 
 
 def slot_record(slot: int, positions: np.ndarray, totals: Counts) -> dict[str, bytes]:

@@ -16,7 +16,7 @@ from hogwild.checkpoint.resume import Restored, resume
 from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
 from hogwild.files import RunDirLock
-from hogwild.leader.api import Crew, Group
+from hogwild.leader.api import Group, Here
 from hogwild.replica.board import Board
 from hogwild.replica.build import Replica
 from hogwild.sync.comm import Comm
@@ -30,6 +30,7 @@ class TorchrunGroup(Group):
         self.stopped = stopped  # a signal arrived: the rendezvous stops waiting for peers
         self.lock: Optional[RunDirLock] = None
         self.comm: Optional[Comm] = None
+        self.timeout_s = 0.0  # sync.timeout_s, from connect() on
 
     @property
     def writer(self) -> bool:
@@ -40,6 +41,7 @@ class TorchrunGroup(Group):
         sc = cfg.sync
         if self.env.world_size > 1:
             logs.stamp(replica=self.env.rank)
+        self.timeout_s = sc.timeout_s
         self.comm, run_dir = join_torchrun_group(self.env, sc.backend, sc.timeout_s, cfg.device, run_dir,
                                                  rep.plan.workers, rep.flat.device, self.stopped)
         if self.writer:
@@ -52,8 +54,13 @@ class TorchrunGroup(Group):
         assert self.comm is not None
         return resume(cfg, run_dir, rep, board, rule, self.comm, self.env, previous)
 
-    def start(self, crew: Crew) -> None:
-        crew.comm.all_reduce(torch.zeros(1), crew.cfg.sync.timeout_s, "the start barrier")
+    def start(self, here: Here) -> None:
+        assert self.comm is not None
+        self.comm.all_reduce(torch.zeros(1), self.timeout_s, "the start barrier")
+
+    def positions(self, here: Here) -> torch.Tensor:
+        assert self.comm is not None
+        return torch.stack(self.comm.all_gather(torch.from_numpy(here.positions()))).cpu()
 
     def close(self, degraded: bool) -> None:
         if not degraded:  # a collective to the lost peer may still be pending: leave the group be

@@ -419,6 +419,42 @@ def test_every_replica_restarted_starts_from_one_restore_point(job_factory) -> N
     finish_in_consensus(job)
 
 
+def test_a_stream_restored_in_elastic_mode_reads_on_from_its_saved_state(tmp_path: Path) -> None:
+    # Elastic mode's restore passed no stream records, so its workers found their place in a stream
+    # by skipping to it, where a torchrun job's read on from the state its checkpoint holds
+    # (docs/data.md). A job of 2 slots runs to its end, then on from its final checkpoint, whose
+    # records are the writer's (slot 0's) workers' at the positions it holds: they read on from
+    # their saved states, slot 1's skip. Not a job killed mid-run: a periodic checkpoint's positions
+    # come from the round before it, and a worker past them by more than the records it keeps
+    # skips, as documented, so which way a restarted worker read on depended on the load.
+    args = ["sync.replicas=2", "workers=2", "sync.interval=4", f"run_dir={tmp_path / 'run'}",
+            "data._target_=tests.stream_helpers.numbered", "+data.n=64", "+data.stateful=true",
+            "model._target_=tests.stream_helpers.Net", "train.batch_size=4", "eval.every_s=1000"]
+    env = clean_env(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+
+    def job(*extra: str) -> str:
+        """Both slots, at a coordinator of their own (one that saw a job finish refuses its slots)."""
+        port, stop, ready = free_port(), threading.Event(), threading.Event()
+        threading.Thread(target=serve, args=("127.0.0.1", port, ready, stop), daemon=True).start()
+        assert ready.wait(30)
+        try:
+            procs = [subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", f"sync.slot={s}",
+                                       f"sync.coordinator=127.0.0.1:{port}", *args, *extra], cwd=tmp_path, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for s in range(2)]
+            outs = [p.communicate(timeout=240)[0] for p in procs]
+        finally:
+            stop.set()
+        assert [p.returncode for p in procs] == [0, 0], [o[-3000:] for o in outs]
+        return outs[0]
+
+    job("train.max_steps=12")
+    writer = job("train.max_steps=24", "resume=true")
+    resumed = re.findall(r"stream resumed at batch (\d+) \(epoch \d+\) from its saved state", writer)
+    assert len(resumed) == 2 and all(int(b) > 0 for b in resumed), writer[-3000:]
+    assert "by skipping" not in writer, writer[-3000:]
+    assert metrics(tmp_path / "run")["status"] == "ok"
+
+
 def test_a_restarted_writer_and_refused_replicas_never_touch_what_the_job_wrote(job_factory: Callable[..., Job],
                                                                                  tmp_path: Path) -> None:
     # Three ways into a live job's run, in one job of 3 replicas (each used to start its own):

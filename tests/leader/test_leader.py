@@ -10,7 +10,7 @@ import pytest
 
 from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
-from hogwild.leader.api import Changes, Group
+from hogwild.leader.api import Group
 from hogwild.leader.core import Leader
 from hogwild.sync.rounds import RoundOutcome
 
@@ -31,17 +31,21 @@ class _Group(Group):
     def restore(self, *a: Any) -> Optional[Any]:
         raise AssertionError("not here")
 
-    def start(self, crew: Any) -> None:
+    def start(self, here: Any) -> None:
         pass
+
+    def positions(self, here: Any) -> Any:
+        raise AssertionError("not here")
 
     def close(self, degraded: bool) -> None:
         pass
 
 
-class _Changes(Changes):
-    """Members that change, which records what the leader asked of them."""
+class _Changing(_Group):
+    """A group whose members change, which records what the leader asked of it."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.did: list[str] = []
 
     def reform(self) -> None:
@@ -52,8 +56,8 @@ def _after_round(final: bool = False, **flags: bool) -> list[str]:
     """Leader._round on a leader whose round's agreed flags are ``flags`` (a re-formation
     asked for by someone); what the leader did next."""
     agreed = {"all_done": False, "any_stop": False, "checkpoint": False, "reached": False, "reform": True, **flags}
-    changes = _Changes()
-    leader = Leader(Config(), str(Path("unused")), _Group(), changes=changes)
+    changes = _Changing()
+    leader = Leader(Config(), str(Path("unused")), changes)
     leader.ctl.next_ckpt = float("inf")
     crew = SimpleNamespace(
         rounds=SimpleNamespace(run=lambda **kw: RoundOutcome(healthy=True, drift=0.0, last_drifts=[], **agreed)),
