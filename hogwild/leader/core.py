@@ -75,6 +75,8 @@ class Leader:
         """This process's CPU seconds when training began (time_s.leader.cpu counts from there)."""
         self.out_of_time = False
         """``train.max_time`` was spent (this replica's clock)."""
+        self.here: Optional[Here] = None
+        """The replica as the group sees it, from :meth:`_setup` on."""
 
     # ---------------------------------------------------------------- setup
     def _setup(self) -> Crew:
@@ -112,6 +114,7 @@ class Leader:
         crew = Crew(cfg=cfg, env=env, run_dir=run_dir, workers=k, rep=rep, comm=comm, rule=rule, board=board,
                     schedule=schedule, restored=restored, base=base, saver=saver, specs=specs, tel=tel,
                     rounds=rounds, pool=pool, target=target)
+        self.here = Here(crew)  # all the group sees of the replica (leader/api.py)
         return crew
 
     # ---------------------------------------------------------------- rounds
@@ -152,7 +155,8 @@ class Leader:
     def _gather(self, crew: Crew) -> tuple[torch.Tensor, Counts]:
         """Every replica's data positions and the job-wide totals (collective)."""
         own = self._own(crew)
-        positions = self.group.positions(Here(crew))
+        assert self.here is not None
+        positions = self.group.positions(self.here)
         job = self.group.job(Counts.from_tensor(crew.comm.all_reduce(own.to_tensor())))
         crew.saver.gathered(positions, job, own)
         return positions, job
@@ -251,6 +255,8 @@ class Leader:
             ctl.stopper.install()  # a SIGTERM during start-up stops it at once
             self.memory.start()
             crew = self._setup()
+            if ctl.signalled:  # a signal whose StopNow landed where it could not be raised (stopping.py)
+                raise StopNow()
             pool = crew.pool
             ctl.stopper.workers_started(pool.kill)
             logger.info("replica %d/%d: %d workers x %d threads, %d steps each, run dir %s",
@@ -263,7 +269,8 @@ class Leader:
                     raise StopNow()  # a signal while the workers warmed up: nothing trained yet
                 crew.tel.warm_up(crew.base.steps)
                 crew.saver.set_loss_bar(loss_bar(crew.tel.test_loss, crew.rep.task.classes))
-                self.group.start(Here(crew))
+                assert self.here is not None
+                self.group.start(self.here)
                 if self.group.writer:  # the run_dir lock is held: the record is this run's to write
                     if crew.restored is None:
                         set_aside_earlier_run(crew.run_dir)

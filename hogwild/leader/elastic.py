@@ -84,7 +84,7 @@ class ElasticGroup(Group):
         self.lock: Optional[RunDirLock] = None
         self.lock_refused = False
         self.is_writer = False  # decided by each epoch (see elect)
-        self.ledger: Optional[Ledger] = None  # the job's counts and positions as this slot keeps them
+        self._ledger: Optional[Ledger] = None  # the job's counts and positions as this slot keeps them
         self.members: tuple[int, ...] = ()
         self.tally = {"replicas_lost": 0, "replicas_joined": 0}  # as this slot saw them, for TensorBoard
         self.round_t0 = time.monotonic()  # when the current round began (a survivor's stall counts from it)
@@ -101,16 +101,16 @@ class ElasticGroup(Group):
         assert sc.coordinator is not None
         # Here, not in __init__: the leader's signal handlers are installed by now, so a SIGTERM
         # while the coordinator is slow to answer stops this replica cleanly.
-        self.m = Membership(sc.coordinator, self.env.rank, self.env.world_size, sc.peer_timeout_s,
-                            sc.min_replicas, sc.timeout_s, lambda: self.ctl.signalled)
-        self.comm = ElasticComm(self.m, sc.timeout_s)
+        self.membership = Membership(sc.coordinator, self.env.rank, self.env.world_size, sc.peer_timeout_s,
+                                     sc.min_replicas, sc.timeout_s, lambda: self.ctl.signalled)
+        self.comm = ElasticComm(self.membership, sc.timeout_s)
         self.connected = True
-        run_dir = Path(self.m.agree_job(job_fingerprint(cfg, rep.plan, rep.flat.numel()), str(run_dir)))
+        run_dir = Path(self.membership.agree_job(job_fingerprint(cfg, rep.plan, rep.flat.numel()), str(run_dir)))
         # Before this process touches anything in run_dir: a second process started in a live
         # slot would otherwise truncate that slot's progress board (its data positions) before
         # being refused.
-        self.m.claim()
-        self.ledger = Ledger(self.env.world_size, rep.plan.workers)
+        self.membership.claim()
+        self._ledger = Ledger(self.env.world_size, rep.plan.workers)
         return self.comm, run_dir
 
     def restore(self, cfg: Config, run_dir: Path, rep: Replica, board: Board, rule: SyncRule,
@@ -124,7 +124,7 @@ class ElasticGroup(Group):
         restored, sync_state = restore(path, model_id(cfg.model), rep.shapes, rep.flat, rep.opt_state, board,
                                        self.env.rank, self.env.world_size, rep.streams)
         rule.load_state_dict(sync_state)
-        self.books.restored(restored.positions)
+        self.ledger.restored(restored.positions)
         return restored
 
     @property
@@ -137,9 +137,9 @@ class ElasticGroup(Group):
         self._here = here
         t0 = time.monotonic()
         # Its heartbeat shows how far its restored state is, for the choice of a heal source.
-        self.m.tick(here.syncs, here.steps)
-        self._enter(self.m.join(), fresh=True)
-        self.m.put(f"heal/{self.m.epoch.number}/{self.env.rank}", str(time.monotonic() - t0))
+        self.membership.tick(here.syncs, here.steps)
+        self._enter(self.membership.join(), fresh=True)
+        self.membership.put(f"heal/{self.membership.epoch.number}/{self.env.rank}", str(time.monotonic() - t0))
         here.scalar("elastic/heal_s", time.monotonic() - t0)
 
     # ------------------------------------------------------------ membership
@@ -148,7 +148,7 @@ class ElasticGroup(Group):
         source, behind = self._agree(ep)
         if source is not None and (ep.joiners or behind):
             self._heal(ep, source, behind, fresh)
-        self.m.settled(ep)  # only now: a joiner whose group or heal failed is healed in the next epoch
+        self.membership.settled(ep)  # only now: a joiner whose group or heal failed is healed in the next epoch
         self.elect()
         if self.members:
             self.tally["replicas_lost"] += (len(set(self.members) - set(ep.members))
@@ -181,7 +181,8 @@ class ElasticGroup(Group):
         # Every slot (re)started (source is a joiner): the coordinator's positions and totals are
         # from rounds after any checkpoint, so they come from the source's restore point instead.
         restart = source in ep.joiners
-        state = {**here.state_dict(), "positions": self.books.restored_positions if restart else None} if mine else None
+        restored = self.ledger.restored_positions if restart else None
+        state = {**here.state_dict(), "positions": restored} if mine else None
         if mine and restart:
             self._reset_absent(ep)
         got = self.comm.send_state(state, ep.members.index(source))
@@ -198,15 +199,16 @@ class ElasticGroup(Group):
         if restart:  # this slot's position in the source's checkpoint (its shard's start if none)
             table = got["positions"]
             here.resume_at(table[self.env.rank].numpy() if table is not None else np.zeros(here.workers))
-            self.books.carry(None)
+            self.ledger.carry(None)
             self.publish()  # what an earlier lineage left at the coordinator must not be read again
         else:
-            pos = self.m.fetch_as(f"pos/{self.env.rank}", floats(here.workers)) if fresh else None
+            pos = self.membership.fetch_as(f"pos/{self.env.rank}", floats(here.workers)) if fresh else None
             if pos is not None:  # workers not started: resume this slot's shard
                 here.resume_at(pos)
-            done = self.m.fetch_as(f"done/{self.env.rank}", floats(Counts().to_tensor().numel())) if fresh else None
+            counts = floats(Counts().to_tensor().numel())
+            done = self.membership.fetch_as(f"done/{self.env.rank}", counts) if fresh else None
             if done is not None:  # and count on from its earlier processes' totals at their last round
-                self.books.carry(torch.from_numpy(done))
+                self.ledger.carry(torch.from_numpy(done))
         here.rebase()
         steps = here.optimizer_steps()
         logger.info("healed from slot %d (step %d, %d syncs%s)", source, here.steps, here.syncs,
@@ -221,14 +223,14 @@ class ElasticGroup(Group):
         counters every member restored. Set before the state is sent, so no later epoch can admit
         such a slot before they are in place; set, not kept (Membership.put), so a coordinator
         restart never puts them back over what the slot itself publishes later."""
-        table = self.books.restored_positions
+        table = self.ledger.restored_positions
         for s in range(self.env.world_size):
             if s in ep.members:
                 continue
             pos = table[s].numpy() if table is not None else np.zeros(self.here.workers)
             try:
                 for key, raw in slot_record(s, pos, Counts()).items():
-                    self.m.set(key, raw)
+                    self.membership.set(key, raw)
             except CoordinatorAway:  # the stale ones stay: say so, a resume would show it
                 logger.warning("the coordinator went away before slot %d's positions were reset", s)
 
@@ -259,11 +261,11 @@ class ElasticGroup(Group):
         while True:
             try:
                 try:
-                    ep = self.m.advance()
+                    ep = self.membership.advance()
                 except Dropped as d:
                     logger.warning("%s; rejoining as a new member (no writes until then)", d)
                     self.is_writer = False
-                    ep = self.m.join()
+                    ep = self.membership.join()
                 self._enter(ep)
                 return
             except PeerLost as e:  # a member died while the group formed: next epoch
@@ -272,14 +274,14 @@ class ElasticGroup(Group):
     def publish(self) -> None:
         """This slot's data positions and totals, for a restarted slot to go on from and for the
         job's count while the slot is away."""
-        totals = Counts.from_tensor(self.books.own(self.here.totals().to_tensor()))
+        totals = Counts.from_tensor(self.ledger.own(self.here.totals().to_tensor()))
         for key, raw in slot_record(self.env.rank, self.here.positions(), totals).items():
-            self.m.put(key, raw)
+            self.membership.put(key, raw)
 
     @property
-    def books(self) -> Ledger:
-        assert self.ledger is not None, "the ledger exists from connect() on"
-        return self.ledger
+    def ledger(self) -> Ledger:
+        assert self._ledger is not None, "the ledger exists from connect() on"
+        return self._ledger
 
     def positions(self, here: Here) -> torch.Tensor:
         """Every slot's data positions (collective): the members' as they are now, gathered in the
@@ -288,12 +290,12 @@ class ElasticGroup(Group):
         coordinator: while it is away it holds old positions, which beside fresh totals would make
         a resume read their shards again."""
         mine = torch.from_numpy(here.positions())
-        members = dict(zip(self.m.epoch.members, self.comm.all_gather(mine)))
-        fetch = lambda s: self.m.fetch_as(f"pos/{s}", floats(here.workers))  # noqa: E731
-        return self.books.positions(members, self.absent(), fetch)
+        members = dict(zip(self.membership.epoch.members, self.comm.all_gather(mine)))
+        fetch = lambda s: self.membership.fetch_as(f"pos/{s}", floats(here.workers))  # noqa: E731
+        return self.ledger.positions(members, self.absent(), fetch)
 
     def absent(self) -> list[int]:
-        return [s for s in range(self.env.world_size) if s not in self.m.epoch.members]
+        return [s for s in range(self.env.world_size) if s not in self.membership.epoch.members]
 
     def close(self, degraded: bool) -> None:
         if not degraded:
@@ -302,24 +304,24 @@ class ElasticGroup(Group):
             self.lock.release()
         if self.connected:
             self.comm.abandon(midway=degraded)
-            self.m.close()
+            self.membership.close()
 
     # ------------------------------------------------ what members that change add
     def progress(self, rounds: Optional[int] = None, steps: Optional[int] = None) -> None:
         if rounds is not None:
-            self.m.tick(rounds, steps)
+            self.membership.tick(rounds, steps)
         elif self.connected:
-            self.m.moving()
+            self.membership.moving()
 
     def before_round(self) -> bool:
         self.round_t0 = time.monotonic()
         self.publish()
         self.elect()  # the writer may take the lock a dropped writer has let go
-        away = self.m.away_for()
+        away = self.membership.away_for()
         if away > self.cfg.sync.timeout_s:  # the group could not change any more: stop while it is whole
-            self.ctl.fail(f"sync.coordinator {self.m.endpoint} unreachable for {away:.0f}s (sync.timeout_s); "
+            self.ctl.fail(f"sync.coordinator {self.membership.endpoint} unreachable for {away:.0f}s (sync.timeout_s); "
                           "stopping with a final sync and checkpoint")
-        return not self.ctl.stopping and self.m.changed()
+        return not self.ctl.stopping and self.membership.changed()
 
     def reform(self) -> None:
         try:
@@ -335,7 +337,7 @@ class ElasticGroup(Group):
             self.resign()
             return super().recover(PeerLost(str(f) or "sync: stopped by a signal while waiting for a group"))
         stall = time.monotonic() - self.round_t0
-        self.m.put(f"stall/{self.m.epoch.number}/{self.env.rank}", str(stall))
+        self.membership.put(f"stall/{self.membership.epoch.number}/{self.env.rank}", str(stall))
         self.here.scalar("elastic/survivor_stall_s", stall)
         return None
 
@@ -343,13 +345,13 @@ class ElasticGroup(Group):
         if alone:
             # A healed writer knows the others only from its first gather: before it, a checkpoint of
             # its own would hold their positions at zero and the job's steps at its own.
-            return self.m.away_for() == 0.0 and self.here.has_view
+            return self.membership.away_for() == 0.0 and self.here.has_view
         # A writer that was stopped past the timeout wakes up believing it still writes; the
         # others have moved on. One look at the epoch before each write keeps it out.
         # While the coordinator is away, the collective that gathered the totals just now is the
         # proof that this group is whole and current (a write alone, which has none, waits).
         try:
-            newer = self.m.current() != self.m.epoch.number
+            newer = self.membership.current() != self.membership.epoch.number
         except CoordinatorAway:
             newer = False
         if self.writer and newer:
@@ -357,7 +359,7 @@ class ElasticGroup(Group):
         return not newer
 
     def own(self, totals: Counts) -> Counts:
-        return Counts.from_tensor(self.books.own(totals.to_tensor()))
+        return Counts.from_tensor(self.ledger.own(totals.to_tensor()))
 
     def job(self, members: Counts) -> Counts:
         """The members' totals plus, for each slot outside this epoch, its totals as it published
@@ -365,13 +367,13 @@ class ElasticGroup(Group):
         not take them out of the job's count. (A slot that comes back carries the same totals
         into its own, so nothing counts twice.)"""
         total = members.to_tensor()
-        fetch = lambda s: self.m.fetch_as(f"done/{s}", floats(total.numel()))  # noqa: E731
-        return Counts.from_tensor(self.books.job(total, self.absent(), fetch))
+        fetch = lambda s: self.membership.fetch_as(f"done/{s}", floats(total.numel()))  # noqa: E731
+        return Counts.from_tensor(self.ledger.job(total, self.absent(), fetch))
 
     def finish(self, result: RunResult) -> RunResult:
         if self.ctl.degraded:
             return result
-        self.m.put("finished", str(self.m.epoch.number))  # a replica that wakes later exits
+        self.membership.put("finished", str(self.membership.epoch.number))  # a replica that wakes later exits
         if self.comm.rank == 0 and not self.writer:
             return dataclasses.replace(
                 result, status=Status.FAILED, exit_code=Status.FAILED.exit_code,
@@ -380,17 +382,17 @@ class ElasticGroup(Group):
         return result
 
     def report(self) -> dict[str, Any]:
-        history = self.m.history()
+        history = self.membership.history()
         lost = sum(len(set(a.members) - set(b.members)) + len(set(b.joiners) & set(a.members))
                    for a, b in zip(history, history[1:]))
         joined = sum(len(ep.joiners) for ep in history[1:])
-        seconds = lambda key: self.m.fetch_as(key, float)  # noqa: E731
+        seconds = lambda key: self.membership.fetch_as(key, float)  # noqa: E731
         heal = [seconds(f"heal/{ep.number}/{s}") for ep in history[1:] for s in ep.joiners]
         stall = [seconds(f"stall/{ep.number}/{s}") for ep in history[1:] for s in ep.members if s not in ep.joiners]
         return {"elastic": True, "epochs": len(history), "replicas_lost": lost, "replicas_joined": joined,
                 "heal_s": max((h for h in heal if h is not None), default=0.0),
                 "survivor_stall_s": max((s for s in stall if s is not None), default=0.0),
-                "slot_positions": self.books.report()}
+                "slot_positions": self.ledger.report()}
 
 
 def slot_record(slot: int, positions: np.ndarray, totals: Counts) -> dict[str, bytes]:

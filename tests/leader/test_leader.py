@@ -130,3 +130,37 @@ def test_no_test_hook_sits_on_the_production_path() -> None:
                 assert f'"{var}"' not in text, f"{path} reads {var} itself"
     assert sorted(installs) == ["leader/choose.py", "replica/worker.py"], installs
     assert sorted(seams) == ["leader/core.py", "leader/core.py", "replica/worker.py"], seams
+
+
+def test_a_stop_that_lands_where_it_cannot_be_raised_prints_no_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM during start-up raises StopNow from the signal handler; landing in a weakref
+    callback inside an import (seen under load), Python's unraisable hook printed "Exception
+    ignored ... Traceback", though the run then stopped as it should, with exit 143 and its line."""
+    import gc
+    import sys
+
+    from hogwild.errors import StopNow
+    from hogwild.leader.stopping import Stopper
+
+    reported: list[type] = []  # the hook there was (Python's prints the traceback)
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: reported.append(u.exc_type))
+
+    class Dies:
+        def __init__(self, error: BaseException) -> None:
+            self.error = error
+
+        def __del__(self) -> None:
+            raise self.error
+
+    stopper = Stopper()
+    stopper.install()
+    try:
+        Dies(StopNow())
+        Dies(ValueError("not ours"))
+        gc.collect()
+    finally:
+        stopper.uninstall()
+    assert reported == [ValueError]  # the stop dropped without a word, anything else reported as before
+    Dies(StopNow())
+    gc.collect()
+    assert reported == [ValueError, StopNow]  # uninstalled: the hook there was is back
