@@ -124,11 +124,11 @@ class ElasticComm(Comm):
         try:
             if self.m.current() > self.m.epoch.number:
                 raise PeerLost(f"sync: the others formed a newer group during {what}")
-            dead = self.m.stale(tuple(s for s in self.m.epoch.members if s != self.m.slot))
+            dead = self.m.liveness.stale(tuple(s for s in self.m.epoch.members if s != self.m.slot))
         except CoordinatorAway:
             return  # no heartbeats to read: the collective's own limit still holds
         if dead:
-            how = ", ".join(f"{s} {self.m.why.get(s, 'silent')}" for s in dead)
+            how = ", ".join(f"{s} {self.m.liveness.why.get(s, 'silent')}" for s in dead)
             raise PeerLost(f"sync: replica(s) {how} for {self.m.peer_timeout_s:.0f}s "
                            f"(sync.peer_timeout_s) during {what}")
 

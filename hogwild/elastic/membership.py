@@ -33,21 +33,19 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable, Optional, TypeVar, Union
+from typing import Callable, Optional
 
+from hogwild.elastic.keys import JobKeys
 from hogwild.elastic.link import CoordinatorAway, Link, Memory, call_deadline
-from hogwild.elastic.signing import Malformed, Signer, parse, token_from_env
+from hogwild.elastic.liveness import POLL_S, Heartbeat, Liveness, Progress
+from hogwild.elastic.signing import Signer, parse, token_from_env
 from hogwild.errors import Fault, StopNow, UserError
-
-T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
-POLL_S = 0.05
 
 
 class Dropped(Fault):
@@ -95,82 +93,12 @@ class Epoch:
         return ep
 
 
-@dataclass
-class Progress:
-    """What a leader's main loop reports at each turn (:meth:`Membership.tick`)."""
-
-    ticks: int = 0
-    round: int = 0
-    step: int = 0
-
-    def turn(self, round: Optional[int] = None, step: Optional[int] = None) -> None:
-        self.ticks += 1
-        if round is not None:
-            self.round = round
-        if step is not None:
-            self.step = step
-
-
-@dataclass(frozen=True)
-class Beat:
-    beat: int
-    ticks: int
-    round: int
-    step: int
-
-    @classmethod
-    def decode(cls, raw: bytes) -> "Beat":
-        beat, ticks, rnd, step = (int(x) for x in raw.split(b":"))
-        return cls(beat, ticks, rnd, step)
-
-
-@dataclass
-class Seen:
-    """A slot's heartbeat as this replica last saw it change (monotonic times)."""
-
-    beat: Optional[Beat]
-    beat_at: float
-    ticks_at: float
-
-
-class Heartbeat:
-    """Sets ``hb/<slot>`` from its own thread and store connection, so a leader blocked in a
-    collective still counts as alive, and a killed or stopped one does not. It carries the
-    leader's :class:`Progress`, so a leader whose main loop is stuck (a write hung on a network
-    filesystem, a deadlock) counts as lost too, though its process lives."""
-
-    def __init__(self, endpoint: str, slot: int, period_s: float, timeout_s: float, memory: Memory,
-                 signer: Signer, progress: Progress) -> None:
-        self._link = Link(endpoint, timeout_s, memory, call_deadline(5 * period_s), retry_s=period_s, signer=signer)
-        self._key, self._period, self._progress = f"hb/{slot}", period_s, progress
-        self._beats = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hogwild-heartbeat", daemon=True)
-
-    def _beat(self) -> None:
-        self._beats += 1
-        p = self._progress
-        self._link.set(self._key, f"{self._beats}:{p.ticks}:{p.round}:{p.step}")
-
-    def start(self) -> None:
-        if self._thread.ident is None:  # once: a dropped replica rejoins with it running
-            self._beat()
-            self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._period):
-            try:
-                self._beat()  # after a coordinator restart: restores this replica's keys first
-            except CoordinatorAway:
-                pass  # the leader sees the outage and decides (Memory.away_for)
-            except Exception:  # noqa: BLE001 - the thread must outlive any one failure
-                logger.debug("heartbeat failed", exc_info=True)
-
-    def stop(self) -> None:
-        self._stop.set()
-
-
 class Membership:
+    """Forming the epochs: joining, claiming a slot, moving to the next epoch or forming it. It is
+    composed of the job's other keys at the coordinator (:attr:`keys`, elastic/keys.py) and of
+    liveness (:attr:`liveness`, elastic/liveness.py: this leader's heartbeat, the others' as seen
+    from here), which its owner uses beside it."""
+
     def __init__(self, endpoint: str, slot: int, slots: int, peer_timeout_s: float,
                  min_replicas: Optional[int], timeout_s: float, stopped: Callable[[], bool] = lambda: False) -> None:
         self.endpoint, self.slot, self.slots, self.stopped = endpoint, slot, slots, stopped
@@ -178,42 +106,20 @@ class Membership:
         self.memory = Memory()
         # HOGWILD_COORDINATOR_TOKEN: from the environment, so it is never recorded (elastic/signing.py).
         signer = Signer(token_from_env())
-        self.progress = Progress()
+        progress = Progress()
         # A leader's round makes a dozen store calls, each bounded by call_deadline (about
         # sync.peer_timeout_s): under load they add up, and each is its loop moving on.
         self.link = Link(endpoint, timeout_s, self.memory, call_deadline(peer_timeout_s), signer=signer,
-                         on_call=self._moving)
-        self.heartbeat = Heartbeat(endpoint, slot, peer_timeout_s / 5, timeout_s, self.memory, signer, self.progress)
+                         on_call=lambda: self.liveness.moving())
+        heartbeat = Heartbeat(endpoint, slot, peer_timeout_s / 5, timeout_s, self.memory, signer, progress)
+        self.liveness = Liveness(self.link, slot, peer_timeout_s, heartbeat, progress)
+        self.keys = JobKeys(endpoint, self.link, self.memory)
         self.epoch = Epoch(0, ())
         self._joining, self._asked_at = False, 0
-        self._seen: dict[int, Seen] = {}
-        self.why: dict[int, str] = {}  # a slot :meth:`stale` found lost: "silent", or "stuck at ..."
         # This process's identity in its slot: a requeued job whose old node still runs must not
         # put a second process into a live slot (see claim).
         self.incarnation = f"{uuid.uuid4().hex[:12]} pid {os.getpid()} on {socket.gethostname()}"
         self._claimed = False
-
-    def agree_job(self, fingerprint: str, run_dir: str) -> str:
-        """Refuse a replica of another job; return the job's run_dir (the first replica's)."""
-        try:  # the first keys a replica reads: a bad signature here is a token that differs, or none
-            theirs = self.link.compare_set("job", "", fingerprint)
-            if theirs != fingerprint:
-                raise UserError(f"sync.coordinator {self.endpoint}: this replica's {fingerprint} differs from "
-                                f"the running job's {theirs}; start it with the job's settings")
-            agreed = self.link.compare_set("run_dir", "", run_dir)
-        except Malformed as e:
-            raise UserError(str(e)) from None
-        self.memory.keep("job", fingerprint)
-        self.memory.keep("run_dir", agreed)
-        return agreed
-
-    def put(self, key: str, value: Union[str, bytes]) -> None:
-        """Set a key that must outlive a coordinator restart (put back then if it is away now)."""
-        self.memory.keep(key, value)
-        try:
-            self.link.set(key, value)
-        except CoordinatorAway:
-            pass
 
     def current(self) -> int:
         return self.link.add("epoch", 0)
@@ -257,90 +163,17 @@ class Membership:
         except CoordinatorAway:
             return False
 
-    # -------------------------------------------------------------- liveness
-    def tick(self, round: Optional[int] = None, step: Optional[int] = None) -> None:
-        """The leader's main loop turned (called at least every ``peer_timeout_s / 2`` while it
-        works; a member that never calls it is judged by its heartbeat alone)."""
-        self.progress.turn(round, step)
-
-    def _moving(self) -> None:
-        if self.progress.ticks:  # only a process that reports its loop (a leader) counts turns
-            self.progress.turn()
-
-    def moving(self) -> None:
-        """The leader's main thread is busy but moving (a batch of a long evaluation)."""
-        self._moving()
-
-    def away_for(self) -> float:
-        """How long the coordinator has been unreachable (0: it is not)."""
-        return self.memory.away_for()
-
-    def fetch_as(self, key: str, fn: Callable[[bytes], T]) -> Optional[T]:
-        """A value at the coordinator, parsed (None: absent or the coordinator away)."""
-        return self.link.fetch_as(key, fn)
-
-    def set(self, key: str, value: Union[str, bytes]) -> None:
-        """Set at the coordinator, not kept (see :meth:`put`)."""
-        self.link.set(key, value)
-
-    def beat_of(self, slot: int) -> Optional[Beat]:
-        return self.link.fetch_as(f"hb/{slot}", Beat.decode)
-
-    def stale(self, slots: tuple[int, ...]) -> list[int]:
-        """The slots whose heartbeat has not moved for ``peer_timeout_s`` (a process killed or
-        stopped), or whose main loop has reported no progress for as long (a process stuck), as
-        seen from here."""
-        now, out = time.monotonic(), []
-        for s in slots:
-            beat = self.beat_of(s)
-            last = self._seen.get(s)
-            if last is None:
-                self._seen[s] = Seen(beat, now, now)
-                continue
-            if beat != last.beat:
-                if beat is None or last.beat is None or beat.ticks != last.beat.ticks or beat.beat < last.beat.beat:
-                    last.ticks_at = now  # a restarted process counts from 1 again: progress too
-                last.beat, last.beat_at = beat, now
-            reporting = beat is not None and beat.ticks > 0
-            if now - last.beat_at > self.peer_timeout_s:
-                out.append(s)
-                self.why[s] = "silent"
-            elif reporting and now - last.ticks_at > self.peer_timeout_s:
-                out.append(s)
-                self.why[s] = f"stuck at round {beat.round} step {beat.step}" if beat else "stuck"
-        return out
-
-    def _alive(self, slots: list[int]) -> list[int]:
-        """Slots whose heartbeat moves within a window of a few heartbeat periods. The window
-        ends early once every slot not already known lost has moved (a stopped or stuck peer is
-        known after the timeout; a killed one is not, so its absence takes the whole window).
-        A slot known lost is not counted even if its heartbeat moves: a stuck leader's thread
-        still beats, and a group that admitted it would wait for it at its first collective."""
-        before = {s: self.beat_of(s) for s in slots}
-        lost = set(self.stale(tuple(slots)))
-        # A silent slot whose beat moves now is back (a restart that just began to beat); a
-        # stuck one beats all along and stays out.
-        stuck = {s for s in lost if self.why.get(s, "").startswith("stuck")}
-        expect = set(slots) - lost
-        moved: set[int] = set()
-        deadline = time.monotonic() + self.peer_timeout_s / 2
-        while time.monotonic() < deadline and not expect <= moved:
-            time.sleep(POLL_S)
-            moved |= {s for s in slots
-                      if s not in moved and s not in stuck and _beat_moved(before[s], self.beat_of(s))}
-        return sorted(moved)
-
     # ------------------------------------------------------------- formation
     def join(self) -> Epoch:
         """Ask to join (first start, restart, or back after being dropped) and wait until an
         epoch formed after the request lists this slot among its joiners."""
         self.claim()
         self._asked_at = self.current()
-        self.put(f"want/{self.slot}", str(time.time()))
+        self.keys.put(f"want/{self.slot}", str(time.time()))
         # The heartbeat starts only after the request: a restarted slot that beat first would be
         # taken for its old self, still a member, and the others would wait for it in a group it
         # does not know about.
-        self.heartbeat.start()
+        self.liveness.heartbeat.start()
         self._joining = True
         return self.advance()
 
@@ -354,7 +187,7 @@ class Membership:
         key, mine = f"owner/{self.slot}", self.incarnation
         held = self.link.compare_set(key, "", mine)
         if held != mine:
-            if self._alive([self.slot]):
+            if self.liveness.alive([self.slot]):
                 raise UserError(f"sync.slot={self.slot}: the slot is held by a live replica ({held}); start "
                                 "this one in a free slot, or stop that one first")
             if self.link.compare_set(key, held, mine) != mine:
@@ -377,8 +210,8 @@ class Membership:
         while time.monotonic() < deadline:
             if self.stopped():  # SIGTERM/SIGINT: a replica waiting for a group never writes
                 raise StopNow()
-            if self.progress.ticks:
-                self.tick()
+            if self.liveness.progress.ticks:
+                self.liveness.tick()
             try:
                 ep = self._step()
             except CoordinatorAway:  # a new epoch needs the coordinator: wait for it to come back
@@ -390,7 +223,7 @@ class Membership:
             raise Fault(f"sync.coordinator {self.endpoint} unreachable for {self.memory.away_for():.0f}s "
                         "(sync.timeout_s) while the group had to change")
         raise Fault(f"sync: no group with a quorum formed within {self.timeout_s:.0f}s (sync.timeout_s); "
-                    f"slots alive: {self._alive(list(range(self.slots)))}")
+                    f"slots alive: {self.liveness.alive(list(range(self.slots)))}")
 
     def _step(self) -> Optional[Epoch]:
         if self.link.check("finished"):
@@ -426,7 +259,7 @@ class Membership:
         group, or a whole group restarted against a live coordinator would wait forever for
         itself to admit itself."""
         serving = set(ep.members) - set(self.wanting(ep.number))
-        return bool(serving - set(self.stale(tuple(sorted(serving)))))
+        return bool(serving - set(self.liveness.stale(tuple(sorted(serving)))))
 
     def _try_form(self, number: int) -> None:
         if time.monotonic() - self.memory.back_at < self.peer_timeout_s:
@@ -440,7 +273,7 @@ class Membership:
                 return  # the former died mid-way; another slot took over first
         old = self.read(number) if number > 0 else Epoch(0, ())
         asked = self.wanting(number + 1)  # those admitted to the old epoch but never healed too
-        alive = self._alive(sorted(set(old.members) | set(asked)))
+        alive = self.liveness.alive(sorted(set(old.members) | set(asked)))
         wanting = sorted(set(asked) | set(self.wanting(number + 1)))  # a slot restarted during the window joins
         # A request whose slot showed no heartbeat for the whole window is a joiner that died
         # before admission: drop it, or every round would see it and re-form the group, forever.
@@ -481,7 +314,7 @@ class Membership:
             return None
 
         def progress(s: int) -> tuple[int, int, int]:
-            beat = self.beat_of(s)
+            beat = self.liveness.beat_of(s)
             return (beat.round, beat.step, -s) if beat is not None else (-1, -1, -s)
         return max(candidates, key=progress)
 
@@ -496,11 +329,7 @@ class Membership:
         return [self._decode(e, raw) for e, raw in sorted(raws.items()) if raw is not None]
 
     def close(self) -> None:
-        self.heartbeat.stop()
-
-
-def _beat_moved(before: Optional[Beat], now: Optional[Beat]) -> bool:
-    return now is not None and (before is None or now.beat != before.beat)
+        self.liveness.heartbeat.stop()
 
 
 def _admitted(raw: bytes) -> Optional[int]:

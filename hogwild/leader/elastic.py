@@ -103,9 +103,11 @@ class ElasticGroup(Group):
         # while the coordinator is slow to answer stops this replica cleanly.
         self.membership = Membership(sc.coordinator, self.env.rank, self.env.world_size, sc.peer_timeout_s,
                                      sc.min_replicas, sc.timeout_s, lambda: self.ctl.signalled)
+        # Its parts, each for its concern: the job's keys at the coordinator, and liveness.
+        self.keys, self.liveness = self.membership.keys, self.membership.liveness
         self.comm = ElasticComm(self.membership, sc.timeout_s)
         self.connected = True
-        run_dir = Path(self.membership.agree_job(job_fingerprint(cfg, rep.plan, rep.flat.numel()), str(run_dir)))
+        run_dir = Path(self.keys.agree_job(job_fingerprint(cfg, rep.plan, rep.flat.numel()), str(run_dir)))
         # Before this process touches anything in run_dir: a second process started in a live
         # slot would otherwise truncate that slot's progress board (its data positions) before
         # being refused.
@@ -137,9 +139,9 @@ class ElasticGroup(Group):
         self._here = here
         t0 = time.monotonic()
         # Its heartbeat shows how far its restored state is, for the choice of a heal source.
-        self.membership.tick(here.syncs, here.steps)
+        self.liveness.tick(here.syncs, here.steps)
         self._enter(self.membership.join(), fresh=True)
-        self.membership.put(f"heal/{self.membership.epoch.number}/{self.env.rank}", str(time.monotonic() - t0))
+        self.keys.put(f"heal/{self.membership.epoch.number}/{self.env.rank}", str(time.monotonic() - t0))
         here.scalar("elastic/heal_s", time.monotonic() - t0)
 
     # ------------------------------------------------------------ membership
@@ -202,11 +204,11 @@ class ElasticGroup(Group):
             self.ledger.carry(None)
             self.publish()  # what an earlier lineage left at the coordinator must not be read again
         else:
-            pos = self.membership.fetch_as(f"pos/{self.env.rank}", floats(here.workers)) if fresh else None
+            pos = self.keys.fetch_as(f"pos/{self.env.rank}", floats(here.workers)) if fresh else None
             if pos is not None:  # workers not started: resume this slot's shard
                 here.resume_at(pos)
             counts = floats(Counts().to_tensor().numel())
-            done = self.membership.fetch_as(f"done/{self.env.rank}", counts) if fresh else None
+            done = self.keys.fetch_as(f"done/{self.env.rank}", counts) if fresh else None
             if done is not None:  # and count on from its earlier processes' totals at their last round
                 self.ledger.carry(torch.from_numpy(done))
         here.rebase()
@@ -221,7 +223,7 @@ class ElasticGroup(Group):
         counted its steps before the checkpoint twice and skipped its data after it. The restore
         point's positions replace them, and zero totals: its steps up to the checkpoint are in the
         counters every member restored. Set before the state is sent, so no later epoch can admit
-        such a slot before they are in place; set, not kept (Membership.put), so a coordinator
+        such a slot before they are in place; set, not kept (JobKeys.put), so a coordinator
         restart never puts them back over what the slot itself publishes later."""
         table = self.ledger.restored_positions
         for s in range(self.env.world_size):
@@ -230,7 +232,7 @@ class ElasticGroup(Group):
             pos = table[s].numpy() if table is not None else np.zeros(self.here.workers)
             try:
                 for key, raw in slot_record(s, pos, Counts()).items():
-                    self.membership.set(key, raw)
+                    self.keys.set(key, raw)
             except CoordinatorAway:  # the stale ones stay: say so, a resume would show it
                 logger.warning("the coordinator went away before slot %d's positions were reset", s)
 
@@ -276,7 +278,7 @@ class ElasticGroup(Group):
         job's count while the slot is away."""
         totals = Counts.from_tensor(self.ledger.own(self.here.totals().to_tensor()))
         for key, raw in slot_record(self.env.rank, self.here.positions(), totals).items():
-            self.membership.put(key, raw)
+            self.keys.put(key, raw)
 
     @property
     def ledger(self) -> Ledger:
@@ -291,7 +293,7 @@ class ElasticGroup(Group):
         a resume read their shards again."""
         mine = torch.from_numpy(here.positions())
         members = dict(zip(self.membership.epoch.members, self.comm.all_gather(mine)))
-        fetch = lambda s: self.membership.fetch_as(f"pos/{s}", floats(here.workers))  # noqa: E731
+        fetch = lambda s: self.keys.fetch_as(f"pos/{s}", floats(here.workers))  # noqa: E731
         return self.ledger.positions(members, self.absent(), fetch)
 
     def absent(self) -> list[int]:
@@ -309,15 +311,15 @@ class ElasticGroup(Group):
     # ------------------------------------------------ what members that change add
     def progress(self, rounds: Optional[int] = None, steps: Optional[int] = None) -> None:
         if rounds is not None:
-            self.membership.tick(rounds, steps)
+            self.liveness.tick(rounds, steps)
         elif self.connected:
-            self.membership.moving()
+            self.liveness.moving()
 
     def before_round(self) -> bool:
         self.round_t0 = time.monotonic()
         self.publish()
         self.elect()  # the writer may take the lock a dropped writer has let go
-        away = self.membership.away_for()
+        away = self.keys.away_for()
         if away > self.cfg.sync.timeout_s:  # the group could not change any more: stop while it is whole
             self.ctl.fail(f"sync.coordinator {self.membership.endpoint} unreachable for {away:.0f}s (sync.timeout_s); "
                           "stopping with a final sync and checkpoint")
@@ -337,7 +339,7 @@ class ElasticGroup(Group):
             self.resign()
             return super().recover(PeerLost(str(f) or "sync: stopped by a signal while waiting for a group"))
         stall = time.monotonic() - self.round_t0
-        self.membership.put(f"stall/{self.membership.epoch.number}/{self.env.rank}", str(stall))
+        self.keys.put(f"stall/{self.membership.epoch.number}/{self.env.rank}", str(stall))
         self.here.scalar("elastic/survivor_stall_s", stall)
         return None
 
@@ -345,7 +347,7 @@ class ElasticGroup(Group):
         if alone:
             # A healed writer knows the others only from its first gather: before it, a checkpoint of
             # its own would hold their positions at zero and the job's steps at its own.
-            return self.membership.away_for() == 0.0 and self.here.has_view
+            return self.keys.away_for() == 0.0 and self.here.has_view
         # A writer that was stopped past the timeout wakes up believing it still writes; the
         # others have moved on. One look at the epoch before each write keeps it out.
         # While the coordinator is away, the collective that gathered the totals just now is the
@@ -367,13 +369,13 @@ class ElasticGroup(Group):
         not take them out of the job's count. (A slot that comes back carries the same totals
         into its own, so nothing counts twice.)"""
         total = members.to_tensor()
-        fetch = lambda s: self.membership.fetch_as(f"done/{s}", floats(total.numel()))  # noqa: E731
+        fetch = lambda s: self.keys.fetch_as(f"done/{s}", floats(total.numel()))  # noqa: E731
         return Counts.from_tensor(self.ledger.job(total, self.absent(), fetch))
 
     def finish(self, result: RunResult) -> RunResult:
         if self.ctl.degraded:
             return result
-        self.membership.put("finished", str(self.membership.epoch.number))  # a replica that wakes later exits
+        self.keys.put("finished", str(self.membership.epoch.number))  # a replica that wakes later exits
         if self.comm.rank == 0 and not self.writer:
             return dataclasses.replace(
                 result, status=Status.FAILED, exit_code=Status.FAILED.exit_code,
@@ -386,7 +388,7 @@ class ElasticGroup(Group):
         lost = sum(len(set(a.members) - set(b.members)) + len(set(b.joiners) & set(a.members))
                    for a, b in zip(history, history[1:]))
         joined = sum(len(ep.joiners) for ep in history[1:])
-        seconds = lambda key: self.membership.fetch_as(key, float)  # noqa: E731
+        seconds = lambda key: self.keys.fetch_as(key, float)  # noqa: E731
         heal = [seconds(f"heal/{ep.number}/{s}") for ep in history[1:] for s in ep.joiners]
         stall = [seconds(f"stall/{ep.number}/{s}") for ep in history[1:] for s in ep.members if s not in ep.joiners]
         return {"elastic": True, "epochs": len(history), "replicas_lost": lost, "replicas_joined": joined,

@@ -125,7 +125,7 @@ def test_a_silent_member_is_dropped_and_learns_it(coordinator: str) -> None:
     ms = _slots(coordinator, 3)
     try:
         _joined(ms)
-        ms[2].heartbeat.stop()  # stopped (SIGSTOP, a long GC pause): its process lives on
+        ms[2].liveness.heartbeat.stop()  # stopped (SIGSTOP, a long GC pause): its process lives on
         epochs = _all([ms[0].advance, ms[1].advance])
         assert epochs[0].members == (0, 1)
         with pytest.raises(Dropped, match="replica 2 was dropped"):
@@ -148,10 +148,10 @@ def test_a_signal_while_waiting_for_a_group_stops_the_wait(coordinator: str) -> 
 def test_a_replica_of_another_job_is_refused_and_the_run_dir_is_the_first_ones(coordinator: str) -> None:
     a, b, c = _slots(coordinator, 3)
     try:
-        assert a.agree_job("model=mlp params=9610", "runs/a") == "runs/a"
-        assert b.agree_job("model=mlp params=9610", "runs/elsewhere") == "runs/a"
+        assert a.keys.agree_job("model=mlp params=9610", "runs/a") == "runs/a"
+        assert b.keys.agree_job("model=mlp params=9610", "runs/elsewhere") == "runs/a"
         with pytest.raises(UserError, match=r"sync.coordinator .*model=convnet.* differs from the running job's"):
-            c.agree_job("model=convnet params=1", "runs/a")
+            c.keys.agree_job("model=convnet params=1", "runs/a")
     finally:
         _close([a, b, c])
 
@@ -160,7 +160,7 @@ def test_a_slot_that_wakes_after_the_job_finished_leaves(coordinator: str) -> No
     ms = _slots(coordinator, 2, slots=2)
     try:
         _joined(ms)
-        ms[0].put("finished", "1")
+        ms[0].keys.put("finished", "1")
         ms[1].close()  # slot 1's process is gone; its restart comes too late
         late = Membership(coordinator, 1, 2, PEER_S, None, TIMEOUT_S)
         ms.append(late)
@@ -179,7 +179,7 @@ def test_a_joiner_that_died_before_admission_stops_asking(coordinator: str) -> N
         ms[2].close()
         _all([ms[0].advance, ms[1].advance])  # slot 2 lost
         ghost = Membership(coordinator, 2, 3, PEER_S, None, TIMEOUT_S)
-        ghost.put("want/2", "1")  # asked to join, then died before its heartbeat ever ran
+        ghost.keys.put("want/2", "1")  # asked to join, then died before its heartbeat ever ran
         ghost.close()
         assert ms[0].changed()
         epochs = _all([ms[0].advance, ms[1].advance])
@@ -225,7 +225,7 @@ def test_a_silent_holder_loses_its_slot_to_its_restart_and_stops_when_it_wakes(c
     ms = _slots(coordinator, 3)
     try:
         _joined(ms)
-        ms[2].heartbeat.stop()  # stopped, not dead: its process will wake later
+        ms[2].liveness.heartbeat.stop()  # stopped, not dead: its process will wake later
         _all([ms[0].advance, ms[1].advance])  # it is dropped
         restart = Membership(coordinator, 2, 3, PEER_S, None, TIMEOUT_S)
         ms.append(restart)
@@ -252,23 +252,23 @@ def test_a_member_whose_loop_is_stuck_is_dropped_though_its_heartbeat_beats(coor
             if not on.is_set():
                 continue
             step += 1
-            m.tick(0, step)
+            m.liveness.tick(0, step)
             time.sleep(0.05)
     try:
         _joined(ms)
         for m in ms:
             threading.Thread(target=loop, args=(m, looping[m.slot]), daemon=True).start()
         time.sleep(3 * PEER_S)  # everyone is moving: nobody is lost
-        assert ms[0].stale((1, 2)) == [] and ms[1].stale((0, 2)) == []
+        assert ms[0].liveness.stale((1, 2)) == [] and ms[1].liveness.stale((0, 2)) == []
         looping[2].clear()  # slot 2's loop hangs; its heartbeat thread goes on
         t0 = time.monotonic()
         deadline = t0 + 30
         # Each member judges by what it saw itself (a leader in a collective looks twice a second).
-        while not (2 in ms[0].stale((1, 2)) and 2 in ms[1].stale((0, 2))):
+        while not (2 in ms[0].liveness.stale((1, 2)) and 2 in ms[1].liveness.stale((0, 2))):
             assert time.monotonic() < deadline, "a stuck member was never seen as lost"
             time.sleep(0.05)
         assert time.monotonic() - t0 >= PEER_S * 0.9, "lost before sync.peer_timeout_s without progress"
-        beat = ms[0].beat_of(2)  # read by another member: slot 2's own calls would count as turns
+        beat = ms[0].liveness.beat_of(2)  # read by another member: slot 2's own calls would count as turns
         assert beat is not None and beat.ticks > 0
         epochs = _all([ms[0].advance, ms[1].advance])
         assert epochs[0] == epochs[1] and epochs[0].members == (0, 1), epochs
@@ -329,7 +329,7 @@ def test_the_heal_source_is_the_most_advanced_member_not_the_lowest(coordinator:
 
     def turning(m: Membership, rnd: int, step: int) -> None:  # a leader's loop: it ticks while it lives
         while not done.wait(0.05):
-            m.tick(rnd, step)
+            m.liveness.tick(rnd, step)
     try:
         _joined(ms)
         # Slot 0 is behind (say it was dropped while stopped and healed since).
@@ -352,7 +352,7 @@ def test_an_epoch_of_joiners_only_names_one_restore_point_the_most_advanced(coor
     ms = _slots(coordinator, 3)
     try:
         for m, (rnd, step) in zip(ms, [(3, 300), (9, 900), (6, 600)]):
-            m.tick(rnd, step)  # as a leader does with its restored state before it joins
+            m.liveness.tick(rnd, step)  # as a leader does with its restored state before it joins
         epochs = _joined(ms)
         assert all(e == epochs[0] for e in epochs)
         assert epochs[0].joiners == (0, 1, 2) and epochs[0].source == 1, epochs[0]

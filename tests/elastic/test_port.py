@@ -37,7 +37,7 @@ def _intruder(endpoint: str) -> dist.TCPStore:
 
 def _one(endpoint: str) -> Membership:
     m = Membership(endpoint, 0, 1, PEER_S, None, TIMEOUT_S)
-    m.agree_job("fp", "runs/a")
+    m.keys.agree_job("fp", "runs/a")
     m.join()
     return m
 
@@ -53,7 +53,7 @@ def test_a_malformed_value_is_one_line_not_a_traceback(coordinator: str, key: st
     try:
         _intruder(coordinator).set(key, value)
         with pytest.raises(Malformed, match=rf"sync.coordinator: malformed value under '{key}'") as e:
-            m.read(1) if key.startswith("members") else m.stale((0,)) if key.startswith("hb") else m.current()
+            m.read(1) if key.startswith("members") else m.liveness.stale((0,)) if key.startswith("hb") else m.current()
         assert isinstance(e.value, Fault) and "\n" not in str(e.value)
     finally:
         m.close()
@@ -72,7 +72,7 @@ def test_with_a_token_a_forged_epoch_is_refused(coordinator: str, monkeypatch: p
             m.read(1)
         _intruder(coordinator).set("run_dir", "/etc")
         with pytest.raises(UserError, match=f"not signed with this replica's {TOKEN_ENV}"):
-            Membership(coordinator, 0, 1, PEER_S, None, TIMEOUT_S).agree_job("fp", "runs/a")
+            Membership(coordinator, 0, 1, PEER_S, None, TIMEOUT_S).keys.agree_job("fp", "runs/a")
     finally:
         m.close()
 
@@ -81,14 +81,14 @@ def test_a_replica_without_the_jobs_token_is_refused_in_one_line(coordinator: st
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(TOKEN_ENV, "s3cret")
     first = Membership(coordinator, 0, 2, PEER_S, None, TIMEOUT_S)
-    first.agree_job("fp", "runs/a")
+    first.keys.agree_job("fp", "runs/a")
     try:
         monkeypatch.delenv(TOKEN_ENV)
         with pytest.raises(UserError, match=f"uses a coordinator token; set {TOKEN_ENV}"):
-            Membership(coordinator, 1, 2, PEER_S, None, TIMEOUT_S).agree_job("fp", "runs/a")
+            Membership(coordinator, 1, 2, PEER_S, None, TIMEOUT_S).keys.agree_job("fp", "runs/a")
         monkeypatch.setenv(TOKEN_ENV, "guess")
         with pytest.raises(UserError, match=f"not signed with this replica's {TOKEN_ENV}"):
-            Membership(coordinator, 1, 2, PEER_S, None, TIMEOUT_S).agree_job("fp", "runs/a")
+            Membership(coordinator, 1, 2, PEER_S, None, TIMEOUT_S).keys.agree_job("fp", "runs/a")
     finally:
         first.close()
 
@@ -101,7 +101,7 @@ def test_signed_counters_count_and_survive_a_coordinator_restart_shape(coordinat
         assert m.current() == 1
         raw = _intruder(coordinator).get("epoch")
         assert raw.endswith(b".1") and raw != b"1", raw  # signed, not a bare number the store could add to
-        beat = m.beat_of(0)  # the heartbeat: a signed value its own thread sets
+        beat = m.liveness.beat_of(0)  # the heartbeat: a signed value its own thread sets
         assert beat is not None and beat.beat >= 1 and _intruder(coordinator).get("hb/0") != b"%d:0:0:0" % beat.beat
     finally:
         m.close()
