@@ -74,7 +74,7 @@ class ElasticComm(Comm):
                 builder.join(CHECK_EVERY_S)
                 if not builder.is_alive():
                     break
-                self.m.tick()  # waiting for the others is this loop's progress
+                self.m.liveness.tick()  # waiting for the others is this loop's progress
                 self._check_peers(what)  # an abandoned constructor gives up on its own, at its timeout
                 if time.monotonic() - t0 > self.timeout_s + CHECK_EVERY_S:
                     raise PeerLost(f"sync: {what} did not form within {self.timeout_s:.0f}s (sync.timeout_s)")
@@ -109,7 +109,7 @@ class ElasticComm(Comm):
             now = time.monotonic()
             if now >= check_at:
                 check_at = now + CHECK_EVERY_S
-                self.m.tick()
+                self.m.liveness.tick()
                 self._check_peers(what)
             if now - t0 > limit:
                 raise PeerLost(f"sync: peers did not join {what} within {limit:.0f}s")
