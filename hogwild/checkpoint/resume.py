@@ -17,7 +17,6 @@ from torch import Tensor
 from hogwild.checkpoint import store as checkpoint
 from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
-from hogwild.data.streams import StreamRecords
 from hogwild.errors import ConfigError
 from hogwild.replica.board import Board, Counts
 from hogwild.replica.build import Replica
@@ -56,15 +55,17 @@ def resume_path(resume: Any, run_dir: Path, is_rank0: bool, agree: Callable[[str
     return path or None
 
 
-def restore(path: str, model_name: str, shapes: list[tuple[int, ...]], flat: Tensor,
-            opt_state: Optional[dict[str, Tensor]], board: Board, rank: int, world: int,
-            streams: Optional[StreamRecords] = None) -> tuple[Restored, dict[str, Tensor]]:
-    """Load ``path`` into the shared model, optimizer state and worker positions.
+def restore(path: str, model_name: str, rep: Replica, board: Board, rank: int,
+            world: int) -> tuple[Restored, dict[str, Tensor]]:
+    """Load ``path`` into the replica (its shared model, optimizer state and stream records) and
+    the workers' positions. The replica whole, not its parts: a caller that left one out (elastic
+    mode once passed no stream records) restored a run only in part.
 
     Returns what was restored and the sync rule's saved state.
     """
+    flat, opt_state, streams = rep.flat, rep.opt_state, rep.streams
     ckpt = checkpoint.load(path)
-    checkpoint.check_compatible(ckpt, path, model_name, shapes)
+    checkpoint.check_compatible(ckpt, path, model_name, rep.shapes)
     with torch.no_grad():
         flat.copy_(ckpt["flat"].to(flat.device))
         for name, buf in (opt_state or {}).items():
@@ -118,8 +119,7 @@ def resume(cfg: Config, run_dir: Path, rep: Replica, board: Board, rule: SyncRul
     path = resume_path(cfg.resume, run_dir, env.rank == 0, agree_on_path)
     if path is None:
         return None
-    restored, sync_state = restore(path, model_id(cfg.model), rep.shapes, rep.flat, rep.opt_state, board,
-                                   env.rank, env.world_size, rep.streams)
+    restored, sync_state = restore(path, model_id(cfg.model), rep, board, env.rank, env.world_size)
     restored.steps_lost = steps_lost(previous, path, run_dir, restored.counters.steps,
                                      lambda xs: comm.all_reduce(torch.tensor(xs, dtype=torch.float64)).tolist())
     rule.load_state_dict(sync_state)

@@ -123,8 +123,7 @@ class ElasticGroup(Group):
         path = resume_path(cfg.resume, run_dir, True, lambda p: p)
         if path is None:
             return None
-        restored, sync_state = restore(path, model_id(cfg.model), rep.shapes, rep.flat, rep.opt_state, board,
-                                       self.env.rank, self.env.world_size, rep.streams)
+        restored, sync_state = restore(path, model_id(cfg.model), rep, board, self.env.rank, self.env.world_size)
         rule.load_state_dict(sync_state)
         self.ledger.restored(restored.positions)
         return restored
