@@ -93,6 +93,8 @@ def iface(i: int) -> str:
 LOOPBACK = False
 """--loopback: the machines are processes on 127.0.0.1, no namespaces, no shaping."""
 RUN_TIMEOUT_S = 3600.0
+CORES = 1
+"""Cores per machine (``--cores-per-machine``): machine i holds cores i*CORES .. i*CORES + CORES - 1."""
 """--run-timeout-s: a run past it counts as missed, its time unknown."""
 
 
@@ -219,7 +221,7 @@ def _placement(i: int, machines: int) -> list[str]:
     if machines > cores:
         procs = CGROUP_CPU / ns(i) / "cgroup.procs"
         return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh"]
-    return ["taskset", "-c", str(i)]
+    return ["taskset", "-c", f"{i * CORES}-{i * CORES + CORES - 1}" if CORES > 1 else str(i)]
 
 
 def _enter(i: int) -> list[str]:
@@ -230,15 +232,18 @@ def _enter(i: int) -> list[str]:
     return ["ip", "netns", "exec", ns(i)]
 
 
-def on_machines(cmds: list[list[str]], timeout: float) -> tuple[list[str], float]:
-    """Run ``cmds[i]`` on machine i, on a core of its own where there are enough, else on an
-    equal share of the cores (:func:`cpu_shares`); returns their logs and the mean bytes a machine
-    sent on its link."""
-    before = [tx_bytes(i) for i in range(len(cmds))]
+def on_machines(cmds: list[list[str]], timeout: float,
+                machine_of: Optional[list[int]] = None) -> tuple[list[str], float]:
+    """Run ``cmds[j]`` on machine ``machine_of[j]`` (default: machine j), on cores of its own where
+    there are enough, else on an equal share of the cores (:func:`cpu_shares`); returns their logs
+    and the mean bytes a machine sent on its link."""
+    where = machine_of if machine_of is not None else list(range(len(cmds)))
+    machines = max(where) + 1
+    before = [tx_bytes(i) for i in range(machines)]
     enter = (lambda i: []) if LOOPBACK else _enter
-    procs = [subprocess.Popen([*_placement(i, len(cmds)), *enter(i), *cmd],
+    procs = [subprocess.Popen([*_placement(i, machines), *enter(i), *cmd],
                               env=_env(i), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for i, cmd in enumerate(cmds)]
+             for i, cmd in zip(where, cmds)]
     try:
         logs = [p.communicate(timeout=timeout)[0] for p in procs]
     finally:
@@ -387,12 +392,18 @@ def main() -> None:
                     help="each outside arm at each of these rates (ARM@LR), to race DDP at its best rate")
     lm.add_argument("--diloco-interval", type=int, default=30, help="torchft DiLoCo's inner steps per outer step")
     lm.add_argument("--name", default=None, help="the results' file name (default from the options)")
+    lm.add_argument("--cores-per-machine", type=int, default=1,
+                    help="C cores a machine: hogwild M x C (its barrier inside each), the outside arms C ranks a "
+                         "machine (M*C in all)")
     ap.add_argument("--ddp-rank", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="[link] %(message)s")
-    global LOOPBACK, RUN_TIMEOUT_S
-    LOOPBACK, RUN_TIMEOUT_S = args.loopback, args.run_timeout_s
+    global LOOPBACK, RUN_TIMEOUT_S, CORES
+    LOOPBACK, RUN_TIMEOUT_S, CORES = args.loopback, args.run_timeout_s, args.cores_per_machine
+    if CORES < 1 or args.machines * CORES > (os.cpu_count() or 1) and CORES > 1:
+        raise SystemExit(f"--cores-per-machine {CORES}: {args.machines} machines of {CORES} cores need "
+                         f"{args.machines * CORES}, this host has {os.cpu_count()}")
     if args.workload in LM_SIZES:
         why = None if LOOPBACK else available()
         if why:

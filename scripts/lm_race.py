@@ -34,12 +34,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def hogwild_run(args: argparse.Namespace, extra: list[str], root: Path, seed: int) -> dict[str, Any]:
-    """hogwild M x 1 on the machines, then its final checkpoint scored on the whole test split."""
+    """hogwild M x C on the machines (C: ``--cores-per-machine``), then its final checkpoint scored on
+    the whole test split."""
     run_dir = Path(tempfile.mkdtemp(dir=root))
     port = link._port()
     cmds = [[sys.executable, "-m", "torch.distributed.run", f"--nnodes={args.machines}", "--nproc-per-node=1",
              f"--node-rank={i}", f"--master-addr={link.addr(0)}", f"--master-port={port}",
-             *train_cmd([*hogwild_overrides(args.workload, args.budget, args.eval_every_s), "workers=1",
+             *train_cmd([*hogwild_overrides(args.workload, args.budget, args.eval_every_s), f"workers={link.CORES}",
                          f"train.seed={seed}", f"run_dir={run_dir}", *extra])[1:]] for i in range(args.machines)]
     _, sent = link.on_machines(cmds, link.RUN_TIMEOUT_S)
     return {**hogwild_result(args.workload, run_dir, args.machines, sent), "seed": seed}
@@ -72,12 +73,14 @@ def arm_run(args: argparse.Namespace, arm: str, seed: int) -> dict[str, Any]:
     port = link._port()
     arm, _, lr = arm.partition("@")
     name, rank = (arm[:-1], arm[-1]) if arm.startswith("ddp_powersgd") else (arm, "2")
-    cmds = [[sys.executable, str(Path(__file__).resolve().parent / "lm_arms.py"), "--arm", name, "--rank", str(i),
-             "--world", str(args.machines), "--addr", link.addr(0), "--host", link.addr(i), "--port", str(port),
+    # C ranks a machine (--cores-per-machine), rank r on machine r // C.
+    where = [i for i in range(args.machines) for _ in range(link.CORES)]
+    cmds = [[sys.executable, str(Path(__file__).resolve().parent / "lm_arms.py"), "--arm", name, "--rank", str(r),
+             "--world", str(len(where)), "--addr", link.addr(0), "--host", link.addr(i), "--port", str(port),
              "--size", args.workload, "--budget", str(args.budget), "--lr", lr or str(args.lr),
              "--eval-every-s", str(args.eval_every_s), "--seed", str(seed), "--powersgd-rank", rank,
-             "--interval", str(args.diloco_interval)] for i in range(args.machines)]
-    logs, sent = link.on_machines(cmds, link.RUN_TIMEOUT_S)
+             "--interval", str(args.diloco_interval)] for r, i in enumerate(where)]
+    logs, sent = link.on_machines(cmds, link.RUN_TIMEOUT_S, where)
     r = result_line(logs[0])
     return {**r, "tx_bytes_per_step": sent / max(r["steps_per_replica"], 1), "seed": seed}
 
@@ -159,7 +162,9 @@ def plot(head: dict[str, Any], res: dict[str, dict[str, Any]], path: Path) -> No
     ends = [p["loss"] for v in res.values() for r in v["runs"] if "error" not in r for p in r["curve"][-1:]]
     if ends:  # the race is decided at the end: the first seconds' losses of 4 and more would flatten it
         ax.set_ylim(min(ends) - 0.05, max(ends) + 0.6)
-    ax.set_title(f"{head['workload']}, {head['machines']} machines of one core, {head['shaping']}", fontsize=9)
+    cores = head.get("cores_per_machine", 1)
+    ax.set_title(f"{head['workload']}, {head['machines']} machines of {cores} core{'s' * (cores > 1)}, "
+                 f"{head['shaping']}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -181,10 +186,12 @@ def main_lm(args: argparse.Namespace) -> None:
     root = args.out / "runs"
     root.mkdir(exist_ok=True)
     shaping = "loopback" if link.LOOPBACK else link.setup(args.machines, args.rate, args.delay_ms)
-    label = args.name or f"{args.workload}_{args.machines}x_" + ("loopback" if link.LOOPBACK else args.rate)
+    cores = f"{link.CORES}" if link.CORES > 1 else ""
+    label = args.name or f"{args.workload}_{args.machines}x{cores}_" + ("loopback" if link.LOOPBACK else args.rate)
     from examples.gpt import GPT, GPTConfig
 
-    head = {"machines": args.machines, "shaping": shaping, "workload": args.workload, "budget": args.budget,
+    head = {"machines": args.machines, "cores_per_machine": link.CORES, "shaping": shaping,
+            "workload": args.workload, "budget": args.budget,
             "eval_every_s": args.eval_every_s, "lr": args.lr, "diloco_interval": args.diloco_interval,
             "params": sum(p.numel() for p in GPT(GPTConfig(**SIZES[args.workload])).parameters()),
             "command": sys.argv, "methods": {m: table[m] for m in methods}}

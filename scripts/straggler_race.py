@@ -8,7 +8,8 @@ the whole split off the clock). Arms:
 
 - ``hogwild``: 1 x 2 (one replica, two workers on the barrier); its first worker is the straggler.
   ``--machines 2``: 2 x 1 under torchrun on this host, replica 1's leader and worker the straggler.
-- ``ddp``: DDP on two processes; its last rank is the straggler.
+  ``--workers W --stragglers K``: 1 x W, its first K workers each slowed alike (a lent 16-core machine).
+- ``ddp``: DDP on two processes (W with ``--workers``); its last rank (K ranks) the straggler.
 
 Stragglers (scripts/stragglers.py): ``--slow throttle:F`` (a cgroup CPU quota of F of a core),
 ``stalls`` (stopped 1 s every 3 s), ``busy`` (a busy process pinned to core 0 the whole run: §17's
@@ -40,16 +41,18 @@ from stragglers import cgroup_version, stalled, throttled, wait_for, worker_pids
 logger = logging.getLogger("straggler_race")
 REPO = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 900.0
-Slow = Callable[[list[int]], contextlib.AbstractContextManager[Any]]
+Slow = Callable[[list[int], int], contextlib.AbstractContextManager[Any]]
+"""Slows one straggler: its processes (a worker, or a machine's leader and worker) together."""
 
 
 def slowing(spec: str) -> tuple[Optional[Slow], Optional[int], str]:
     """``--slow``: what slows a straggler's processes, the core a busy process holds, and a label."""
     if spec.startswith("throttle:"):
         f = float(spec.split(":", 1)[1])
-        return (lambda pids: throttled(pids, f)), None, f"one process at {f:g} of a core (cgroup {cgroup_version()})"
+        label = f"one process at {f:g} of a core (cgroup {cgroup_version()})"
+        return (lambda pids, i=0: throttled(pids, f, name=f"hogwild_straggler{i}")), None, label
     if spec == "stalls":
-        return (lambda pids: _stalled_all(pids)), None, "one process stopped 1 s every 3 s"
+        return (lambda pids, i=0: _stalled_all(pids)), None, "one process stopped 1 s every 3 s"
     if spec == "busy":
         return None, 0, "a busy process on core 0"
     if spec == "none":
@@ -62,6 +65,15 @@ def _stalled_all(pids: list[int]) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         for pid in pids:
             stack.enter_context(stalled(pid, 1.0, 3.0))
+        yield
+
+
+@contextlib.contextmanager
+def _each(slow: Slow, stragglers: list[list[int]]) -> Iterator[None]:
+    """Every straggler slowed on its own (two workers at half a core each, not one half core shared)."""
+    with contextlib.ExitStack() as stack:
+        for i, pids in enumerate(stragglers):
+            stack.enter_context(slow(pids, i))
         yield
 
 
@@ -82,7 +94,7 @@ def _replica_pids(launcher: int, rank: int) -> list[int]:
 
 def hogwild_arm(args: argparse.Namespace, slow: Optional[Slow], root: Path, seed: int) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(dir=root))
-    workers = 2 // args.machines
+    workers = args.workers // args.machines
     cmd = train_cmd([*hogwild_overrides(args.size, args.budget, args.eval_every_s), f"workers={workers}",
                      f"train.seed={seed}", f"run_dir={run_dir}", *args.override], args.machines,
                     launcher="hogwild.cli.launch")
@@ -92,9 +104,10 @@ def hogwild_arm(args: argparse.Namespace, slow: Optional[Slow], root: Path, seed
         if slow is None:
             err = proc.communicate(timeout=TIMEOUT_S)[1]
         else:
-            find = ((lambda: worker_pids(proc.pid)[:1]) if args.machines == 1
+            find = ((lambda: worker_pids(proc.pid)[:args.stragglers]) if args.machines == 1
                     else (lambda: _replica_pids(proc.pid, 1)))
-            with slow(wait_for(find, proc, "the straggler")):
+            pids = wait_for(find, proc, "the straggler")
+            with _each(slow, [[p] for p in pids] if args.machines == 1 else [pids]):
                 err = proc.communicate(timeout=TIMEOUT_S)[1]
     finally:
         if proc.poll() is None:
@@ -107,12 +120,14 @@ def hogwild_arm(args: argparse.Namespace, slow: Optional[Slow], root: Path, seed
 def ddp_arm(args: argparse.Namespace, slow: Optional[Slow], seed: int) -> dict[str, Any]:
     port = free_port()
     procs = [subprocess.Popen([sys.executable, str(REPO / "scripts" / "lm_arms.py"), "--arm", "ddp", "--rank", str(r),
-                               "--world", "2", "--port", str(port), "--size", args.size, "--budget", str(args.budget),
+                               "--world", str(args.workers), "--port", str(port), "--size", args.size,
+                               "--budget", str(args.budget),
                                "--lr", str(args.lr), "--eval-every-s", str(args.eval_every_s), "--seed", str(seed)],
                               cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+                              stderr=subprocess.STDOUT, text=True) for r in range(args.workers)]
     try:
-        with slow([procs[-1].pid]) if slow is not None else contextlib.nullcontext():
+        slowed = [[p.pid] for p in procs[-args.stragglers:]] if slow is not None else []
+        with _each(slow, slowed) if slow is not None else contextlib.nullcontext():
             logs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
     finally:
         for p in procs:
@@ -127,6 +142,8 @@ def main() -> None:
     ap.add_argument("--slow", default="throttle:0.5", help="throttle:F | stalls | busy | none")
     ap.add_argument("--machines", type=int, choices=(1, 2), default=1,
                     help="hogwild 1 x 2 (a slow worker) or 2 x 1 (a slow machine: replica 1's leader and worker)")
+    ap.add_argument("--workers", type=int, default=2, help="hogwild's workers in all, DDP's ranks")
+    ap.add_argument("--stragglers", type=int, default=1, help="how many of them are slowed (--machines 1)")
     ap.add_argument("--size", choices=sorted(SIZES), default="gpt")
     ap.add_argument("--budget", type=float, default=120.0)
     ap.add_argument("--eval-every-s", type=float, default=10.0)
@@ -139,11 +156,16 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="[straggler_race] %(message)s")
     slow, core, label = slowing(args.slow)
-    name = args.name or f"{args.size}_{args.machines}x_{args.slow.replace(':', '')}"
+    if not 1 <= args.stragglers <= args.workers or args.workers % args.machines:
+        raise SystemExit(f"--workers {args.workers} --stragglers {args.stragglers} --machines {args.machines}: "
+                         "the workers split evenly over the machines and the stragglers are some of them")
+    name = args.name or f"{args.size}_{args.machines}x_{args.slow.replace(':', '')}" + (
+        f"_w{args.workers}s{args.stragglers}" if args.workers != 2 else "")
     args.out.mkdir(parents=True, exist_ok=True)
     from examples.gpt import GPT, GPTConfig
 
-    head = {"machines": args.machines, "shaping": f"this host's 2 cores, {label}", "workload": args.size,
+    head = {"machines": args.machines, "shaping": f"this host's {os.cpu_count()} cores, {label}" + (
+                f", {args.stragglers} of {args.workers} so" if args.stragglers > 1 else ""), "workload": args.size,
             "budget": args.budget, "eval_every_s": args.eval_every_s, "lr": args.lr, "command": sys.argv,
             "params": sum(p.numel() for p in GPT(GPTConfig(**SIZES[args.size])).parameters())}
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in args.methods}

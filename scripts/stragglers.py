@@ -52,6 +52,10 @@ def throttled(pids: Sequence[int], fraction: float, name: str = "hogwild_straggl
     group.mkdir(exist_ok=True)
     quota = max(1000, int(fraction * PERIOD_US))
     if version == "v2":
+        # A child has cpu.max only where its parent hands the controller down (v2's subtree_control).
+        control = root / "cgroup.subtree_control"
+        if not control.exists() or "cpu" not in control.read_text().split():
+            control.write_text("+cpu\n")
         (group / "cpu.max").write_text(f"{quota} {PERIOD_US}\n")
     else:
         (group / "cpu.cfs_period_us").write_text(f"{PERIOD_US}\n")

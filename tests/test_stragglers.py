@@ -68,6 +68,7 @@ def test_a_throttled_process_gets_the_quota_of_its_cgroup_version_and_goes_home(
         assert used == version
         if version == "v2":
             assert (group / "cpu.max").read_text().split() == ["50000", "100000"]
+            assert (tmp_path / "cgroup.subtree_control").read_text().split() == ["+cpu"]  # handed down
         else:
             assert (group / "cpu.cfs_quota_us").read_text().strip() == "50000"
             assert (group / "cpu.cfs_period_us").read_text().strip() == "100000"
