@@ -26,6 +26,9 @@ reaches the model when the way of meeting lets it:
   barrier with no bound on waiting);
 - ``lbbsp``: the same, each worker's batch sized to its speed (the step's samples kept) and the mean
   weighted by samples, so a step's gradients arrive together (LB-BSP);
+- ``lbbsp_prefix``: the fastest worker's batch whole, a slower one's cut to the samples it computes
+  in that time (the step's samples shrink); ``lbbsp_accum``: a faster worker adds more whole
+  batches (the step waits for the slowest one's batch, and its samples grow);
 - ``bound``: the same barrier with a bound on waiting, ``--bound`` time units after the step's
   first fresh gradient, or with ``--median-bound`` after the median worker's (hogwild's rule; the
   same for 2 workers) (Chen et al. 2016's backup workers); a late gradient joins the next step
@@ -131,8 +134,8 @@ def run(variant: str, steps: int, lr: float, beta1: float, seed: int, dc_lambda:
     return _test_loss(model, x_test, y_test)
 
 
-MEETS = ("ddp", "lbbsp", "bound_join", "bound_drop", "async", "hogwild", "replicas_slowmo", "replicas_diloco",
-         "replicas_average")
+MEETS = ("ddp", "lbbsp", "lbbsp_prefix", "lbbsp_accum", "bound_join", "bound_drop", "async", "hogwild",
+         "replicas_slowmo", "replicas_diloco", "replicas_average")
 
 
 @dataclass
@@ -170,7 +173,13 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
     # lbbsp: each worker's batch sized to its rate (known here; measured in a real run), the step's
     # total kept, so a step's gradients arrive together and none is late (LB-BSP, Chen et al. 2020).
     speeds = [1.0 / slow if w == 0 else 1.0 for w in range(workers)]
+    # lbbsp_prefix: what a fixed-size data path allows: the fastest worker keeps its batch, a slower
+    # one takes the first samples of its batch in proportion to its speed (the step's total shrinks).
+    # lbbsp_accum: whole batches instead: a faster worker adds more of them to its gradient (the
+    # step's total grows, the step waits for the slowest worker's one batch).
     sizes = ([max(1, round(workers * BATCH * v / sum(speeds))) for v in speeds] if kind == "lbbsp"
+             else [max(1, round(BATCH * v / max(speeds))) for v in speeds] if kind == "lbbsp_prefix"
+             else [BATCH * max(1, round(v / min(speeds))) for v in speeds] if kind == "lbbsp_accum"
              else [BATCH] * workers)
 
     def push(t: float, what: str, payload: Any) -> None:

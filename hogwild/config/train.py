@@ -46,6 +46,12 @@ class OptimConfig:
     straggler_wait: float = 0.1
     """barrier: max_wait for a step whose missing workers were all late to the step before: a
     straggler (a worker on a loaded core) is not waited for as long, step after step."""
+    balance: bool = True
+    """barrier: a worker whose whole batch takes more than 1.15 times the median worker's computes
+    on the first part of each batch, in proportion to its speed (at least a quarter), so its
+    gradient arrives with the others' and not one update late; a step's mean weighs each gradient by
+    its samples (LB-BSP). The rest of such a batch is not trained on (metrics.json: samples_cut).
+    false: every worker computes on whole batches."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """The optimizer _target_'s keyword arguments, gathered from the keys under optim."""
     lr: float = 0.1

@@ -32,7 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Optional
+from typing import Mapping, Optional, Protocol
 
 import torch
 from torch import Tensor
@@ -42,8 +42,10 @@ DUMP_ENV = "HOGWILD_DUMP_FINAL"
 SLOW_WHILE_ENV = "HOGWILD_SLOW_WHILE"
 LEADER_FAULT_ENV = "HOGWILD_LEADER_FAULT"
 
-# Computes batch ``step``'s gradients into the parameters' ``.grad``: (loss, batch size).
-StepFn = Callable[[int], tuple[Tensor, int]]
+class StepFn(Protocol):
+    def __call__(self, index: int, share: float = 1.0) -> tuple[Tensor, int]:
+        """Computes batch ``index``'s gradients into the parameters' ``.grad``, on the first
+        ``share`` of its samples (optim.balance): (loss, samples computed on)."""
 
 
 def planned_faults(index: int, spec: str) -> dict[str, set[int]]:
@@ -84,19 +86,19 @@ class Faults:
         delay_s = sum(faults.get("slow", set())) / 1000.0
         slow_while, warmed = self.slow_while, [False]
 
-        def faulty(step: int) -> tuple[Tensor, int]:
+        def faulty(step: int, share: float = 1.0) -> tuple[Tensor, int]:
             nonlocal delay_s
             if not warmed[0]:
                 warmed[0] = True
                 _startup(faults, global_index, leader_pid)
-                return step_fn(step)
+                return step_fn(step, share)
             if delay_s and slow_while and not os.path.exists(slow_while):
                 delay_s = 0.0  # for good: the test is done with its faults
             if delay_s:
                 time.sleep(delay_s)
             if step in crash_at:
                 raise RuntimeError(f"injected crash at step {step}")
-            loss, batch = step_fn(step)
+            loss, batch = step_fn(step, share)
             if step in nan_at:
                 g = params[0].grad
                 assert g is not None

@@ -47,7 +47,7 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -76,12 +76,20 @@ CELLS = np.dtype([(name, np.float64) for name in (
     "done",       # worker: the last step whose shard it applied
     "member_of",  # chair: the last step closed with this worker in it
     "live",       # worker: 1 once its loop runs, 0 when it finished; chair: 0 when it died
+    "samples",    # worker: the samples that gradient was computed on (a step's mean weighs by them)
+    "pace",       # worker: seconds a whole batch takes it (a moving average; 0: not measured yet)
 )])
 # Between two looks at the stop flag and the leader, a waiting worker or an idle chair sleeps at most
 # this long; a kick or a notice ends the sleep at once.
 POLL_S = 0.05
 # How long a waiting worker looks before it sleeps (wait_until).
 SPIN_S = 0.0005
+# optim.balance: a worker cuts its batch only when a whole one takes it this much longer than the
+# pivot's (noise between equal workers stays under it), never below this share of it, and its pace
+# moves this far towards each new measurement.
+BALANCE_BAND = 1.15
+MIN_SHARE = 0.25
+PACE_EMA = 0.3
 
 
 @dataclass(frozen=True)
@@ -310,6 +318,26 @@ class Chair:
         self.kick()
 
 
+def balanced_share(mine: float, paces: Sequence[float]) -> float:
+    """The share of its batch a worker computes (``optim.balance``, LB-BSP) so that its gradient
+    arrives with the step's pivot, the median live worker's, from which the chair's bound runs: 1 for
+    a worker at most :data:`BALANCE_BAND` slower than the pivot, else the pivot's pace over its own,
+    at least :data:`MIN_SHARE`. ``mine`` and ``paces`` (every live worker's, ``mine`` among them):
+    seconds a whole batch takes, 0 where not measured yet.
+
+    A slower worker's gradient then comes with the others' on fewer samples and counts for those
+    (:func:`mean_into`), instead of joining the next step one update old, which an adaptive optimizer
+    pays for: in the model of a worker twice as slow (BENCHMARKS.md §22) this ended 1.534 against
+    1.653 for joining late and 1.766 for waiting, as DDP does."""
+    known = sorted(p for p in paces if p > 0)
+    if mine <= 0 or len(known) < 2:
+        return 1.0
+    pivot = known[max(1, -(-len(known) // 2)) - 1]
+    if mine <= BALANCE_BAND * pivot:
+        return 1.0
+    return max(MIN_SHARE, pivot / mine)
+
+
 def wait_until(cond: Callable[[], bool], stopping: Callable[[], bool], kick: Optional[Connection],
                spin_s: float = SPIN_S) -> bool:
     """Until ``cond()``; False if ``stopping()`` turned true first. It looks for ``spin_s`` first
@@ -334,9 +362,16 @@ def wait_until(cond: Callable[[], bool], stopping: Callable[[], bool], kick: Opt
     return True
 
 
-def mean_into(rows: Tensor, mine: int, contributors: list[int], pieces: list[Piece]) -> bool:
+def mean_into(rows: Tensor, mine: int, contributors: list[int], pieces: list[Piece],
+              samples: Optional[Sequence[float]] = None) -> bool:
     """Row ``mine`` over ``pieces`` := the mean of the ``contributors``' rows there (only this worker
-    reads or writes those values of its own row now). Whether the mean is finite."""
+    reads or writes those values of its own row now), each row weighed by its ``samples`` where
+    they differ: every row is a mean over its own batch, so the step's is the mean over all their
+    samples, as one batch. Whether the mean is finite."""
+    weights = None
+    if samples is not None and len(set(samples)) > 1 and min(samples) > 0:
+        total = float(sum(samples))
+        weights = {j: n / total for j, n in zip(contributors, samples)}
     scale = 1.0 / len(contributors)
     finite = []
     for piece in pieces:
@@ -345,11 +380,18 @@ def mean_into(rows: Tensor, mine: int, contributors: list[int], pieces: list[Pie
         others = [j for j in contributors if j != mine]
         if mine not in contributors:
             out.copy_(rows[others[0], a:b])
-            others = others[1:]
-        for j in others:
-            out.add_(rows[j, a:b])
-        if len(contributors) > 1:
-            out.mul_(scale)
+            first, others = others[0], others[1:]
+        else:
+            first = mine
+        if weights is not None:
+            out.mul_(weights[first])
+            for j in others:
+                out.add_(rows[j, a:b], alpha=weights[j])
+        else:
+            for j in others:
+                out.add_(rows[j, a:b])
+            if len(contributors) > 1:
+                out.mul_(scale)
         finite.append(torch.isfinite(out).all())
     # One read of the verdicts: on a GPU each would wait for the stream.
     return bool(torch.stack(finite).all()) if finite else True

@@ -57,6 +57,15 @@ def batch_len(inputs: Inputs, y: Optional[Tensor]) -> int:
     return int(first.shape[0])
 
 
+def batch_head(inputs: Inputs, y: Optional[Tensor], n: int) -> tuple[Inputs, Optional[Tensor]]:
+    """The first ``n`` samples of a batch: every tensor whose first dimension is the batch's is cut
+    there (an input of another shape, or not a tensor, passes whole)."""
+    size = batch_len(inputs, y)
+    cut = lambda t: t[:n] if isinstance(t, Tensor) and t.dim() > 0 and t.shape[0] == size else t  # noqa: E731
+    head: Inputs = {k: cut(v) for k, v in inputs.items()} if isinstance(inputs, dict) else tuple(map(cut, inputs))
+    return head, None if y is None else cut(y)
+
+
 def _position(text: str) -> Optional[int]:
     return int(text) if text.strip().lstrip("-").isdigit() else None
 

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from hogwild.config.schema import OptimConfig
 from hogwild.errors import UserError
-from hogwild.replica.meeting import STEPS_KEY, Meeting, Piece, mean_into, wait_until
+from hogwild.replica.meeting import PACE_EMA, STEPS_KEY, Meeting, Piece, balanced_share, mean_into, wait_until
 from hogwild.replica.optim import (FlatOptimizer, Optimizer, TorchOptimizer, bind_views, decays, rebound_state,
                                    state_views, torch_optimizer)
 from hogwild.replica.shared import Slot
@@ -43,9 +43,13 @@ class Updater(Protocol):
     def begin(self) -> bool:
         """Make ready for the next gradient; False when the run stops first."""
 
-    def apply(self, grads: list[Optional[Tensor]], ok: bool, rate: Optional[Rate], pos: int) -> int:
-        """Deliver the gradient just computed (``ok``: finite); ``pos``: the replica's position in
-        batches. How many of this worker's gradients reached the model (0 or 1)."""
+    def share(self) -> float:
+        """The share of each batch the next gradient is computed on (1: the whole batch)."""
+
+    def apply(self, grads: list[Optional[Tensor]], ok: bool, rate: Optional[Rate], pos: int,
+              samples: int = 0) -> int:
+        """Deliver the gradient just computed (``ok``: finite) on ``samples`` samples; ``pos``: the
+        replica's position in batches. How many of this worker's gradients reached the model (0 or 1)."""
 
     def finish(self) -> None:
         """The worker's loop ends: no step waits for it any more."""
@@ -69,7 +73,11 @@ class HogwildUpdate:
     def finish(self) -> None:
         pass
 
-    def apply(self, grads: list[Optional[Tensor]], ok: bool, rate: Optional[Rate], pos: int) -> int:
+    def share(self) -> float:
+        return 1.0  # nobody waits for anybody: no batch is cut
+
+    def apply(self, grads: list[Optional[Tensor]], ok: bool, rate: Optional[Rate], pos: int,
+              samples: int = 0) -> int:
         if not ok:
             return 0
         if rate is not None:
@@ -86,11 +94,14 @@ class BarrierUpdate:
                  notify: Optional[Connection], kick: Optional[Connection], stopping: Callable[[], bool],
                  batches_per_step: int) -> None:
         """``direct``: the optimizer of the sparse tables' rows, which this worker writes itself;
-        ``batches_per_step``: the plan's (config/plan.py), every worker's ``train.accumulate``."""
+        ``batches_per_step``: the plan's (config/plan.py), every worker's ``train.accumulate``.
+        ``cfg.balance``: a slower worker computes on a share of its batch (:func:`balanced_share`)."""
         self.cfg, self.m, self.i, self.flat, self.params, self.slots = cfg, meeting, index, flat, params, slots
         self.state, self.direct = opt_state, direct
         self.notify, self.kick, self.stopping = notify, kick, stopping
         self.batches_per_step = batches_per_step
+        self.balance = bool(cfg.balance) and meeting.workers > 1
+        self._share = 1.0
         self.wait_s = 0.0
         self.last_count = 0
         """Finite gradients in the last step this worker applied a shard of (their mean's divisor)."""
@@ -120,13 +131,20 @@ class BarrierUpdate:
         if not whole:
             return False
         self._read, self._t0 = int(head["applied"]), time.perf_counter()
+        if self.balance:  # the others' paces as they are now, each written with its last gradient
+            cells = self.m.cells
+            self._share = balanced_share(float(cells[self.i]["pace"]), cells["pace"][cells["live"] > 0].tolist())
         self.m.rows[self.i].zero_()
         for i, p in enumerate(self.params):
             # Backward adds into the row; a table's gradient stays sparse, a frozen parameter's None.
             p.grad = self.views.get(i)
         return True
 
-    def apply(self, grads: list[Optional[Tensor]], ok: bool, rate: Optional[Rate], pos: int) -> int:
+    def share(self) -> float:
+        return self._share
+
+    def apply(self, grads: list[Optional[Tensor]], ok: bool, rate: Optional[Rate], pos: int,
+              samples: int = 0) -> int:
         if ok and self.direct is not None and self.sparse:
             if rate is not None:
                 self.direct.set_lr(rate(int(self.m.head["t"])))
@@ -134,8 +152,10 @@ class BarrierUpdate:
         if self.cuda:
             torch.cuda.synchronize()  # the row is written before anyone is told so
         cell = self.m.cells[self.i]
-        cell["finite"], cell["read"] = float(ok), self._read
+        cell["finite"], cell["read"], cell["samples"] = float(ok), self._read, float(samples)
         cell["compute_s"], cell["at"] = time.perf_counter() - self._t0, time.monotonic()
+        pace = cell["compute_s"] / self._share  # what a whole batch would have taken
+        cell["pace"] = pace if cell["pace"] <= 0 else (1 - PACE_EMA) * cell["pace"] + PACE_EMA * pace
         if self.m.workers == 1:
             return self._alone(ok, rate)
         t0 = time.perf_counter()
@@ -194,7 +214,7 @@ class BarrierUpdate:
         if not contributors or self.i not in members:
             return
         opt, pieces, where = self._shard(members.index(self.i), len(members))
-        if not mean_into(self.m.rows, self.i, contributors, pieces):
+        if not mean_into(self.m.rows, self.i, contributors, pieces, cells["samples"][contributors].tolist()):
             return  # finite gradients whose mean overflows: this shard skips the step
         t = int(self.m.head["t"])
         if rate is not None:

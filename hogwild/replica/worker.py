@@ -41,7 +41,7 @@ from hogwild.replica.shared import Slot, param_slots
 from hogwild.replica.update import BarrierUpdate, HogwildUpdate, Updater
 from hogwild.replica.start import adopt_environment, leader_watch
 from hogwild.config.train import StepConfig
-from hogwild.replica.step import Step, batch_len, make_step, to_device
+from hogwild.replica.step import Step, batch_head, batch_len, make_step, to_device
 from hogwild.replica.task import make_loss, task_kind
 
 logger = logging.getLogger(__name__)
@@ -59,10 +59,10 @@ OPTIM, SCHED = "optim: the optimizer's step", "sched: the learning-rate schedule
 # checks after the forward, the bookkeeping after the optimizer's step): there only what is raised
 # outside hogwild's files is the user's.
 _USER_ANYWHERE, _USER_OUTSIDE = (DATA, SCHED), (FORWARD, OPTIM)
-# Seconds this worker's steps spent reading batches and in forward and backward (module-global
-# for the same reason as _phase); run_loop moves them onto the board, where metrics.json's time_s
-# reads them. Two clock reads a phase: cheap beside any batch.
-_spent = {"data": 0.0, "compute": 0.0}
+# Seconds this worker's steps spent reading batches and in forward and backward, and the samples
+# optim.balance cut from them (module-global for the same reason as _phase); run_loop moves them
+# onto the board, where metrics.json reads them. Two clock reads a phase: cheap beside any batch.
+_spent = {"data": 0.0, "compute": 0.0, "cut": 0.0}
 
 
 @dataclass(frozen=True)
@@ -260,11 +260,16 @@ def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, samp
         read = lambda index: ds.train.batch(shard_sampler.batch(index))  # noqa: E731
     step = step or Step(StepConfig(), F.cross_entropy, model)
 
-    def step_fn(index: int) -> tuple[Tensor, int]:
-        """Adds batch ``index``'s gradient into each ``.grad`` (the updater has set them)."""
+    def step_fn(index: int, share: float = 1.0) -> tuple[Tensor, int]:
+        """Adds the gradient of batch ``index`` (its first ``share``) into each ``.grad`` (the
+        updater has set them)."""
         _phase[0] = DATA
         t0 = time.perf_counter()
         inputs, y = read(index)
+        if share < 1.0:
+            whole = batch_len(inputs, y)
+            inputs, y = batch_head(inputs, y, max(1, round(share * whole)))
+            _spent["cut"] += whole - batch_len(inputs, y)
         inputs, y = to_device(inputs, y, device, non_blocking=True)
         t1 = time.perf_counter()
         _phase[0] = FORWARD
@@ -356,11 +361,12 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
             break  # the run stops while a step is applied
         # train.accumulate batches make one update; the last of a quota that does not divide may be short.
         n = min(accumulate, spec.quota - step)
-        losses, batch = [], 0
+        losses, batch, share, cut0 = [], 0, updater.share(), _spent["cut"]
         for i in range(n):
-            loss, size = step_fn(step + i)
+            loss, size = step_fn(step + i, share)
             losses.append(float(loss.detach()))
             batch += size
+        row["samples_cut"] += _spent["cut"] - cut0
         grads = [p.grad for p in params]
         if n > 1:
             torch._foreach_mul_([g for g in grads if g is not None], 1.0 / n)  # the mean, as one batch n times larger
@@ -371,7 +377,7 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
         _phase[0] = OPTIM
         # A poisoned update never reaches the shared model (under the barrier it arrives to say so).
         t_apply, waited_before_apply = time.perf_counter(), updater.wait_s
-        got = updater.apply(grads, ok, rate if sched is not None else None, int(stats["pos"].sum()))
+        got = updater.apply(grads, ok, rate if sched is not None else None, int(stats["pos"].sum()), batch)
         row["update_s"] += time.perf_counter() - t_apply - (updater.wait_s - waited_before_apply)
         if ok:
             if marks is not None:  # after the write: a round that misses the stamp still sees the row

@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -91,6 +92,25 @@ def test_a_slow_worker_holds_no_step_past_the_bound(tmp_path: Path) -> None:
     m = metrics(out)
     assert m["steps"] == 40 and m["optimizer_steps"] >= 30  # paired, they would have made 20
     assert m["barrier_wait_s"] < 1.5, m["barrier_wait_s"]
+
+
+@pytest.mark.slow
+def test_a_slow_worker_computes_on_part_of_each_batch(tmp_path: Path) -> None:
+    """optim.balance: worker 0 takes 40 ms a step and worker 1 120 ms, so worker 1 cuts its batches
+    (down to a quarter: a fixed delay does not shrink with the batch) while both run; the same
+    batches are read as with optim.balance=false, and metrics.json says what was left out."""
+    def job(balance: bool) -> dict[str, Any]:
+        out = tmp_path / str(balance)
+        proc = run_cli(["optim=adamw", "workers=2", "train.max_steps=80", "train.batch_size=32", *QUIET,
+                        f"optim.balance={str(balance).lower()}", f"run_dir={out}"], cwd=tmp_path,
+                       env=clean_env(HOGWILD_FAULT="slow:0:40,slow:1:120"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return metrics(out)
+
+    on, off = job(True), job(False)
+    assert on["steps"] == off["steps"] == 80 and off["samples_cut"] == 0
+    assert on["samples"] + on["samples_cut"] == off["samples"]
+    assert on["samples_cut"] >= 5 * 24, on["samples_cut"]  # about a dozen of worker 1's batches cut to 8 of 32
 
 
 @pytest.mark.slow

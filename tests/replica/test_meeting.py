@@ -18,7 +18,8 @@ from torch import Tensor, nn
 
 from hogwild.config.schema import OptimConfig
 from hogwild.config.targets import import_target
-from hogwild.replica.meeting import POLL_S, STEPS_KEY, Chair, Meeting, balanced
+from hogwild.replica.meeting import (MIN_SHARE, POLL_S, STEPS_KEY, Chair, Meeting, balanced, balanced_share,
+                                     mean_into)
 from hogwild.replica.optim import decays, new_shared_state
 from hogwild.replica.shared import alloc, bind, param_slots, share_model
 from hogwild.replica.update import BarrierUpdate
@@ -294,3 +295,57 @@ def test_every_gradient_reaches_the_model_once_however_the_steps_fall() -> None:
     torch.testing.assert_close(flat.double(), expected, rtol=0, atol=1e-4)
     # Every closed step but one whose only gradient was the poisoned one stepped the optimizer.
     assert m.head["applied"] - 1 <= int(state[STEPS_KEY][0]) <= m.head["applied"] < 3 * UPDATES
+
+
+def test_a_worker_much_slower_than_the_pivot_computes_on_a_share_of_its_batch() -> None:
+    """optim.balance (LB-BSP): a worker whose whole batch takes twice the pivot's computes on half of
+    each batch, so its gradient arrives with the pivot's; noise between equal workers cuts nothing."""
+    assert balanced_share(2.0, [1.0, 2.0]) == pytest.approx(0.5)  # two workers: the pivot is the faster
+    assert balanced_share(1.0, [1.0, 2.0]) == 1.0  # the fast one keeps its whole batch
+    assert balanced_share(1.1, [1.0, 1.1]) == 1.0  # within the band: jitter, not a straggler
+    assert balanced_share(10.0, [1.0, 10.0]) == MIN_SHARE  # never below a quarter: the bound does the rest
+    assert balanced_share(0.0, [1.0, 0.0]) == balanced_share(2.0, [0.0, 2.0]) == 1.0  # nothing measured yet
+    # Sixteen workers, two at half speed: the pivot is the median worker's pace, not the fastest one's.
+    paces = [1.0 + 0.01 * j for j in range(14)] + [2.0, 2.0]
+    assert balanced_share(2.0, paces) == pytest.approx(1.07 / 2.0)
+    assert balanced_share(1.13, paces) == 1.0
+
+
+def test_a_steps_mean_weighs_each_gradient_by_its_samples() -> None:
+    """Each row is a mean over its own batch: the step's mean is the mean over all their samples,
+    as if one batch; with equal batches it is the plain mean, as before."""
+    _, _, m, _ = _replica(OptimConfig(name="adamw"), 3)
+    gen = torch.Generator().manual_seed(3)
+    grads = [torch.randn(m.numel, generator=gen) for _ in range(3)]
+    pieces = m.value_shard(0, 1)
+    for mine, samples, want in [(0, [16, 8, 4], (16 * grads[0] + 8 * grads[1] + 4 * grads[2]) / 28),
+                                (2, [16, 8, 4], (16 * grads[0] + 8 * grads[1] + 4 * grads[2]) / 28),
+                                (1, [16, 16, 16], torch.stack(grads).mean(0))]:
+        for j, g in enumerate(grads):
+            m.rows[j].copy_(g)
+        assert mean_into(m.rows, mine, [0, 1, 2], pieces, samples)
+        assert torch.allclose(m.rows[mine], want, atol=1e-6), (mine, samples)
+    for j, g in enumerate(grads):
+        m.rows[j].copy_(g)
+    assert mean_into(m.rows, 1, [0, 2], pieces, [30, 10])  # a member that brought nothing is not in it
+    assert torch.allclose(m.rows[1], (30 * grads[0] + 10 * grads[2]) / 40, atol=1e-6)
+
+
+def test_a_barrier_worker_measures_its_pace_and_cuts_its_next_batch_to_it() -> None:
+    cfg = OptimConfig(name="adamw")
+    model, flat, m, state = _replica(cfg, 2)
+    params = list(model.parameters())
+    # The run is stopping: apply() writes its cell, then meets nobody (no chair runs here).
+    ups = [BarrierUpdate(cfg, m, j, flat, params, param_slots(model), state, None, None, None, lambda: True, 1)
+           for j in range(2)]
+    m.cells["live"] = 1.0
+    m.cells["pace"] = [0.01, 0.02]  # worker 1's whole batch takes twice worker 0's
+    assert ups[0].begin() and ups[1].begin()
+    assert (ups[0].share(), ups[1].share()) == (1.0, pytest.approx(0.5))
+    ups[1]._t0 = time.perf_counter() - 0.01  # its half batch took 10 ms: a whole one would take 20
+    assert ups[1].apply([None] * len(params), True, None, 0, samples=8) == 0
+    c = m.cells[1]
+    assert c["samples"] == 8 and c["pace"] == pytest.approx(0.02, rel=0.2)
+    off = BarrierUpdate(OptimConfig(name="adamw", balance=False), m, 1, flat, params, param_slots(model), state,
+                        None, None, None, lambda: True, 1)
+    assert off.begin() and off.share() == 1.0  # optim.balance=false: whole batches whatever the paces

@@ -111,7 +111,7 @@ def test_workers_wake_the_leader_once_per_point_crossed(sync_at: float, report_a
 def test_fault_plan_parses_only_this_workers_faults() -> None:
     assert planned_faults(1, "nan:0:3,crash:1:5,nan:1:9") == {"crash": {5}, "nan": {9}}
     assert planned_faults(2, "nan:0:3") == {}
-    fn = lambda step: (torch.tensor(0.0), 1)  # noqa: E731
+    fn = lambda step, share=1.0: (torch.tensor(0.0), 1)  # noqa: E731
     assert Faults().step(fn, [], 0, 0) is fn  # nothing planned: the loop runs the plain step function
     assert Faults(workers="nan:1:3").step(fn, [], 0, 0) is fn
     assert Faults.from_env({FAULT_ENV: "crash:0:5"}) == Faults(workers="crash:0:5")
@@ -156,7 +156,7 @@ def test_workers_wait_at_the_lag_limit_until_the_round_completes() -> None:
 def test_slow_fault_delays_every_step_after_the_warm_up() -> None:
     import time
 
-    fn = Faults(workers="slow:0:30").step(lambda step: (torch.tensor(0.0), 1), [], 0, 0)
+    fn = Faults(workers="slow:0:30").step(lambda step, share=1.0: (torch.tensor(0.0), 1), [], 0, 0)
     fn(0)  # the warm-up
     t0 = time.perf_counter()
     fn(0)
@@ -233,3 +233,30 @@ def test_accumulated_batches_make_one_update_on_their_mean_gradient() -> None:
     run_loop(step_fn, updater, params, spec, Lines(board), Recipe(accumulate=2))
     assert (board.row(0)["pos"], board.row(0)["applied"]) == (6, 3)
     torch.testing.assert_close(flat, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_step_on_a_share_of_its_batch_is_the_gradient_of_the_batchs_first_samples() -> None:
+    """optim.balance hands a slow worker a share: its gradient is that of the batch's first samples,
+    and it says how many it used (the step's mean weighs it by them)."""
+    step_fn, _, params, _, _, _, ds, model = tiny_worker(quota=1)
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    _, used = step_fn(2, 0.5)
+    half = [p.grad.clone() for p in params]
+    rows = ShardSampler(torch.arange(256), 16, 0).batch(2)[:8]
+    for p in params:
+        p.grad = None
+    nn.functional.cross_entropy(model(ds.train.inputs[0][rows]), ds.train.targets[rows]).backward()
+    assert used == 8 and all(torch.allclose(a, p.grad) for a, p in zip(half, params))
+
+
+def test_a_batch_head_cuts_every_tensor_of_the_batch_and_nothing_else() -> None:
+    from hogwild.replica.step import batch_head
+
+    ids, mask, bias = torch.arange(12).view(4, 3), torch.ones(4, 3), torch.zeros(7)
+    head, y = batch_head({"input_ids": ids, "attention_mask": mask, "bias": bias, "name": "x"}, torch.arange(4), 2)
+    assert isinstance(head, dict) and y is not None
+    assert torch.equal(head["input_ids"], ids[:2]) and head["attention_mask"].shape == (2, 3)
+    assert head["bias"] is bias and head["name"] == "x" and torch.equal(y, torch.arange(2))
+    (x,), none = batch_head((torch.arange(6.0).view(3, 2),), None, 1)
+    assert none is None and x.shape == (1, 2)
