@@ -64,7 +64,8 @@ def hogwild_result(workload: str, run_dir: Path, replicas: int, sent: float = 0.
             "steps_per_sync": m["steps_per_sync"], "final_interval": m["final_interval"], "update": m.get("update"),
             "sync_mode": m.get("sync_mode"), "sync_wire": m.get("sync_wire"),
             "sync_wire_climbs": m.get("sync_wire_climbs"), "time_s": m.get("time_s"),
-            "barrier_wait_fraction": m.get("barrier_wait_fraction")}
+            "barrier_wait_fraction": m.get("barrier_wait_fraction"), "samples": m.get("samples"),
+            "batch_parts": m.get("batch_parts")}
 
 
 def arm_run(args: argparse.Namespace, arm: str, seed: int) -> dict[str, Any]:

@@ -92,11 +92,12 @@ def _replica_pids(launcher: int, rank: int) -> list[int]:
     return []
 
 
-def hogwild_arm(args: argparse.Namespace, slow: Optional[Slow], root: Path, seed: int) -> dict[str, Any]:
+def hogwild_arm(args: argparse.Namespace, slow: Optional[Slow], root: Path, seed: int,
+                extra: tuple[str, ...] = ()) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(dir=root))
     workers = args.workers // args.machines
     cmd = train_cmd([*hogwild_overrides(args.size, args.budget, args.eval_every_s), f"workers={workers}",
-                     f"train.seed={seed}", f"run_dir={run_dir}", *args.override], args.machines,
+                     f"train.seed={seed}", f"run_dir={run_dir}", *args.override, *extra], args.machines,
                     launcher="hogwild.cli.launch")
     proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -150,7 +151,9 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=LR, help="DDP's peak rate (hogwild: the experiment's, or --override)")
     ap.add_argument("--override", action="append", default=[], help="a Hydra override for hogwild's runs")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--methods", nargs="+", choices=("hogwild", "ddp"), default=["hogwild", "ddp"])
+    ap.add_argument("--methods", nargs="+", default=["hogwild", "ddp"], help="hogwild, ddp, and --variant names")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=OVERRIDE[,OVERRIDE...]",
+                    help="one more hogwild arm, e.g. nobalance=optim.balance=false (repeatable)")
     ap.add_argument("--out", type=Path, default=REPO / "bench_results" / "stragglers")
     ap.add_argument("--name", default=None)
     args = ap.parse_args()
@@ -168,21 +171,26 @@ def main() -> None:
                 f", {args.stragglers} of {args.workers} so" if args.stragglers > 1 else ""), "workload": args.size,
             "budget": args.budget, "eval_every_s": args.eval_every_s, "lr": args.lr, "command": sys.argv,
             "params": sum(p.numel() for p in GPT(GPTConfig(**SIZES[args.size])).parameters())}
+    variants = {name: tuple(o.split(",")) for name, _, o in (v.partition("=") for v in args.variant)}
+    arms = {"hogwild": (), **variants}
+    unknown = [m for m in args.methods if m not in arms and m != "ddp"]
+    if unknown:
+        raise SystemExit(f"--methods: unknown {unknown}; choose from hogwild, ddp, or a --variant's name")
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in args.methods}
     with tempfile.TemporaryDirectory() as tmp, busy_core(core):
         for rep in range(args.repeats):  # interleaved: a slow spell of the host hits both arms alike
             for m in args.methods:
                 logger.info("repeat %d/%d: %s", rep + 1, args.repeats, m)
                 try:
-                    r = hogwild_arm(args, slow, Path(tmp), 0) if m == "hogwild" else ddp_arm(args, slow, 0)
+                    r = hogwild_arm(args, slow, Path(tmp), 0, arms[m]) if m in arms else ddp_arm(args, slow, 0)
                     logger.info("%s: loss %.4f, %d steps", m, r["loss"], r["steps"])
                 except (RuntimeError, subprocess.TimeoutExpired, StopIteration) as e:
                     logger.error("%s failed: %s", m, str(e)[-800:])
                     r = {"error": str(e)[-2000:], "seed": 0}
                 runs[m].append(r)
                 (args.out / f"{name}.json").write_text(
-                    json.dumps({**head, "arms": summary(runs, {"hogwild"})}, indent=1, default=str) + "\n")
-    report(head, summary(runs, {"hogwild"}), name, args.out)
+                    json.dumps({**head, "arms": summary(runs, set(arms))}, indent=1, default=str) + "\n")
+    report(head, summary(runs, set(arms)), name, args.out)
 
 
 if __name__ == "__main__":

@@ -58,8 +58,8 @@ def resume_path(resume: Any, run_dir: Path, is_rank0: bool, agree: Callable[[str
 def restore(path: str, model_name: str, rep: Replica, board: Board, rank: int,
             world: int) -> tuple[Restored, dict[str, Tensor]]:
     """Load ``path`` into the replica (its shared model, optimizer state and stream records) and
-    the workers' positions. The replica whole, not its parts: a caller that left one out (elastic
-    mode once passed no stream records) restored a run only in part.
+    the workers' positions. It takes the replica whole, not its parts, so that no caller can
+    restore a run in part.
 
     Returns what was restored and the sync rule's saved state.
     """

@@ -160,9 +160,9 @@ def _fits(obj: dict[str, Any]) -> bool:
 
 
 def _typed(obj: dict[str, Any]) -> bool:
-    """The fields that resume and export read as numbers, strings and tensors are of those types:
-    a file with ``seq: "x"`` or a string in its ``state_dict`` crashed them instead of being
-    skipped (resume) or refused (export) in one line."""
+    """The fields that resume and export read as numbers, strings and tensors are of those types,
+    so a file that is not (``seq: "x"``, a string in its ``state_dict``) is skipped by resume and
+    refused by export in one line, never read into a crash."""
     def number(v: Any) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
 

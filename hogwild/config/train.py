@@ -48,10 +48,10 @@ class OptimConfig:
     straggler (a worker on a loaded core) is not waited for as long, step after step."""
     balance: bool = True
     """barrier: a worker whose whole batch takes more than 1.15 times the median worker's computes
-    on the first part of each batch, in proportion to its speed (at least a quarter), so its
-    gradient arrives with the others' and not one update late; a step's mean weighs each gradient by
-    its samples (LB-BSP). The rest of such a batch is not trained on (metrics.json: samples_cut).
-    false: every worker computes on whole batches."""
+    each batch in parts, one part a step, sized to its speed (at least a quarter of the batch), so
+    its gradients arrive with the others' and not one update late; a step's mean weighs each
+    gradient by its samples (LB-BSP). Every sample is still trained on once (metrics.json:
+    batch_parts). false: every gradient is a whole batch's."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """The optimizer _target_'s keyword arguments, gathered from the keys under optim."""
     lr: float = 0.1

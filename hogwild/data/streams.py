@@ -100,7 +100,7 @@ class StreamSplit:
 
     def __getstate__(self) -> dict[str, Any]:
         # A worker reads the stream itself: of the head it needs only a sample to tell the task's kind.
-        return {**self.__dict__, "head": Held(self.head[:2]), "_targets": None}
+        return {**self.__dict__, "head": ItemsInMemory(self.head[:2]), "_targets": None}
 
     def __len__(self) -> int:
         """The samples read ahead, not the stream's length (it has none)."""
@@ -143,10 +143,10 @@ def read_test_stream(dataset: Any, limit: int, key: str) -> list[Any]:
         raise ConfigError(f"{key}: the test stream is empty")
     logger.info("data: the test stream's first %d samples are the test split (data.test_samples=%d)",
                 len(items), limit)
-    return Held(items)
+    return ItemsInMemory(items)
 
 
-class Held(list):  # type: ignore[type-arg]
+class ItemsInMemory(list):  # type: ignore[type-arg]
     """Items read off a stream and held in memory (only ever pickled from a leader to its own workers,
     never read from a file). Pickled as one blob: as a plain list each tensor in
     it would travel to a spawned worker as a file descriptor of its own, and multiprocessing's fork
@@ -158,8 +158,8 @@ class Held(list):  # type: ignore[type-arg]
         return _held, (buf.getvalue(),)
 
 
-def _held(blob: bytes) -> Held:
-    return Held(torch.load(io.BytesIO(blob), weights_only=False))
+def _held(blob: bytes) -> ItemsInMemory:
+    return ItemsInMemory(torch.load(io.BytesIO(blob), weights_only=False))
 
 
 class StreamRecords:

@@ -50,12 +50,11 @@ logger = logging.getLogger(__name__)
 
 
 def job_fingerprint(cfg: Config, plan: Plan, params: int) -> str:
-    """Everything every replica of one elastic job must agree on. A mismatch is refused in one
-    line when the replica registers: a different wire type re-formed the group forever, a
-    different optimizer crashed the joiner at every heal, a different seed or batch size made
-    the shards overlap, a different fragment count (or a wire that climbs against one that does
-    not) sent collectives of different sizes, and a replica without row-sparse rounds would answer a
-    union of rows with a whole model."""
+    """Everything every replica of one elastic job must agree on, refused in one line when a
+    replica registers with another: the wire type (the group's collectives), the optimizer and its
+    update path (the state a heal sends), the seed and batch size (the shards must not overlap),
+    the fragment count and whether the wire may climb (every collective's size), and row-sparse
+    rounds (a union of rows is answered with rows, not a whole model)."""
     data = cfg.data._target_ or cfg.data.name
     # The path decides the optimizer state a heal sends: one replica's barrier state means nothing
     # to a Hogwild replica's per-worker one.

@@ -45,7 +45,7 @@ STATS = np.dtype([(name, np.float64) for name in (
     "compute_s",   # seconds of steps spent in the forward pass, the loss and backward
     "update_s",    # seconds of steps spent applying the update (optimizer, or the barrier's shard), waits excluded
     "cpu_s",       # CPU seconds of this worker's process during its steps
-    "samples_cut",  # samples of its batches a slower worker left out (optim.balance)
+    "parts",       # gradients computed on a part of a batch, all but each batch's last (optim.balance)
 )])
 CONTROL = np.dtype([(name, np.float64) for name in (
     "stop",          # workers leave their loop
@@ -84,8 +84,8 @@ class Counts:
     compute_s: float = 0.0
     update_s: float = 0.0
     cpu_s: float = 0.0
-    samples_cut: float = 0.0
-    """Samples of their batches slower workers left out to keep pace (optim.balance)."""
+    batch_parts: float = 0.0
+    """Gradients slower workers computed on a part of a batch, all but each batch's last (optim.balance)."""
 
     LINEAGE: ClassVar[tuple[str, ...]] = ("steps", "samples", "skipped_nonfinite", "worker_restarts", "syncs")
 
@@ -229,7 +229,7 @@ def _counts(s: np.ndarray, restarts: int) -> Counts:
                   lag_wait_s=float(s["lag_wait_s"].sum()), wait_s=float(s["wait_s"].sum()),
                   data_s=float(s["data_s"].sum()), compute_s=float(s["compute_s"].sum()),
                   update_s=float(s["update_s"].sum()), cpu_s=float(s["cpu_s"].sum()),
-                  samples_cut=float(s["samples_cut"].sum()))
+                  batch_parts=float(s["parts"].sum()))
 
 
 def _typed(kind: Any, value: Any) -> Any:

@@ -43,9 +43,10 @@ SLOW_WHILE_ENV = "HOGWILD_SLOW_WHILE"
 LEADER_FAULT_ENV = "HOGWILD_LEADER_FAULT"
 
 class StepFn(Protocol):
-    def __call__(self, index: int, share: float = 1.0) -> tuple[Tensor, int]:
-        """Computes batch ``index``'s gradients into the parameters' ``.grad``, on the first
-        ``share`` of its samples (optim.balance): (loss, samples computed on)."""
+    def __call__(self, index: int, share: float = 1.0) -> tuple[Tensor, int, int]:
+        """Computes batch ``index``'s gradients into the parameters' ``.grad``: on the whole batch,
+        or (``share`` < 1, optim.balance) on its next ``share`` of samples, the batch computed in
+        parts over as many calls. (loss, samples computed on, samples of the batch still to come)."""
 
 
 def planned_faults(index: int, spec: str) -> dict[str, set[int]]:
@@ -84,9 +85,9 @@ class Faults:
             return step_fn
         nan_at, crash_at = faults.get("nan", set()), faults.get("crash", set())
         delay_s = sum(faults.get("slow", set())) / 1000.0
-        slow_while, warmed = self.slow_while, [False]
+        slow_while, warmed, last = self.slow_while, [False], [-1]
 
-        def faulty(step: int, share: float = 1.0) -> tuple[Tensor, int]:
+        def faulty(step: int, share: float = 1.0) -> tuple[Tensor, int, int]:
             nonlocal delay_s
             if not warmed[0]:
                 warmed[0] = True
@@ -96,14 +97,16 @@ class Faults:
                 delay_s = 0.0  # for good: the test is done with its faults
             if delay_s:
                 time.sleep(delay_s)
-            if step in crash_at:
+            first = step != last[0]  # a batch computed in parts (optim.balance) meets its faults once
+            last[0] = step
+            if first and step in crash_at:
                 raise RuntimeError(f"injected crash at step {step}")
-            loss, batch = step_fn(step, share)
-            if step in nan_at:
+            loss, batch, left = step_fn(step, share)
+            if first and step in nan_at:
                 g = params[0].grad
                 assert g is not None
                 params[0].grad = g * float("nan") if g.is_sparse else torch.full_like(g, float("nan"))
-            return loss, batch
+            return loss, batch, left
         return faulty
 
     def leader(self, slot: int) -> dict[str, set[int]]:

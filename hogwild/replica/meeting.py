@@ -8,8 +8,10 @@ weights that step moves, as DDP's are, and no worker waits long for a late one (
 backup workers): once the fresh gradients of half its live workers have arrived, the step waits for
 the others at most ``optim.max_wait`` times the compute time of the last of that half
 (``optim.straggler_wait`` when every worker it waits for was late to the step before as well), and
-a gradient later than that joins the next step. No allreduce and no copy of the model per worker:
-the gradients meet where they are.
+a gradient later than that joins the next step. A worker much slower than the median one computes
+each batch in parts instead, one a step (``optim.balance``, :func:`balanced_share`), so that its
+gradient comes with the others'; a step's mean weighs each gradient by its samples. No allreduce
+and no copy of the model per worker: the gradients meet where they are.
 
 What lives in shared memory, and who writes what (every cell has one writer at a time, as on
 the board, so no lock is shared and a process killed at any moment holds nothing):
@@ -42,6 +44,7 @@ optimizer steps, which the learning-rate schedule and Adam's bias correction cou
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -89,6 +92,9 @@ SPIN_S = 0.0005
 # moves this far towards each new measurement.
 BALANCE_BAND = 1.15
 MIN_SHARE = 0.25
+MIN_PACE_S = 0.005
+"""Below this a batch's time is jitter, and a meeting per part would cost more than it saves."""
+SHARE_STEPS = 16
 PACE_EMA = 0.3
 
 
@@ -195,10 +201,10 @@ class Meeting:
         self.mark_applied(step)
 
     def forget(self, worker: int) -> None:
-        """A dead worker's record: not live, arrived nowhere, and a step it was in no longer waits
+        """A dead worker's record: not live, arrived nowhere, no pace, and a step it was in no longer waits
         for its shard (that shard skips the step). Only the chair calls it (or the pool, alone)."""
         c = self.cells[worker]
-        c["live"], c["arrived"] = 0.0, -1.0
+        c["live"], c["arrived"], c["pace"] = 0.0, -1.0, 0.0  # its successor's pace is its own
         c["done"] = max(c["done"], c["member_of"])
 
     def forget_alone(self) -> None:
@@ -322,10 +328,12 @@ def balanced_share(mine: float, paces: Sequence[float]) -> float:
     """The share of its batch a worker computes (``optim.balance``, LB-BSP) so that its gradient
     arrives with the step's pivot, the median live worker's, from which the chair's bound runs: 1 for
     a worker at most :data:`BALANCE_BAND` slower than the pivot, else the pivot's pace over its own,
-    at least :data:`MIN_SHARE`. ``mine`` and ``paces`` (every live worker's, ``mine`` among them):
-    seconds a whole batch takes, 0 where not measured yet.
+    at least :data:`MIN_SHARE`, in steps of 1/:data:`SHARE_STEPS` (1 where the pivot's batch takes
+    under :data:`MIN_PACE_S`). ``mine`` and ``paces`` (every
+    live worker's, ``mine`` among them): seconds a whole batch takes, 0 where not measured yet.
 
-    A slower worker's gradient then comes with the others' on fewer samples and counts for those
+    A slower worker's gradient then comes with the others' on fewer samples (the batch's next part)
+    and counts for those
     (:func:`mean_into`), instead of joining the next step one update old, which an adaptive optimizer
     pays for: in the model of a worker twice as slow (BENCHMARKS.md §22) this ended 1.534 against
     1.653 for joining late and 1.766 for waiting, as DDP does."""
@@ -333,9 +341,11 @@ def balanced_share(mine: float, paces: Sequence[float]) -> float:
     if mine <= 0 or len(known) < 2:
         return 1.0
     pivot = known[max(1, -(-len(known) // 2)) - 1]
-    if mine <= BALANCE_BAND * pivot:
+    if mine <= BALANCE_BAND * pivot or pivot < MIN_PACE_S:
         return 1.0
-    return max(MIN_SHARE, pivot / mine)
+    # In sixteenths, rounded down: a batch takes one of a few sizes (torch.compile and the kernels'
+    # caches see few shapes), and the worker arrives no later than the pivot.
+    return max(MIN_SHARE, math.floor(SHARE_STEPS * pivot / mine) / SHARE_STEPS)
 
 
 def wait_until(cond: Callable[[], bool], stopping: Callable[[], bool], kick: Optional[Connection],

@@ -25,7 +25,7 @@ from hogwild.replica.build import Replica
 from hogwild.replica.meeting import STEPS_KEY, Chair
 from hogwild.replica.resources import available_cores
 from hogwild.replica.start import environment, worker_context
-from hogwild.replica.worker import WORKER_NICENESS, Held, Lines, WorkerSpec, worker_main
+from hogwild.replica.worker import WORKER_NICENESS, ReplicaShared, Channels, WorkerSpec, worker_main
 
 logger = logging.getLogger(__name__)
 
@@ -106,8 +106,8 @@ class WorkerPool:
             # ends them on every exit path.
             target=worker_main, name=f"hogwild-worker-{self.specs[i].global_index}", daemon=False,
             args=(self.cfg, self.specs[i], self.rep.ds,
-                  Held(self.rep.flat, self.rep.opt_state, self.rep.marks, self.rep.meeting, self.rep.streams),
-                  Lines(self.board, self._wake_w, kick_r, self._life_r, self._notices[1] if self._notices else None),
+                  ReplicaShared(self.rep.flat, self.rep.opt_state, self.rep.marks, self.rep.meeting, self.rep.streams),
+                  Channels(self.board, self._wake_w, kick_r, self._life_r, self._notices[1] if self._notices else None),
                   environment()))
         p.start()
         self.procs[i] = p

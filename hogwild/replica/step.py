@@ -57,11 +57,11 @@ def batch_len(inputs: Inputs, y: Optional[Tensor]) -> int:
     return int(first.shape[0])
 
 
-def batch_head(inputs: Inputs, y: Optional[Tensor], n: int) -> tuple[Inputs, Optional[Tensor]]:
-    """The first ``n`` samples of a batch: every tensor whose first dimension is the batch's is cut
-    there (an input of another shape, or not a tensor, passes whole)."""
+def batch_slice(inputs: Inputs, y: Optional[Tensor], start: int, end: int) -> tuple[Inputs, Optional[Tensor]]:
+    """Samples ``start`` to ``end`` of a batch: every tensor whose first dimension is the batch's is
+    cut there (an input of another shape, or not a tensor, passes whole)."""
     size = batch_len(inputs, y)
-    cut = lambda t: t[:n] if isinstance(t, Tensor) and t.dim() > 0 and t.shape[0] == size else t  # noqa: E731
+    cut = lambda t: t[start:end] if isinstance(t, Tensor) and t.dim() > 0 and t.shape[0] == size else t  # noqa: E731
     head: Inputs = {k: cut(v) for k, v in inputs.items()} if isinstance(inputs, dict) else tuple(map(cut, inputs))
     return head, None if y is None else cut(y)
 

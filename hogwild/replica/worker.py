@@ -41,7 +41,7 @@ from hogwild.replica.shared import Slot, param_slots
 from hogwild.replica.update import BarrierUpdate, HogwildUpdate, Updater
 from hogwild.replica.start import adopt_environment, leader_watch
 from hogwild.config.train import StepConfig
-from hogwild.replica.step import Step, batch_head, batch_len, make_step, to_device
+from hogwild.replica.step import Step, batch_len, batch_slice, make_step, to_device
 from hogwild.replica.task import make_loss, task_kind
 
 logger = logging.getLogger(__name__)
@@ -59,10 +59,10 @@ OPTIM, SCHED = "optim: the optimizer's step", "sched: the learning-rate schedule
 # checks after the forward, the bookkeeping after the optimizer's step): there only what is raised
 # outside hogwild's files is the user's.
 _USER_ANYWHERE, _USER_OUTSIDE = (DATA, SCHED), (FORWARD, OPTIM)
-# Seconds this worker's steps spent reading batches and in forward and backward, and the samples
-# optim.balance cut from them (module-global for the same reason as _phase); run_loop moves them
-# onto the board, where metrics.json reads them. Two clock reads a phase: cheap beside any batch.
-_spent = {"data": 0.0, "compute": 0.0, "cut": 0.0}
+# Seconds this worker's steps spent reading batches and in forward and backward (module-global
+# for the same reason as _phase); run_loop moves them onto the board, where metrics.json's time_s
+# reads them. Two clock reads a phase: cheap beside any batch.
+_spent = {"data": 0.0, "compute": 0.0}
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class WorkerSpec:
 
 
 @dataclass(frozen=True)
-class Held:
+class ReplicaShared:
     """What a worker shares with its replica besides the data: the model's flat buffer and the
     pieces the update path and the data need (each None where the run has none)."""
 
@@ -104,7 +104,7 @@ class Held:
 
 
 @dataclass(frozen=True)
-class Lines:
+class Channels:
     """How a worker and its leader reach each other: the board, and the pipes (None: not there)."""
 
     board: Board
@@ -129,17 +129,17 @@ class Recipe:
     accumulate: int = 1
 
 
-def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, held: Held, lines: Lines,
+def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, shared: ReplicaShared, channels: Channels,
                 environ: Optional[dict[str, str]] = None) -> None:
     """A spawned worker. An exception ends it with one line and its traceback in a file of the
-    run directory (the leader then respawns it or stops the run); without this, each death
-    printed a full traceback, four or five times over for a bug that every respawn hits."""
+    run directory (the leader then respawns it or stops the run): a bug every respawn hits is
+    reported once, not a traceback per death."""
     if environ is not None:
         adopt_environment(environ)
     faults.install()  # a test's fault plan for this worker, from its leader's environment
-    board, wake = lines.board, lines.wake
+    board, wake = channels.board, channels.wake
     try:
-        _work(cfg, spec, ds, held, lines)
+        _work(cfg, spec, ds, shared, channels)
     except (SystemExit, KeyboardInterrupt) as e:
         from hogwild.replica.blame import USER_EXIT, context, tell_leader
 
@@ -169,7 +169,7 @@ def worker_main(cfg: Config, spec: WorkerSpec, ds: Dataset, held: Held, lines: L
         os._exit(1)  # a worker never runs the interpreter's teardown with shared tensors half-written
 
 
-def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, held: Held, lines: Lines) -> None:
+def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, shared: ReplicaShared, channels: Channels) -> None:
     # Oversubscribed intra-op threads make Hogwild slower than one process (design rule 4
     # in docs/design.md).
     torch.set_num_threads(spec.threads)
@@ -188,16 +188,16 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, held: Held, lines: Lines) 
     logs.setup(worker=spec.global_index)
     torch.manual_seed(cfg.train.seed + spec.global_index)
 
-    flat, board = held.flat, lines.board
+    flat, board = shared.flat, channels.board
     model = build_bound(cfg.model, ds, cfg.train.seed, flat)  # no private copy of the values first
     compile_model(model, spec.compile)  # in place: the parameters stay the shared views
     params = list(model.parameters())
-    alive = leader_watch(lines.life)
-    updater = make_updater(cfg, spec, held, params, param_slots(model), lines,
+    alive = leader_watch(channels.life)
+    updater = make_updater(cfg, spec, shared, params, param_slots(model), channels,
                            lambda: bool(board.control["stop"]) or not alive(), row_tables(model))
     sampler: Union[ShardSampler, StreamReader]
     if isinstance(ds.train, StreamSplit):  # its own part of the stream, from its position (data/streams.py)
-        sampler = StreamReader(ds.train, spec.global_index, spec.num_global, cfg.train.batch_size, held.streams,
+        sampler = StreamReader(ds.train, spec.global_index, spec.num_global, cfg.train.batch_size, shared.streams,
                                spec.local_index)
     else:
         sampler = ShardSampler(shard(len(ds.train), spec.num_global, spec.global_index, cfg.train.seed),
@@ -214,16 +214,16 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, held: Held, lines: Lines) 
     model.train(warm_up_in_training_mode(model, spec.compile))
     step_fn(int(board.row(spec.local_index)["pos"]))
     model.train()
-    run_loop(step_fn, updater, params, spec, lines,
-             Recipe(sched, cfg.optim.clip_grad_norm, cfg.train.max_time, cfg.train.accumulate), alive, held.marks)
+    run_loop(step_fn, updater, params, spec, channels,
+             Recipe(sched, cfg.optim.clip_grad_norm, cfg.train.max_time, cfg.train.accumulate), alive, shared.marks)
 
 
-def make_updater(cfg: Config, spec: WorkerSpec, held: Held, params: list[Tensor], slots: list[Slot], lines: Lines,
-                 stopping: Callable[[], bool], tables: Sequence[Slot] = ()) -> Updater:
+def make_updater(cfg: Config, spec: WorkerSpec, shared: ReplicaShared, params: list[Tensor], slots: list[Slot],
+                 channels: Channels, stopping: Callable[[], bool], tables: Sequence[Slot] = ()) -> Updater:
     """How this worker's gradients reach the model (replica/update.py): under the barrier, its
     meeting with the others, and the direct writes of a sparse table's rows; else its own optimizer
     (``tables``: the model's embedding tables, whose state is row-wise under ``optim.rowwise``)."""
-    flat, opt_state, meeting = held.flat, held.opt_state, held.meeting
+    flat, opt_state, meeting = shared.flat, shared.opt_state, shared.meeting
     if opt_state is None:
         opt_state = FlatOptimizer.new_state(cfg.optim, state_numel(cfg.optim, flat.numel(), tables),
                                             lambda n: torch.zeros(n, device=flat.device))
@@ -240,8 +240,8 @@ def make_updater(cfg: Config, spec: WorkerSpec, held: Held, params: list[Tensor]
             bind_views(direct.opt, [params[i] for i in tables], [probe[i] for i in tables], [views[i] for i in tables])
         else:  # every worker writes rows of the one state: racing, as optim.state=shared under hogwild
             direct = FlatOptimizer(cfg.optim, flat, slots, opt_state, racing=True)
-    return BarrierUpdate(cfg.optim, meeting, spec.local_index, flat, params, slots, opt_state, direct, lines.notices,
-                         lines.kick, stopping, spec.plan.batches_per_step)
+    return BarrierUpdate(cfg.optim, meeting, spec.local_index, flat, params, slots, opt_state, direct, channels.notices,
+                         channels.kick, stopping, spec.plan.batches_per_step)
 
 
 def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, sampler: Union[ShardSampler, StreamReader],
@@ -260,16 +260,24 @@ def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, samp
         read = lambda index: ds.train.batch(shard_sampler.batch(index))  # noqa: E731
     step = step or Step(StepConfig(), F.cross_entropy, model)
 
-    def step_fn(index: int, share: float = 1.0) -> tuple[Tensor, int]:
-        """Adds the gradient of batch ``index`` (its first ``share``) into each ``.grad`` (the
-        updater has set them)."""
+    part: list[Any] = [None, None, None, 0]
+    """The batch being computed in parts (optim.balance): its index, inputs, labels, and where the
+    next part starts. Read once: a stream's batch cannot be read twice."""
+
+    def step_fn(index: int, share: float = 1.0) -> tuple[Tensor, int, int]:
+        """Adds the gradient of batch ``index``, or of its next ``share`` (replica/faults.py's
+        StepFn), into each ``.grad`` (the updater has set them)."""
         _phase[0] = DATA
         t0 = time.perf_counter()
-        inputs, y = read(index)
-        if share < 1.0:
-            whole = batch_len(inputs, y)
-            inputs, y = batch_head(inputs, y, max(1, round(share * whole)))
-            _spent["cut"] += whole - batch_len(inputs, y)
+        if part[0] == index:
+            inputs, y, start = part[1], part[2], part[3]
+        else:
+            (inputs, y), start = read(index), 0
+        whole = batch_len(inputs, y)
+        end = min(whole, start + max(1, round(share * whole)))
+        part[:] = [index, inputs, y, end] if end < whole else [None, None, None, 0]
+        if end - start < whole:
+            inputs, y = batch_slice(inputs, y, start, end)
         inputs, y = to_device(inputs, y, device, non_blocking=True)
         t1 = time.perf_counter()
         _phase[0] = FORWARD
@@ -278,7 +286,7 @@ def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, samp
         loss.float().backward()
         _spent["data"] += t1 - t0
         _spent["compute"] += time.perf_counter() - t1
-        return loss, batch_len(inputs, y)
+        return loss, end - start, whole - end
     return step_fn
 
 
@@ -313,12 +321,12 @@ def schedule_length(pos: int, ctrl: np.void, total: int, time_budget_s: Optional
     return max(1, min(total, int(pos / min(spent, 1.0))))
 
 
-def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: WorkerSpec, lines: Lines,
+def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: WorkerSpec, channels: Channels,
              recipe: Recipe = Recipe(), leader_alive: Optional[Callable[[], bool]] = None,
              marks: Optional[RowMarks] = None) -> None:
     """The worker's steps until its quota is done or the run stops: each reads a batch, computes
     its gradient and applies it through ``updater``, and the board counts it."""
-    board, wake, kick = lines.board, lines.wake, lines.kick
+    board, wake, kick = channels.board, channels.wake, channels.kick
     sched, clip, time_budget_s, accumulate = recipe.sched, recipe.clip, recipe.time_budget_s, recipe.accumulate
     stats, ctrl = board.stats, board.control
     row = stats[spec.local_index]
@@ -348,6 +356,7 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
     # that joins a running job learns its slot's positions from a peer while its workers wait.
     step = int(row["pos"])
     loss_ema = float(row["loss"]) if row["loss"] > 0 else 0.0
+    reached = 1  # of the batch being computed: 1 so far every part reached the model, 0 one did not count, -1 poisoned
     while step < spec.quota and not ctrl["stop"]:
         if not leader_alive():  # leader gone (kill -9): never outlive it
             return
@@ -361,12 +370,13 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
             break  # the run stops while a step is applied
         # train.accumulate batches make one update; the last of a quota that does not divide may be short.
         n = min(accumulate, spec.quota - step)
-        losses, batch, share, cut0 = [], 0, updater.share(), _spent["cut"]
+        # A slower worker's batch in parts (optim.balance); accumulated batches are always whole.
+        share = updater.share() if n == 1 else 1.0
+        losses, batch, left = [], 0, 0
         for i in range(n):
-            loss, size = step_fn(step + i, share)
+            loss, size, left = step_fn(step + i, share)
             losses.append(float(loss.detach()))
             batch += size
-        row["samples_cut"] += _spent["cut"] - cut0
         grads = [p.grad for p in params]
         if n > 1:
             torch._foreach_mul_([g for g in grads if g is not None], 1.0 / n)  # the mean, as one batch n times larger
@@ -382,12 +392,20 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
         if ok:
             if marks is not None:  # after the write: a round that misses the stamp still sees the row
                 marks.mark(grads, int(ctrl["row_epoch"]))
-            row["applied"] += got
             loss_ema = lval if loss_ema == 0.0 else 0.98 * loss_ema + 0.02 * lval
             row["loss"] = loss_ema
+        # A batch in parts counts once, with its last part: applied if every part was, else skipped.
+        reached = min(reached, got if ok else -1)
+        if not left:
+            if reached < 0:
+                row["skipped"] += 1
+            else:
+                row["applied"] += reached
+            reached = 1
+        if left:  # its position moves with its last part: a checkpoint never skips the rest
+            row["parts"] += 1
         else:
-            row["skipped"] += 1
-        step += n
+            step += n
         row["pos"] = step
         row["samples"] += batch
         dt = time.perf_counter() - t0

@@ -149,7 +149,7 @@ class RunSummary:
             "train_loss": self.train_loss,
             "steps": self.counters.steps,
             "samples": int(self.counters.samples),
-            "samples_cut": int(self.job.samples_cut),
+            "batch_parts": int(self.job.batch_parts),
             "samples_per_s": self.job.samples / max(self.timing.train_s, 1e-9),
             "wall_s": self.timing.wall_s,
             "train_s": self.timing.train_s,

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from hogwild.checkpoint import store as checkpoint
-from hogwild.data.streams import Held, StreamReader, StreamRecords, StreamSplit, encode
+from hogwild.data.streams import ItemsInMemory, StreamReader, StreamRecords, StreamSplit, encode
 from tests.conftest import REPO, clean_env, metrics, ranks, wait_training
 from tests.stream_helpers import Numbered, SelfSplitting, StatefulNumbered, batches
 
@@ -97,7 +97,7 @@ def test_held_items_pickle_as_one_blob() -> None:
 
     from multiprocessing.reduction import ForkingPickler
 
-    items = Held([(torch.randn(3), torch.tensor(i)) for i in range(300)])
+    items = ItemsInMemory([(torch.randn(3), torch.tensor(i)) for i in range(300)])
     back = pickle.loads(ForkingPickler.dumps(items))
     assert len(back) == 300 and torch.equal(back[7][0], items[7][0])
 

@@ -305,9 +305,11 @@ def test_a_worker_much_slower_than_the_pivot_computes_on_a_share_of_its_batch() 
     assert balanced_share(1.1, [1.0, 1.1]) == 1.0  # within the band: jitter, not a straggler
     assert balanced_share(10.0, [1.0, 10.0]) == MIN_SHARE  # never below a quarter: the bound does the rest
     assert balanced_share(0.0, [1.0, 0.0]) == balanced_share(2.0, [0.0, 2.0]) == 1.0  # nothing measured yet
+    assert balanced_share(0.004, [0.001, 0.004]) == 1.0  # millisecond batches: jitter, and a part costs a meeting
     # Sixteen workers, two at half speed: the pivot is the median worker's pace, not the fastest one's.
     paces = [1.0 + 0.01 * j for j in range(14)] + [2.0, 2.0]
-    assert balanced_share(2.0, paces) == pytest.approx(1.07 / 2.0)
+    assert balanced_share(2.0, paces) == 8 / 16  # 1.07 / 2, in sixteenths rounded down: few batch shapes
+    assert balanced_share(1.6, [1.0, 1.6]) == 10 / 16
     assert balanced_share(1.13, paces) == 1.0
 
 

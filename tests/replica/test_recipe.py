@@ -15,7 +15,7 @@ from hogwild.config.train import SchedConfig
 from hogwild.replica.lr_schedule import LRSchedule
 from hogwild.replica.optim import FlatOptimizer, clip_grad_norm, make_optimizer
 from hogwild.replica.shared import bind, layout, numel, param_slots, share_model
-from hogwild.replica.worker import Lines, Recipe, run_loop
+from hogwild.replica.worker import Channels, Recipe, run_loop
 from tests.replica.test_worker import tiny_worker
 
 pytestmark = pytest.mark.timeout(60)
@@ -124,7 +124,7 @@ def test_the_learning_rate_follows_the_replica_s_step_not_the_worker_s() -> None
     board.stats["pos"][1] = 500  # the replica's other worker is this far along
     board.stats["done"][1] = 1.0
     sched = LRSchedule(SchedConfig(name="cosine"), 0.5, 1000)
-    run_loop(step_fn, opt, params, spec, Lines(board), Recipe(sched=sched))
+    run_loop(step_fn, opt, params, spec, Channels(board), Recipe(sched=sched))
     # This worker's 5th update happened at replica step 504: half-way through the cosine.
     assert opt.opt.lr == pytest.approx(sched.lr_at(504))
     assert opt.opt.lr < 0.5 * 0.6
@@ -132,9 +132,9 @@ def test_the_learning_rate_follows_the_replica_s_step_not_the_worker_s() -> None
 
 def test_bf16_autocast_trains_with_float32_weights_and_gradients() -> None:
     step_fn, opt, params, spec, board, flat, _, _ = tiny_worker(quota=60, bf16=True)
-    loss, _ = step_fn(0)
+    loss, _, _ = step_fn(0)
     assert loss.dtype == torch.float32 or loss.dtype == torch.bfloat16
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in params)
-    run_loop(step_fn, opt, params, spec, Lines(board))
+    run_loop(step_fn, opt, params, spec, Channels(board))
     assert flat.dtype == torch.float32 and torch.isfinite(flat).all()
     assert 0 < board.row(0)["loss"] < 0.5

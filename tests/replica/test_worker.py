@@ -17,7 +17,7 @@ from hogwild.replica.faults import FAULT_ENV, Faults, planned_faults
 from hogwild.replica.optim import FlatOptimizer
 from hogwild.replica.shared import layout, share_model
 from hogwild.replica.update import HogwildUpdate
-from hogwild.replica.worker import Lines, Recipe, WorkerSpec, make_step_fn, run_loop
+from hogwild.replica.worker import Channels, Recipe, WorkerSpec, make_step_fn, run_loop
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -54,7 +54,7 @@ def _accuracy(model: nn.Module, ds: Dataset) -> float:
 def test_run_loop_trains_the_shared_model_and_counts_its_work() -> None:
     step_fn, opt, params, spec, board, flat, ds, model = tiny_worker(quota=60)
     before = flat.clone()
-    run_loop(step_fn, opt, params, spec, Lines(board))
+    run_loop(step_fn, opt, params, spec, Channels(board))
     row = board.row(0)
     assert (row["pos"], row["applied"], row["samples"], row["skipped"]) == (60, 60, 60 * 16, 0)
     assert row["done"] == 1 and row["ready"] == 1 and 0 < row["loss"] < 0.5
@@ -64,7 +64,7 @@ def test_run_loop_trains_the_shared_model_and_counts_its_work() -> None:
 
 def test_poisoned_update_is_skipped_and_never_reaches_the_model() -> None:
     step_fn, opt, params, spec, board, flat, _, _ = tiny_worker(quota=20, fault="nan:0:3,nan:0:7,nan:1:5")
-    run_loop(step_fn, opt, params, spec, Lines(board))
+    run_loop(step_fn, opt, params, spec, Channels(board))
     row = board.row(0)
     assert (row["applied"], row["skipped"], row["pos"]) == (18, 2, 20)
     assert torch.isfinite(flat).all()
@@ -73,19 +73,19 @@ def test_poisoned_update_is_skipped_and_never_reaches_the_model() -> None:
 def test_injected_crash_raises_at_its_step_and_the_position_says_where() -> None:
     step_fn, opt, params, spec, board, _, _, _ = tiny_worker(quota=20, fault="crash:0:4")
     with pytest.raises(RuntimeError, match="injected crash at step 4"):
-        run_loop(step_fn, opt, params, spec, Lines(board))
+        run_loop(step_fn, opt, params, spec, Channels(board))
     assert board.row(0)["pos"] == 4  # a respawned worker resumes at step 4
 
 
 def test_stop_flag_ends_the_loop_and_a_respawn_resumes_at_its_position() -> None:
     step_fn, opt, params, spec, board, _, _, _ = tiny_worker(quota=50)
     board.control["stop"] = 1.0
-    run_loop(step_fn, opt, params, spec, Lines(board))
+    run_loop(step_fn, opt, params, spec, Channels(board))
     assert board.row(0)["pos"] == 0 and board.row(0)["done"] == 1
     board.control["stop"] = 0.0
     board.row(0)["pos"] = 30
     board.row(0)["done"] = 0
-    run_loop(step_fn, opt, params, spec, Lines(board))
+    run_loop(step_fn, opt, params, spec, Channels(board))
     assert board.row(0)["pos"] == 50 and board.row(0)["applied"] == 20
 
 
@@ -101,7 +101,7 @@ def test_workers_wake_the_leader_once_per_point_crossed(sync_at: float, report_a
     board.control["next_sync_at"] = sync_at
     board.control["next_report_at"] = report_at
     r, w = Pipe(duplex=False)
-    run_loop(step_fn, opt, params, spec, Lines(board, wake=w))
+    run_loop(step_fn, opt, params, spec, Channels(board, wake=w))
     msgs = []
     while r.poll():
         msgs.append(r.recv_bytes())
@@ -111,7 +111,7 @@ def test_workers_wake_the_leader_once_per_point_crossed(sync_at: float, report_a
 def test_fault_plan_parses_only_this_workers_faults() -> None:
     assert planned_faults(1, "nan:0:3,crash:1:5,nan:1:9") == {"crash": {5}, "nan": {9}}
     assert planned_faults(2, "nan:0:3") == {}
-    fn = lambda step, share=1.0: (torch.tensor(0.0), 1)  # noqa: E731
+    fn = lambda step, share=1.0: (torch.tensor(0.0), 1, 0)  # noqa: E731
     assert Faults().step(fn, [], 0, 0) is fn  # nothing planned: the loop runs the plain step function
     assert Faults(workers="nan:1:3").step(fn, [], 0, 0) is fn
     assert Faults.from_env({FAULT_ENV: "crash:0:5"}) == Faults(workers="crash:0:5")
@@ -139,7 +139,7 @@ def test_workers_wait_at_the_lag_limit_until_the_round_completes() -> None:
     step_fn, opt, params, spec, board, _, _, _ = tiny_worker(quota=30)
     board.control["lag_limit"] = 10  # a round is pending; max_lag allows 10 steps
     kick_r, kick_w = Pipe(duplex=False)
-    worker = threading.Thread(target=run_loop, args=(step_fn, opt, params, spec, Lines(board, kick=kick_r)))
+    worker = threading.Thread(target=run_loop, args=(step_fn, opt, params, spec, Channels(board, kick=kick_r)))
     worker.start()
     deadline = time.monotonic() + 20
     while board.row(0)["pos"] < 10 and time.monotonic() < deadline:
@@ -156,7 +156,7 @@ def test_workers_wait_at_the_lag_limit_until_the_round_completes() -> None:
 def test_slow_fault_delays_every_step_after_the_warm_up() -> None:
     import time
 
-    fn = Faults(workers="slow:0:30").step(lambda step, share=1.0: (torch.tensor(0.0), 1), [], 0, 0)
+    fn = Faults(workers="slow:0:30").step(lambda step, share=1.0: (torch.tensor(0.0), 1, 0), [], 0, 0)
     fn(0)  # the warm-up
     t0 = time.perf_counter()
     fn(0)
@@ -230,33 +230,41 @@ def test_accumulated_batches_make_one_update_on_their_mean_gradient() -> None:
             w -= 0.5 * (grads[0] + grads[1]) / 2
     expected = w.detach()
     updater = HogwildUpdate(opt.opt, params, batches_per_step=2)
-    run_loop(step_fn, updater, params, spec, Lines(board), Recipe(accumulate=2))
+    run_loop(step_fn, updater, params, spec, Channels(board), Recipe(accumulate=2))
     assert (board.row(0)["pos"], board.row(0)["applied"]) == (6, 3)
     torch.testing.assert_close(flat, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_a_step_on_a_share_of_its_batch_is_the_gradient_of_the_batchs_first_samples() -> None:
-    """optim.balance hands a slow worker a share: its gradient is that of the batch's first samples,
-    and it says how many it used (the step's mean weighs it by them)."""
+def test_a_batch_in_parts_is_computed_part_by_part_and_read_once() -> None:
+    """optim.balance hands a slow worker a share: its gradients are those of the batch's parts in
+    order, each says how many samples it used (the step's mean weighs it by them) and how many are
+    left, and the batch is read once (a stream's cannot be read twice)."""
     step_fn, _, params, _, _, _, ds, model = tiny_worker(quota=1)
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    _, used = step_fn(2, 0.5)
-    half = [p.grad.clone() for p in params]
-    rows = ShardSampler(torch.arange(256), 16, 0).batch(2)[:8]
-    for p in params:
-        p.grad = None
-    nn.functional.cross_entropy(model(ds.train.inputs[0][rows]), ds.train.targets[rows]).backward()
-    assert used == 8 and all(torch.allclose(a, p.grad) for a, p in zip(half, params))
+    reads = []
+    original = ds.train.batch
+    ds.train.batch = lambda rows: reads.append(1) or original(rows)  # type: ignore[method-assign]
+    rows = ShardSampler(torch.arange(256), 16, 0).batch(2)
+    for start, share, (used, left) in [(0, 0.5, (8, 8)), (8, 0.25, (4, 4)), (12, 0.5, (4, 0))]:
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        assert step_fn(2, share)[1:] == (used, left)
+        got = [p.grad.clone() for p in params]
+        for p in params:
+            p.grad = None
+        part = rows[start:start + used]
+        nn.functional.cross_entropy(model(ds.train.inputs[0][part]), ds.train.targets[part]).backward()
+        assert all(torch.allclose(a, p.grad) for a, p in zip(got, params)), start
+    assert len(reads) == 1
+    assert step_fn(2)[1:] == (16, 0) and len(reads) == 2  # done with it: the index reads afresh
 
 
-def test_a_batch_head_cuts_every_tensor_of_the_batch_and_nothing_else() -> None:
-    from hogwild.replica.step import batch_head
+def test_a_batch_slice_cuts_every_tensor_of_the_batch_and_nothing_else() -> None:
+    from hogwild.replica.step import batch_slice
 
     ids, mask, bias = torch.arange(12).view(4, 3), torch.ones(4, 3), torch.zeros(7)
-    head, y = batch_head({"input_ids": ids, "attention_mask": mask, "bias": bias, "name": "x"}, torch.arange(4), 2)
-    assert isinstance(head, dict) and y is not None
-    assert torch.equal(head["input_ids"], ids[:2]) and head["attention_mask"].shape == (2, 3)
-    assert head["bias"] is bias and head["name"] == "x" and torch.equal(y, torch.arange(2))
-    (x,), none = batch_head((torch.arange(6.0).view(3, 2),), None, 1)
+    part, y = batch_slice({"input_ids": ids, "attention_mask": mask, "bias": bias, "name": "x"}, torch.arange(4), 1, 3)
+    assert isinstance(part, dict) and y is not None
+    assert torch.equal(part["input_ids"], ids[1:3]) and part["attention_mask"].shape == (2, 3)
+    assert part["bias"] is bias and part["name"] == "x" and torch.equal(y, torch.arange(1, 3))
+    (x,), none = batch_slice((torch.arange(6.0).view(3, 2),), None, 0, 1)
     assert none is None and x.shape == (1, 2)
