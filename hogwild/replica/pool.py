@@ -183,7 +183,8 @@ class WorkerPool:
         """A dead worker's place in the meeting: no step waits for it, and its successor starts clean."""
         if self.chair is not None:
             self.chair.gone(i)
-        elif self.rep.meeting is not None:
+        elif self.rep.plan.barrier:  # a replica of one worker on the barrier: no chair, it closed its own steps
+            assert self.rep.meeting is not None
             self.rep.meeting.forget_alone()
 
     def release(self) -> None:

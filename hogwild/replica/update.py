@@ -47,9 +47,10 @@ class Updater(Protocol):
         """The share of each batch the next gradient is computed on (1: the whole batch)."""
 
     def apply(self, grads: list[Optional[Tensor]], ok: bool, rate: Optional[Rate], pos: int,
-              samples: int = 0) -> int:
-        """Deliver the gradient just computed (``ok``: finite) on ``samples`` samples; ``pos``: the
-        replica's position in batches. How many of this worker's gradients reached the model (0 or 1)."""
+              samples: int = 0, fraction: float = 1.0) -> int:
+        """Deliver the gradient just computed (``ok``: finite) on ``samples`` samples, ``fraction``
+        of its batch; ``pos``: the replica's position in batches. How many of this worker's
+        gradients reached the model (0 or 1)."""
 
     def finish(self) -> None:
         """The worker's loop ends: no step waits for it any more."""
@@ -77,7 +78,7 @@ class HogwildUpdate:
         return 1.0  # nobody waits for anybody: no batch is cut
 
     def apply(self, grads: list[Optional[Tensor]], ok: bool, rate: Optional[Rate], pos: int,
-              samples: int = 0) -> int:
+              samples: int = 0, fraction: float = 1.0) -> int:
         if not ok:
             return 0
         if rate is not None:
@@ -144,7 +145,7 @@ class BarrierUpdate:
         return self._share
 
     def apply(self, grads: list[Optional[Tensor]], ok: bool, rate: Optional[Rate], pos: int,
-              samples: int = 0) -> int:
+              samples: int = 0, fraction: float = 1.0) -> int:
         if ok and self.direct is not None and self.sparse:
             if rate is not None:
                 self.direct.set_lr(rate(int(self.m.head["t"])))
@@ -154,7 +155,9 @@ class BarrierUpdate:
         cell = self.m.cells[self.i]
         cell["finite"], cell["read"], cell["samples"] = float(ok), self._read, float(samples)
         cell["compute_s"], cell["at"] = time.perf_counter() - self._t0, time.monotonic()
-        pace = cell["compute_s"] / self._share  # what a whole batch would have taken
+        # What a whole batch would have taken: by the part it really was (a batch's last part may be
+        # smaller than the share asked for).
+        pace = cell["compute_s"] / max(fraction, 1e-3)
         cell["pace"] = pace if cell["pace"] <= 0 else (1 - PACE_EMA) * cell["pace"] + PACE_EMA * pace
         if self.m.workers == 1:
             return self._alone(ok, rate)

@@ -309,9 +309,9 @@ def wait_for_round(stats: np.ndarray, ctrl: np.void, kick: Connection,
 
 
 def schedule_length(pos: int, ctrl: np.void, total: int, time_budget_s: Optional[float]) -> int:
-    """The replica's run length in steps for its learning-rate schedule: the planned steps, or
-    under ``train.max_time`` the steps the budget will allow at the pace so far, if fewer, so a
-    schedule ends when the run does. Steps stay steps: warm-up is unchanged, and a torch
+    """The replica's run length in steps for its learning-rate schedule: the planned ``total``, or
+    under ``train.max_time`` the steps the budget will allow at the pace so far (``pos`` steps made),
+    if fewer, so a schedule ends when the run does. Steps stay steps: warm-up is unchanged, and a torch
     scheduler (its own length) is never stepped ahead."""
     if time_budget_s is None or pos < 1:
         return total
@@ -331,15 +331,16 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
     stats, ctrl = board.stats, board.control
     row = stats[spec.local_index]
     leader_alive = leader_alive or leader_watch(None)
-    per = updater.batches_per_step
 
     def rate(t: int) -> float:
         """The learning rate of the replica's optimizer step ``t``: every worker of a replica uses
         one rate at one step, however many there are."""
         assert sched is not None
         caller, _phase[0] = _phase[0], SCHED
-        batches = schedule_length(int(stats["pos"].sum()), ctrl, sched.total * per, time_budget_s)
-        lr = sched.lr_at(t, max(1, -(-batches // per)))
+        # Under a time budget the length is projected from the steps made so far, not the batches
+        # read: a step of the barrier may hold fewer batches than planned (a late worker's gradient,
+        # a batch in parts), and the schedule must still end when the run does.
+        lr = sched.lr_at(t, schedule_length(t, ctrl, sched.total, time_budget_s))
         _phase[0] = caller
         return lr
 
@@ -357,6 +358,7 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
     step = int(row["pos"])
     loss_ema = float(row["loss"]) if row["loss"] > 0 else 0.0
     reached = 1  # of the batch being computed: 1 so far every part reached the model, 0 one did not count, -1 poisoned
+    done_in_batch = 0  # its samples computed so far
     while step < spec.quota and not ctrl["stop"]:
         if not leader_alive():  # leader gone (kill -9): never outlive it
             return
@@ -372,11 +374,13 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
         n = min(accumulate, spec.quota - step)
         # A slower worker's batch in parts (optim.balance); accumulated batches are always whole.
         share = updater.share() if n == 1 else 1.0
-        losses, batch, left = [], 0, 0
+        losses, batch, left, before = [], 0, 0, done_in_batch
         for i in range(n):
             loss, size, left = step_fn(step + i, share)
             losses.append(float(loss.detach()))
             batch += size
+        fraction = batch / (before + batch + left)  # of the batch (or the accumulated batches) it computed
+        done_in_batch = before + batch if left else 0
         grads = [p.grad for p in params]
         if n > 1:
             torch._foreach_mul_([g for g in grads if g is not None], 1.0 / n)  # the mean, as one batch n times larger
@@ -387,7 +391,7 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
         _phase[0] = OPTIM
         # A poisoned update never reaches the shared model (under the barrier it arrives to say so).
         t_apply, waited_before_apply = time.perf_counter(), updater.wait_s
-        got = updater.apply(grads, ok, rate if sched is not None else None, int(stats["pos"].sum()), batch)
+        got = updater.apply(grads, ok, rate if sched is not None else None, int(stats["pos"].sum()), batch, fraction)
         row["update_s"] += time.perf_counter() - t_apply - (updater.wait_s - waited_before_apply)
         if ok:
             if marks is not None:  # after the write: a round that misses the stamp still sees the row
