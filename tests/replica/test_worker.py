@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 from multiprocessing import Pipe
 
 import pytest
@@ -268,3 +269,38 @@ def test_a_batch_slice_cuts_every_tensor_of_the_batch_and_nothing_else() -> None
     assert part["bias"] is bias and part["name"] == "x" and torch.equal(y, torch.arange(1, 3))
     (x,), none = batch_slice((torch.arange(6.0).view(3, 2),), None, 0, 1)
     assert none is None and x.shape == (1, 2)
+
+
+def test_under_a_time_budget_the_schedule_follows_the_steps_made_not_the_batches_read() -> None:
+    """A barrier step may hold fewer batches than planned (a late worker's gradient, a batch in
+    parts): halfway through the budget the rate is halfway down its cosine however many batches
+    the steps held, and the schedule ends when the run does, not before."""
+    import time
+
+    from hogwild.config.train import SchedConfig
+    from hogwild.replica.lr_schedule import LRSchedule
+
+    class ThreeStepsABatch:  # an updater whose optimizer steps run three to a batch
+        batches_per_step, wait_s = 1, 0.0
+
+        def __init__(self) -> None:
+            self.rates: list[float] = []
+
+        def ready(self) -> None: ...
+        def finish(self) -> None: ...
+        def begin(self) -> bool:
+            return True
+
+        def share(self) -> float:
+            return 1.0
+
+        def apply(self, grads: list, ok: bool, rate: Any, pos: int, samples: int = 0, fraction: float = 1.0) -> int:
+            self.rates.append(rate(3 * (pos + 1)))
+            return 1
+
+    step_fn, _, params, spec, board, _, _, _ = tiny_worker(quota=10)
+    sched = LRSchedule(SchedConfig(name="cosine"), 1.0, 10_000)
+    board.control["go_at"] = time.monotonic() - 50.0  # half of a 100 s budget spent: 30 steps made, 60 to come
+    up = ThreeStepsABatch()
+    run_loop(step_fn, up, params, spec, Channels(board), Recipe(sched, None, 100.0))
+    assert 0.4 < up.rates[-1] < 0.6, up.rates[-1]  # read from the batches (10 in half the time), it would be 0
