@@ -334,7 +334,7 @@ def test_a_steps_mean_weighs_each_gradient_by_its_samples() -> None:
 
 
 def test_a_barrier_worker_measures_its_pace_and_cuts_its_next_batch_to_it() -> None:
-    cfg = OptimConfig(name="adamw")
+    cfg = OptimConfig(name="adamw", balance=True)
     model, flat, m, state = _replica(cfg, 2)
     params = list(model.parameters())
     # The run is stopping: apply() writes its cell, then meets nobody (no chair runs here).
