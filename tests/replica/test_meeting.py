@@ -345,9 +345,10 @@ def test_a_barrier_worker_measures_its_pace_and_cuts_its_next_batch_to_it() -> N
     assert ups[0].begin() and ups[1].begin()
     assert (ups[0].share(), ups[1].share()) == (1.0, pytest.approx(0.5))
     ups[1]._t0 = time.perf_counter() - 0.01  # its half batch took 10 ms: a whole one would take 20
-    assert ups[1].apply([None] * len(params), True, None, 0, samples=8) == 0
+    assert ups[1].apply([None] * len(params), True, None, 0, samples=8, fraction=0.5) == 0
     c = m.cells[1]
-    assert c["samples"] == 8 and c["pace"] == pytest.approx(0.02, rel=0.2)
+    # Its pace moves towards 20 ms, and stays there (a busy machine only ever adds to a measured time).
+    assert c["samples"] == 8 and 0.0199 < c["pace"] < 0.03, c["pace"]
     off = BarrierUpdate(OptimConfig(name="adamw", balance=False), m, 1, flat, params, param_slots(model), state,
                         None, None, None, lambda: True, 1)
     assert off.begin() and off.share() == 1.0  # optim.balance=false: whole batches whatever the paces
