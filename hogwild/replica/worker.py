@@ -400,15 +400,14 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
             row["loss"] = loss_ema
         # A batch in parts counts once, with its last part: applied if every part was, else skipped.
         reached = min(reached, got if ok else -1)
-        if not left:
+        if left:  # its position moves with its last part: a checkpoint never skips the rest
+            row["parts"] += 1
+        else:
             if reached < 0:
                 row["skipped"] += 1
             else:
                 row["applied"] += reached
             reached = 1
-        if left:  # its position moves with its last part: a checkpoint never skips the rest
-            row["parts"] += 1
-        else:
             step += n
         row["pos"] = step
         row["samples"] += batch
