@@ -80,7 +80,7 @@ CELLS = np.dtype([(name, np.float64) for name in (
     "member_of",  # chair: the last step closed with this worker in it
     "live",       # worker: 1 once its loop runs, 0 when it finished; chair: 0 when it died
     "samples",    # worker: the samples that gradient was computed on (a step's mean weighs by them)
-    "pace",       # worker: seconds a whole batch takes it (a moving average; 0: not measured yet)
+    "pace",       # worker: seconds a whole batch takes it (its recent median; 0: not measured yet)
 )])
 # Between two looks at the stop flag and the leader, a waiting worker or an idle chair sleeps at most
 # this long; a kick or a notice ends the sleep at once.
@@ -89,13 +89,16 @@ POLL_S = 0.05
 SPIN_S = 0.0005
 # optim.balance: a worker cuts its batch only when a whole one takes it this much longer than the
 # pivot's (noise between equal workers stays under it), never below this share of it, and its pace
-# moves this far towards each new measurement.
+# is the median of its last few measurements: one gradient that spans a stall (a preempted or paused
+# process) is an outlier, not a slower worker, while a worker slowed for good moves the median
+# within a few steps. A moving average read each stall as slowness for several steps and split
+# batches the worker could compute whole (BENCHMARKS.md §22).
 BALANCE_BAND = 1.15
 MIN_SHARE = 0.25
 MIN_PACE_S = 0.005
 """Below this a batch's time is jitter, and a meeting per part would cost more than it saves."""
 SHARE_STEPS = 16
-PACE_EMA = 0.3
+PACE_WINDOW = 5
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ The worker loop (replica/worker.py) calls :meth:`begin` before it computes a gra
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from multiprocessing.connection import Connection
 from typing import Callable, Optional, Protocol
 
@@ -22,7 +24,7 @@ from torch import Tensor
 
 from hogwild.config.schema import OptimConfig
 from hogwild.errors import UserError
-from hogwild.replica.meeting import PACE_EMA, STEPS_KEY, Meeting, Piece, balanced_share, mean_into, wait_until
+from hogwild.replica.meeting import PACE_WINDOW, STEPS_KEY, Meeting, Piece, balanced_share, mean_into, wait_until
 from hogwild.replica.optim import (FlatOptimizer, Optimizer, TorchOptimizer, bind_views, decays, rebound_state,
                                    state_views, torch_optimizer)
 from hogwild.replica.shared import Slot
@@ -103,6 +105,7 @@ class BarrierUpdate:
         self.batches_per_step = batches_per_step
         self.balance = bool(cfg.balance) and meeting.workers > 1
         self._share = 1.0
+        self._paces: deque[float] = deque(maxlen=PACE_WINDOW)
         self.wait_s = 0.0
         self.last_count = 0
         """Finite gradients in the last step this worker applied a shard of (their mean's divisor)."""
@@ -157,8 +160,8 @@ class BarrierUpdate:
         cell["compute_s"], cell["at"] = time.perf_counter() - self._t0, time.monotonic()
         # What a whole batch would have taken: by the part it really was (a batch's last part may be
         # smaller than the share asked for).
-        pace = cell["compute_s"] / max(fraction, 1e-3)
-        cell["pace"] = pace if cell["pace"] <= 0 else (1 - PACE_EMA) * cell["pace"] + PACE_EMA * pace
+        self._paces.append(cell["compute_s"] / max(fraction, 1e-3))
+        cell["pace"] = statistics.median(self._paces)
         if self.m.workers == 1:
             return self._alone(ok, rate)
         t0 = time.perf_counter()

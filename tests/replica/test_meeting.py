@@ -349,6 +349,14 @@ def test_a_barrier_worker_measures_its_pace_and_cuts_its_next_batch_to_it() -> N
     c = m.cells[1]
     # Its pace moves towards 20 ms, and stays there (a busy machine only ever adds to a measured time).
     assert c["samples"] == 8 and 0.0199 < c["pace"] < 0.03, c["pace"]
+    for took in (0.01, 0.01, 0.5, 0.01):  # one half batch spans a stall (the process was paused)
+        ups[1]._t0 = time.perf_counter() - took
+        ups[1].apply([None] * len(params), True, None, 0, samples=8, fraction=0.5)
+    assert 0.0199 < c["pace"] < 0.03, c["pace"]  # an outlier, not a slower worker: no smaller share
+    for _ in range(3):  # slowed for good (five times slower): the pace follows within three gradients
+        ups[1]._t0 = time.perf_counter() - 0.05
+        ups[1].apply([None] * len(params), True, None, 0, samples=8, fraction=0.5)
+    assert c["pace"] > 0.09, c["pace"]
     off = BarrierUpdate(OptimConfig(name="adamw", balance=False), m, 1, flat, params, param_slots(model), state,
                         None, None, None, lambda: True, 1)
     assert off.begin() and off.share() == 1.0  # optim.balance=false: whole batches whatever the paces
