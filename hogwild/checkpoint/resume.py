@@ -15,7 +15,6 @@ import torch
 from torch import Tensor
 
 from hogwild.checkpoint import store as checkpoint
-from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
 from hogwild.errors import ConfigError
 from hogwild.replica.board import Board, Counts
@@ -112,14 +111,14 @@ def steps_lost(previous: Optional[tuple[float, float]], path: str, run_dir: Path
     return max(0, round(base_sum / world + applied - ckpt_steps))
 
 
-def resume(cfg: Config, run_dir: Path, rep: Replica, board: Board, rule: SyncRule, comm: Comm, env: DistEnv,
+def resume(cfg: Config, run_dir: Path, rep: Replica, board: Board, rule: SyncRule, comm: Comm,
            previous: Optional[tuple[float, float]]) -> Optional[Restored]:
-    """Restore the checkpoint ``cfg.resume`` names (the same on every leader), if any, into the
-    replica, the board and the sync rule; ``previous`` is this rank's last board record."""
-    path = resume_path(cfg.resume, run_dir, env.rank == 0, agree_on_path)
+    """Restore the checkpoint ``cfg.resume`` names (the same on every leader of ``comm``), if any,
+    into the replica, the board and the sync rule; ``previous`` is this rank's last board record."""
+    path = resume_path(cfg.resume, run_dir, comm.rank == 0, agree_on_path)
     if path is None:
         return None
-    restored, sync_state = restore(path, model_id(cfg.model), rep, board, env.rank, env.world_size)
+    restored, sync_state = restore(path, model_id(cfg.model), rep, board, comm.rank, comm.world_size)
     restored.steps_lost = steps_lost(previous, path, run_dir, restored.counters.steps,
                                      lambda xs: comm.all_reduce(torch.tensor(xs, dtype=torch.float64)).tolist())
     rule.load_state_dict(sync_state)

@@ -42,7 +42,7 @@ class TorchrunGroup(Group):
         if self.env.world_size > 1:
             logs.stamp(replica=self.env.rank)
         self.timeout_s = sc.timeout_s
-        self.comm, run_dir = join_torchrun_group(self.env, sc.backend, sc.timeout_s, cfg.device, run_dir,
+        self.comm, run_dir = join_torchrun_group(self.env, sc, cfg.device, run_dir,
                                                  rep.plan.workers, rep.flat.device, self.stopped)
         if self.writer:
             self.lock = RunDirLock(run_dir)
@@ -52,7 +52,7 @@ class TorchrunGroup(Group):
     def restore(self, cfg: Config, run_dir: Path, rep: Replica, board: Board, rule: SyncRule,
                 previous: Optional[tuple[float, float]]) -> Optional[Restored]:
         assert self.comm is not None
-        return resume(cfg, run_dir, rep, board, rule, self.comm, self.env, previous)
+        return resume(cfg, run_dir, rep, board, rule, self.comm, previous)
 
     def start(self, here: Here) -> None:
         assert self.comm is not None

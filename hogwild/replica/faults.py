@@ -32,7 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional, Protocol
+from typing import Mapping, NamedTuple, Optional, Protocol
 
 import torch
 from torch import Tensor
@@ -42,11 +42,23 @@ DUMP_ENV = "HOGWILD_DUMP_FINAL"
 SLOW_WHILE_ENV = "HOGWILD_SLOW_WHILE"
 LEADER_FAULT_ENV = "HOGWILD_LEADER_FAULT"
 
+class Computed(NamedTuple):
+    """What one call of a :class:`StepFn` computed a gradient on."""
+
+    loss: Tensor
+    samples: int
+    """The samples of the batch (or of its part) the gradient was computed on."""
+    left: int
+    """The batch's samples still to come in later parts (0: it is done)."""
+    whole: int
+    """The batch's samples in all."""
+
+
 class StepFn(Protocol):
-    def __call__(self, index: int, share: float = 1.0) -> tuple[Tensor, int, int]:
+    def __call__(self, index: int, share: float = 1.0) -> Computed:
         """Computes batch ``index``'s gradients into the parameters' ``.grad``: on the whole batch,
         or (``share`` < 1, optim.balance) on its next ``share`` of samples, the batch computed in
-        parts over as many calls. (loss, samples computed on, samples of the batch still to come)."""
+        parts over as many calls."""
 
 
 def planned_faults(index: int, spec: str) -> dict[str, set[int]]:
@@ -87,7 +99,7 @@ class Faults:
         delay_s = sum(faults.get("slow", set())) / 1000.0
         slow_while, warmed, last = self.slow_while, [False], [-1]
 
-        def faulty(step: int, share: float = 1.0) -> tuple[Tensor, int, int]:
+        def faulty(step: int, share: float = 1.0) -> Computed:
             nonlocal delay_s
             if not warmed[0]:
                 warmed[0] = True
@@ -101,12 +113,12 @@ class Faults:
             last[0] = step
             if first and step in crash_at:
                 raise RuntimeError(f"injected crash at step {step}")
-            loss, batch, left = step_fn(step, share)
+            out = step_fn(step, share)
             if first and step in nan_at:
                 g = params[0].grad
                 assert g is not None
                 params[0].grad = g * float("nan") if g.is_sparse else torch.full_like(g, float("nan"))
-            return loss, batch, left
+            return out
         return faulty
 
     def leader(self, slot: int) -> dict[str, set[int]]:

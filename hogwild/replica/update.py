@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Callable, Optional, Protocol
 
@@ -89,29 +90,49 @@ class HogwildUpdate:
         return 1
 
 
+@dataclass(frozen=True)
+class Seat:
+    """Where a worker sits at its replica's meeting: the meeting, its row there, and the replica's
+    shared weights and one optimizer state that the members' shards step."""
+
+    meeting: Meeting
+    index: int
+    """The worker's row (its local index)."""
+    flat: Tensor
+    opt_state: dict[str, Tensor]
+
+
+@dataclass(frozen=True)
+class Signals:
+    """How a barrier worker hears that the run stops, tells the chair it arrived (``notify``) and is
+    woken by it (``kick``); a pipe is None where nobody listens (a replica of one worker, tests)."""
+
+    stopping: Callable[[], bool]
+    notify: Optional[Connection] = None
+    kick: Optional[Connection] = None
+
+
 class BarrierUpdate:
     """One worker's side of the meeting (replica/meeting.py has the protocol)."""
 
-    def __init__(self, cfg: OptimConfig, meeting: Meeting, index: int, flat: Tensor, params: list[Tensor],
-                 slots: list[Slot], opt_state: dict[str, Tensor], direct: Optional[Optimizer],
-                 notify: Optional[Connection], kick: Optional[Connection], stopping: Callable[[], bool],
-                 batches_per_step: int) -> None:
-        """``direct``: the optimizer of the sparse tables' rows, which this worker writes itself;
-        ``batches_per_step``: the plan's (config/plan.py), every worker's ``train.accumulate``.
+    def __init__(self, cfg: OptimConfig, seat: Seat, params: list[Tensor], signals: Signals,
+                 direct: Optional[Optimizer] = None) -> None:
+        """``direct``: the optimizer of the sparse tables' rows, which this worker writes itself.
         ``cfg.balance``: a slower worker computes on a share of its batch (:func:`balanced_share`)."""
-        self.cfg, self.m, self.i, self.flat, self.params, self.slots = cfg, meeting, index, flat, params, slots
-        self.state, self.direct = opt_state, direct
-        self.notify, self.kick, self.stopping = notify, kick, stopping
-        self.batches_per_step = batches_per_step
+        meeting = seat.meeting
+        self.cfg, self.m, self.i, self.flat, self.params = cfg, meeting, seat.index, seat.flat, params
+        self.slots: list[Slot] = meeting.slots
+        self.state, self.direct = seat.opt_state, direct
+        self.notify, self.kick, self.stopping = signals.notify, signals.kick, signals.stopping
         self.balance = bool(cfg.balance) and meeting.workers > 1
         self._share = 1.0
         self._paces: deque[float] = deque(maxlen=PACE_WINDOW)
         self.wait_s = 0.0
         self.last_count = 0
         """Finite gradients in the last step this worker applied a shard of (their mean's divisor)."""
-        self.views = meeting.row_views(index)
+        self.views = meeting.row_views(seat.index)
         self.sparse = meeting.tables
-        self.cuda = flat.device.type == "cuda"
+        self.cuda = seat.flat.device.type == "cuda"
         self._shards: dict[tuple[int, int], tuple[Optimizer, list[Piece], dict[tuple[int, str], int]]] = {}
         self._torch_views: Optional[tuple[list[dict[str, object]], list[dict[str, Tensor]]]] = None
         self._read, self._t0 = -1, 0.0

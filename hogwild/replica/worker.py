@@ -13,7 +13,7 @@ import signal
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import torch
@@ -30,15 +30,15 @@ from hogwild.errors import escaped, first_line, save_traceback, say
 from hogwild.replica.board import Board
 from hogwild.replica.compiled import compile_model, warm_up_in_training_mode
 from hogwild.replica import faults
-from hogwild.replica.faults import StepFn
+from hogwild.replica.faults import Computed, StepFn
 from hogwild.replica.lr_schedule import LRSchedule
 from hogwild.replica.bound import build_bound
 from hogwild.replica.meeting import Meeting
 from hogwild.replica.optim import (FlatOptimizer, Optimizer, bind_views, clip_grad_norm, grads_finite, make_optimizer,
                                    row_tables, state_numel, state_views, torch_optimizer)
 from hogwild.replica.rows import RowMarks
-from hogwild.replica.shared import Slot, param_slots
-from hogwild.replica.update import BarrierUpdate, HogwildUpdate, Updater
+from hogwild.replica.shared import param_slots
+from hogwild.replica.update import BarrierUpdate, HogwildUpdate, Seat, Signals, Updater
 from hogwild.replica.start import adopt_environment, leader_watch
 from hogwild.config.train import StepConfig
 from hogwild.replica.step import Step, batch_len, batch_slice, make_step, to_device
@@ -193,8 +193,7 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, shared: ReplicaShared, cha
     compile_model(model, spec.compile)  # in place: the parameters stay the shared views
     params = list(model.parameters())
     alive = leader_watch(channels.life)
-    updater = make_updater(cfg, spec, shared, params, param_slots(model), channels,
-                           lambda: bool(board.control["stop"]) or not alive(), row_tables(model))
+    updater = make_updater(cfg, spec, shared, model, channels, lambda: bool(board.control["stop"]) or not alive())
     sampler: Union[ShardSampler, StreamReader]
     if isinstance(ds.train, StreamSplit):  # its own part of the stream, from its position (data/streams.py)
         sampler = StreamReader(ds.train, spec.global_index, spec.num_global, cfg.train.batch_size, shared.streams,
@@ -203,7 +202,7 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, shared: ReplicaShared, cha
         sampler = ShardSampler(shard(len(ds.train), spec.num_global, spec.global_index, cfg.train.seed),
                                cfg.train.batch_size, cfg.train.seed + spec.global_index)
     step = make_step(cfg.step, cfg.loss, make_loss(cfg.loss, task_kind(cfg, ds)), model)
-    step_fn = make_step_fn(model, params, ds, sampler, flat.device, step, cfg.data.loader_workers,
+    step_fn = make_step_fn(model, ds, sampler, flat.device, step, cfg.data.loader_workers,
                            bf16=cfg.train.precision == "bf16")
     step_fn = faults.planned().step(step_fn, params, spec.global_index, spec.leader_pid)
     sched = LRSchedule(cfg.sched, cfg.optim.lr, spec.plan.schedule_steps(spec.replica_quota or spec.quota))
@@ -215,15 +214,16 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, shared: ReplicaShared, cha
     step_fn(int(board.row(spec.local_index)["pos"]))
     model.train()
     run_loop(step_fn, updater, params, spec, channels,
-             Recipe(sched, cfg.optim.clip_grad_norm, cfg.train.max_time, cfg.train.accumulate), alive, shared.marks)
+             Recipe(sched, cfg.optim.clip_grad_norm, cfg.train.max_time, cfg.train.accumulate), shared.marks)
 
 
-def make_updater(cfg: Config, spec: WorkerSpec, shared: ReplicaShared, params: list[Tensor], slots: list[Slot],
-                 channels: Channels, stopping: Callable[[], bool], tables: Sequence[Slot] = ()) -> Updater:
-    """How this worker's gradients reach the model (replica/update.py): under the barrier, its
+def make_updater(cfg: Config, spec: WorkerSpec, shared: ReplicaShared, model: torch.nn.Module, channels: Channels,
+                 stopping: Callable[[], bool]) -> Updater:
+    """How this worker's gradients reach ``model`` (replica/update.py): under the barrier, its
     meeting with the others, and the direct writes of a sparse table's rows; else its own optimizer
-    (``tables``: the model's embedding tables, whose state is row-wise under ``optim.rowwise``)."""
+    (the model's embedding tables keep a row-wise state under ``optim.rowwise``)."""
     flat, opt_state, meeting = shared.flat, shared.opt_state, shared.meeting
+    params, slots, tables = list(model.parameters()), param_slots(model), row_tables(model)
     if opt_state is None:
         opt_state = FlatOptimizer.new_state(cfg.optim, state_numel(cfg.optim, flat.numel(), tables),
                                             lambda n: torch.zeros(n, device=flat.device))
@@ -232,19 +232,19 @@ def make_updater(cfg: Config, spec: WorkerSpec, shared: ReplicaShared, params: l
                              spec.plan.batches_per_step)
     assert meeting is not None  # the barrier's replica holds one (replica/build.py)
     direct: Optional[Optimizer] = None
-    tables = meeting.tables
-    if tables:  # the rows of sparse tables are written directly, with the replica's one state
+    sparse = meeting.tables
+    if sparse:  # the rows of sparse tables are written directly, with the replica's one state
         if cfg.optim._target_:
-            direct = torch_optimizer(cfg.optim, [params[i] for i in tables])
+            direct = torch_optimizer(cfg.optim, [params[i] for i in sparse])
             probe, views = state_views(cfg.optim, params, slots, opt_state)
-            bind_views(direct.opt, [params[i] for i in tables], [probe[i] for i in tables], [views[i] for i in tables])
+            bind_views(direct.opt, [params[i] for i in sparse], [probe[i] for i in sparse], [views[i] for i in sparse])
         else:  # every worker writes rows of the one state: racing, as optim.state=shared under hogwild
             direct = FlatOptimizer(cfg.optim, flat, slots, opt_state, racing=True)
-    return BarrierUpdate(cfg.optim, meeting, spec.local_index, flat, params, slots, opt_state, direct, channels.notices,
-                         channels.kick, stopping, spec.plan.batches_per_step)
+    return BarrierUpdate(cfg.optim, Seat(meeting, spec.local_index, flat, opt_state), params,
+                         Signals(stopping, channels.notices, channels.kick), direct)
 
 
-def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, sampler: Union[ShardSampler, StreamReader],
+def make_step_fn(model: torch.nn.Module, ds: Dataset, sampler: Union[ShardSampler, StreamReader],
                  device: torch.device, step: Optional[Step] = None, loader_workers: int = 0,
                  bf16: bool = False) -> StepFn:
     """One step's loss and gradient under the step contract (replica/step.py; the default: a
@@ -264,7 +264,7 @@ def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, samp
     """The batch being computed in parts (optim.balance): its index, inputs, labels, and where the
     next part starts. Read once: a stream's batch cannot be read twice."""
 
-    def step_fn(index: int, share: float = 1.0) -> tuple[Tensor, int, int]:
+    def step_fn(index: int, share: float = 1.0) -> Computed:
         """Adds the gradient of batch ``index``, or of its next ``share`` (replica/faults.py's
         StepFn), into each ``.grad`` (the updater has set them)."""
         _phase[0] = DATA
@@ -286,7 +286,7 @@ def make_step_fn(model: torch.nn.Module, params: list[Tensor], ds: Dataset, samp
         loss.float().backward()
         _spent["data"] += t1 - t0
         _spent["compute"] += time.perf_counter() - t1
-        return loss, end - start, whole - end
+        return Computed(loss, end - start, whole - end, whole)
     return step_fn
 
 
@@ -322,15 +322,14 @@ def schedule_length(pos: int, ctrl: np.void, total: int, time_budget_s: Optional
 
 
 def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: WorkerSpec, channels: Channels,
-             recipe: Recipe = Recipe(), leader_alive: Optional[Callable[[], bool]] = None,
-             marks: Optional[RowMarks] = None) -> None:
-    """The worker's steps until its quota is done or the run stops: each reads a batch, computes
-    its gradient and applies it through ``updater``, and the board counts it."""
+             recipe: Recipe = Recipe(), marks: Optional[RowMarks] = None) -> None:
+    """The worker's steps until its quota is done or the run stops (or its leader is gone): each
+    reads a batch, computes its gradient and applies it through ``updater``, and the board counts it."""
     board, wake, kick = channels.board, channels.wake, channels.kick
     sched, clip, time_budget_s, accumulate = recipe.sched, recipe.clip, recipe.time_budget_s, recipe.accumulate
     stats, ctrl = board.stats, board.control
     row = stats[spec.local_index]
-    leader_alive = leader_alive or leader_watch(None)
+    leader_alive = leader_watch(channels.life)
 
     def rate(t: int) -> float:
         """The learning rate of the replica's optimizer step ``t``: every worker of a replica uses
@@ -358,7 +357,6 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
     step = int(row["pos"])
     loss_ema = float(row["loss"]) if row["loss"] > 0 else 0.0
     reached = 1  # of the batch being computed: 1 so far every part reached the model, 0 one did not count, -1 poisoned
-    done_in_batch = 0  # its samples computed so far
     while step < spec.quota and not ctrl["stop"]:
         if not leader_alive():  # leader gone (kill -9): never outlive it
             return
@@ -374,17 +372,13 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
         n = min(accumulate, spec.quota - step)
         # A slower worker's batch in parts (optim.balance); accumulated batches are always whole.
         share = updater.share() if n == 1 else 1.0
-        losses, batch, left, before = [], 0, 0, done_in_batch
-        for i in range(n):
-            loss, size, left = step_fn(step + i, share)
-            losses.append(float(loss.detach()))
-            batch += size
-        fraction = batch / (before + batch + left)  # of the batch (or the accumulated batches) it computed
-        done_in_batch = before + batch if left else 0
+        parts = [step_fn(step + i, share) for i in range(n)]
+        batch, left = sum(c.samples for c in parts), parts[-1].left
+        fraction = batch / sum(c.whole for c in parts)  # of the batch (or the accumulated batches) it computed
         grads = [p.grad for p in params]
         if n > 1:
             torch._foreach_mul_([g for g in grads if g is not None], 1.0 / n)  # the mean, as one batch n times larger
-        lval = sum(losses) / n
+        lval = sum(float(c.loss.detach()) for c in parts) / n
         ok = bool(np.isfinite(lval)) and grads_finite(grads)
         if ok and clip is not None:
             clip_grad_norm(grads, clip)

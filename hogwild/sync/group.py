@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from hogwild.config.env import DistEnv
+from hogwild.config.schema import SyncConfig
 from hogwild.errors import ConfigError, UserError, first_line
 from hogwild.native import until_stopped
 from hogwild.sync.comm import Comm, DistComm, LocalComm
@@ -59,12 +60,13 @@ def init_group(env: DistEnv, backend: str, timeout_s: float, device: str,
             f"(sync.timeout_s): {first_line(e)}") from None
 
 
-def join_torchrun_group(env: DistEnv, backend: str, timeout_s: float, device: str, run_dir: Path, workers: int,
+def join_torchrun_group(env: DistEnv, sync: SyncConfig, device: str, run_dir: Path, workers: int,
                         wire: torch.device, stopped: Callable[[], bool] = lambda: False) -> tuple[Comm, Path]:
-    """The leaders' collectives and the job's agreed run_dir; a lone replica gets the identity."""
+    """The leaders' collectives (``sync.backend``, ``sync.timeout_s``) and the job's agreed run_dir;
+    a lone replica gets the identity."""
     if not env.distributed:
         return LocalComm(), run_dir
-    init_group(env, pick_backend(backend, device), timeout_s, device, stopped)
+    init_group(env, pick_backend(sync.backend, device), sync.timeout_s, device, stopped)
     run_dir = Path(agree_on_path(str(run_dir)))
     agree_on_workers(workers)
     return DistComm(wire), run_dir

@@ -98,16 +98,18 @@ def test_a_slow_worker_holds_no_step_past_the_bound(tmp_path: Path) -> None:
 def test_a_slow_worker_computes_on_part_of_each_batch(tmp_path: Path) -> None:
     """optim.balance: worker 0 takes 40 ms a step and worker 1 120 ms, so worker 1 computes its
     batches in parts (quarters: a fixed delay does not shrink with the batch) while both run; every
-    sample is trained on as with optim.balance=false, and metrics.json counts the parts."""
-    def job(balance: bool) -> dict[str, Any]:
+    sample is trained on once, as by workers of equal speed with optim.balance=false (that job runs
+    at full speed: which samples a worker reads does not depend on its pace), and metrics.json counts
+    the parts."""
+    def job(balance: bool, fault: str) -> dict[str, Any]:
         out = tmp_path / str(balance)
         proc = run_cli(["optim=adamw", "workers=2", "train.max_steps=80", "train.batch_size=32", *QUIET,
                         f"optim.balance={str(balance).lower()}", f"run_dir={out}"], cwd=tmp_path,
-                       env=clean_env(HOGWILD_FAULT="slow:0:40,slow:1:120"))
+                       env=clean_env(HOGWILD_FAULT=fault))
         assert proc.returncode == 0, proc.stderr[-3000:]
         return metrics(out)
 
-    on, off = job(True), job(False)
+    on, off = job(True, "slow:0:40,slow:1:120"), job(False, "")
     assert on["steps"] == off["steps"] == 80 and on["samples"] == off["samples"] and off["batch_parts"] == 0
     assert on["batch_parts"] >= 5, on["batch_parts"]  # a dozen of worker 1's gradients while worker 0 runs
 

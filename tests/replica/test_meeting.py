@@ -22,7 +22,7 @@ from hogwild.replica.meeting import (MIN_SHARE, POLL_S, STEPS_KEY, Chair, Meetin
                                      mean_into)
 from hogwild.replica.optim import decays, new_shared_state
 from hogwild.replica.shared import alloc, bind, param_slots, share_model
-from hogwild.replica.update import BarrierUpdate
+from hogwild.replica.update import BarrierUpdate, Seat, Signals
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -180,8 +180,7 @@ def test_members_stepping_their_shards_are_one_optimizer_stepping_the_mean(cfg: 
     ref_model = copy.deepcopy(_net())
     ref = _reference(cfg, ref_model)
     params = list(model.parameters())
-    ups = [BarrierUpdate(cfg, m, j, flat, params, param_slots(model), state, None, None, None, lambda: False, 3)
-           for j in range(3)]
+    ups = [BarrierUpdate(cfg, Seat(m, j, flat, state), params, Signals(lambda: False)) for j in range(3)]
     gen = torch.Generator().manual_seed(1)
     for step in range(6):
         grads = [torch.randn(m.numel, generator=gen) for _ in range(members)]
@@ -240,8 +239,8 @@ def _racing_worker(j: int, meeting: Meeting, flat: Tensor, state: dict[str, Tens
     model = nn.Linear(D, 1, bias=False)
     bind(model, flat)
     cfg = OptimConfig(name="sgd", lr=1.0, update="barrier")
-    up = BarrierUpdate(cfg, meeting, j, flat, list(model.parameters()), param_slots(model), state, None, notices,
-                       kick, lambda: False, meeting.workers)
+    up = BarrierUpdate(cfg, Seat(meeting, j, flat, state), list(model.parameters()),
+                       Signals(lambda: False, notices, kick))
     rng = random.Random(seed + j)
     up.ready()
     for s in range(UPDATES):
@@ -338,8 +337,7 @@ def test_a_barrier_worker_measures_its_pace_and_cuts_its_next_batch_to_it() -> N
     model, flat, m, state = _replica(cfg, 2)
     params = list(model.parameters())
     # The run is stopping: apply() writes its cell, then meets nobody (no chair runs here).
-    ups = [BarrierUpdate(cfg, m, j, flat, params, param_slots(model), state, None, None, None, lambda: True, 1)
-           for j in range(2)]
+    ups = [BarrierUpdate(cfg, Seat(m, j, flat, state), params, Signals(lambda: True)) for j in range(2)]
     m.cells["live"] = 1.0
     m.cells["pace"] = [0.01, 0.02]  # worker 1's whole batch takes twice worker 0's
     assert ups[0].begin() and ups[1].begin()
@@ -357,6 +355,6 @@ def test_a_barrier_worker_measures_its_pace_and_cuts_its_next_batch_to_it() -> N
         ups[1]._t0 = time.perf_counter() - 0.05
         ups[1].apply([None] * len(params), True, None, 0, samples=8, fraction=0.5)
     assert c["pace"] > 0.09, c["pace"]
-    off = BarrierUpdate(OptimConfig(name="adamw", balance=False), m, 1, flat, params, param_slots(model), state,
-                        None, None, None, lambda: True, 1)
+    off = BarrierUpdate(OptimConfig(name="adamw", balance=False), Seat(m, 1, flat, state), params,
+                        Signals(lambda: True))
     assert off.begin() and off.share() == 1.0  # optim.balance=false: whole batches whatever the paces

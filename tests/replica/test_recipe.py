@@ -132,7 +132,7 @@ def test_the_learning_rate_follows_the_replica_s_step_not_the_worker_s() -> None
 
 def test_bf16_autocast_trains_with_float32_weights_and_gradients() -> None:
     step_fn, opt, params, spec, board, flat, _, _ = tiny_worker(quota=60, bf16=True)
-    loss, _, _ = step_fn(0)
+    loss = step_fn(0).loss
     assert loss.dtype == torch.float32 or loss.dtype == torch.bfloat16
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in params)
     run_loop(step_fn, opt, params, spec, Channels(board))

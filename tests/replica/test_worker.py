@@ -14,7 +14,7 @@ from hogwild.config.plan import Plan
 from hogwild.config.schema import OptimConfig
 from hogwild.data.datasets import Dataset, ShardSampler, Split
 from hogwild.replica.board import Board
-from hogwild.replica.faults import FAULT_ENV, Faults, planned_faults
+from hogwild.replica.faults import FAULT_ENV, Computed, Faults, planned_faults
 from hogwild.replica.optim import FlatOptimizer
 from hogwild.replica.shared import layout, share_model
 from hogwild.replica.update import HogwildUpdate
@@ -35,7 +35,7 @@ def tiny_worker(quota: int, fault: str = "", rows: int = 1, bf16: bool = False, 
     flat = share_model(model, "cpu")
     params = list(model.parameters())
     opt = HogwildUpdate(FlatOptimizer(OptimConfig(lr=0.5), flat, layout(model), {}), params)
-    step_fn = make_step_fn(model, params, ds, ShardSampler(torch.arange(256), 16, 0), torch.device("cpu"), bf16=bf16)
+    step_fn = make_step_fn(model, ds, ShardSampler(torch.arange(256), 16, 0), torch.device("cpu"), bf16=bf16)
     if fault:
         step_fn = Faults(workers=fault).step(step_fn, params, 0, 0)
         step_fn(0)  # the warm-up, as a worker makes it: its faults start with the next call
@@ -112,7 +112,7 @@ def test_workers_wake_the_leader_once_per_point_crossed(sync_at: float, report_a
 def test_fault_plan_parses_only_this_workers_faults() -> None:
     assert planned_faults(1, "nan:0:3,crash:1:5,nan:1:9") == {"crash": {5}, "nan": {9}}
     assert planned_faults(2, "nan:0:3") == {}
-    fn = lambda step, share=1.0: (torch.tensor(0.0), 1, 0)  # noqa: E731
+    fn = lambda step, share=1.0: Computed(torch.tensor(0.0), 1, 0, 1)  # noqa: E731
     assert Faults().step(fn, [], 0, 0) is fn  # nothing planned: the loop runs the plain step function
     assert Faults(workers="nan:1:3").step(fn, [], 0, 0) is fn
     assert Faults.from_env({FAULT_ENV: "crash:0:5"}) == Faults(workers="crash:0:5")
@@ -248,7 +248,7 @@ def test_a_batch_in_parts_is_computed_part_by_part_and_read_once() -> None:
     for start, share, (used, left) in [(0, 0.5, (8, 8)), (8, 0.25, (4, 4)), (12, 0.5, (4, 0))]:
         for p in params:
             p.grad = torch.zeros_like(p)
-        assert step_fn(2, share)[1:] == (used, left)
+        assert step_fn(2, share)[1:] == (used, left, 16)
         got = [p.grad.clone() for p in params]
         for p in params:
             p.grad = None
@@ -256,7 +256,7 @@ def test_a_batch_in_parts_is_computed_part_by_part_and_read_once() -> None:
         nn.functional.cross_entropy(model(ds.train.inputs[0][part]), ds.train.targets[part]).backward()
         assert all(torch.allclose(a, p.grad) for a, p in zip(got, params)), start
     assert len(reads) == 1
-    assert step_fn(2)[1:] == (16, 0) and len(reads) == 2  # done with it: the index reads afresh
+    assert step_fn(2)[1:] == (16, 0, 16) and len(reads) == 2  # done with it: the index reads afresh
 
 
 def test_a_batch_slice_cuts_every_tensor_of_the_batch_and_nothing_else() -> None:
