@@ -37,7 +37,14 @@ reaches the model when the way of meeting lets it:
   Heafield 2019);
 - ``hogwild``: every gradient is a step of its worker's own AdamW state (hogwild's Hogwild path);
 - ``replicas_<rule>``: W replicas of one worker, each its own AdamW on fresh gradients, meeting
-  every ``--intervals`` steps through hogwild's sync rule (slowmo, diloco, average), in lockstep.
+  every ``--intervals`` steps through hogwild's sync rule (slowmo, diloco, average), in lockstep;
+- ``slowrep_<rule>``: 2 replicas of one worker under AdamW, replica 0 ``--slow`` times slower, for
+  ``--until-time`` time units (a fast step takes one), averaging every ``--intervals`` of the fast
+  replica's steps (issue 56's slow machine): ``wait`` (both make the interval's steps, the fast one
+  waits for the slow one: today's rounds), ``scaled`` (a round every interval's time; each replica
+  makes the steps its speed allows in it, and the mean weighs each by its steps: Liu et al. 2024's
+  dynamic local updates, torchft #233's per-replica ``sync_every``), ``scaled_equal`` (the same, an
+  equal mean), and ``ddp`` (every step waits for the slow rank; the two batches' mean gradient).
 
     python scripts/adam_staleness.py --meet ddp bound_join bound_drop async hogwild --workers 2 4 8 \
         --gradients-per-worker 600 --out bench_results/adam_meet.json
@@ -135,7 +142,8 @@ def run(variant: str, steps: int, lr: float, beta1: float, seed: int, dc_lambda:
 
 
 MEETS = ("ddp", "lbbsp", "lbbsp_prefix", "lbbsp_accum", "bound_join", "bound_drop", "async", "hogwild",
-         "replicas_slowmo", "replicas_diloco", "replicas_average")
+         "replicas_slowmo", "replicas_diloco", "replicas_average",
+         "slowrep_ddp", "slowrep_wait", "slowrep_scaled", "slowrep_scaled_equal")
 
 
 @dataclass
@@ -386,6 +394,62 @@ def replicas_run(mode: str, replicas: int, interval: int, gradients: int, lr: fl
             "applied": steps * replicas, "dropped": 0, "virtual_time": 0.0, "rounds": rounds}
 
 
+def slow_replicas_run(mode: str, interval: int, budget: float, lr: float, seed: int, slow: float) -> dict[str, Any]:
+    """Two replicas under AdamW, replica 0 ``slow`` times slower, for ``budget`` time units (module
+    docstring, ``slowrep_*``). The rate follows the clock (warm-up, then a cosine that ends with the
+    budget), as a time-budgeted job's schedule does."""
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+    x_all, y_all, x_test, y_test = _data()
+    step_s = [slow, 1.0]
+    warm = budget / 6
+
+    def rate(at: float) -> float:
+        return lr * min(1.0, at / warm) * 0.5 * (1 + math.cos(math.pi * min(at, budget) / budget))
+
+    def train(m: torch.nn.Module, opt: torch.optim.Optimizer, gen: torch.Generator, at: float, copies: int = 1) -> None:
+        idx = torch.randint(len(x_all), (BATCH * copies,), generator=gen)
+        opt.zero_grad(set_to_none=True)
+        m(x_all[idx], y_all[idx])[1].backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), CLIP)
+        for group in opt.param_groups:
+            group["lr"] = rate(at)
+        opt.step()
+
+    if mode == "ddp":  # each step at the slow rank's pace, on both ranks' batches
+        model, gen = _gpt(seed), torch.Generator().manual_seed(seed + 1)
+        opt = _adamw(model, lr)
+        steps = int(budget // slow)
+        for t in range(steps):
+            train(model, opt, gen, (t + 1) * slow, copies=2)
+        return {"test_loss": _test_loss(model, x_test, y_test), "steps": steps, "computed": 2 * steps,
+                "applied": 2 * steps, "dropped": 0, "virtual_time": steps * slow, "rounds": 0}
+    models = [_gpt(seed) for _ in range(2)]
+    opts = [_adamw(m, lr) for m in models]
+    gens = [torch.Generator().manual_seed(seed + 1 + r) for r in range(2)]
+    now, rounds, made = 0.0, 0, [0, 0]
+    while now < budget:
+        span = min(interval * (slow if mode == "wait" else 1.0), budget - now)
+        counts = []
+        for r, (m, opt, gen) in enumerate(zip(models, opts, gens)):
+            n = interval if mode == "wait" else max(1, round(interval / step_s[r]))
+            n = min(n, max(1, int(span // (step_s[r] if mode != "wait" else slow))))
+            for j in range(n):
+                train(m, opt, gen, now + (j + 1) * span / n)
+            counts.append(n)
+            made[r] += n
+        snaps = torch.stack([parameters_to_vector(m.parameters()).detach() for m in models])
+        w = torch.tensor(counts if mode == "scaled" else [1, 1], dtype=snaps.dtype)
+        target = (snaps * (w / w.sum())[:, None]).sum(0)
+        with torch.no_grad():
+            for m in models:
+                vector_to_parameters(target.clone(), m.parameters())
+        now += span
+        rounds += 1
+    return {"test_loss": _test_loss(models[0], x_test, y_test), "steps": made[1], "computed": sum(made),
+            "applied": sum(made), "dropped": 0, "virtual_time": now, "rounds": rounds, "slow_steps": made[0]}
+
+
 def main_meet(args: argparse.Namespace) -> None:
     rows = []
     outer = Outer(args.outer_lr, args.outer_momentum, 1 if args.sync_moments else args.moments_every,
@@ -393,8 +457,13 @@ def main_meet(args: argparse.Namespace) -> None:
     for workers in args.workers:
         for kind in args.meet:
             for lr in args.lr:
-                for interval in args.intervals if kind.startswith("replicas") else [0]:
-                    if kind.startswith("replicas"):  # "replicas_slowmo": W replicas x 1 worker, rule slowmo
+                rounds_of = kind.startswith(("replicas", "slowrep")) and kind != "slowrep_ddp"
+                for interval in args.intervals if rounds_of else [0]:
+                    if kind.startswith("slowrep"):
+                        assert args.until_time is not None, "--meet slowrep_*: --until-time is the budget"
+                        r = slow_replicas_run(kind.split("_", 1)[1], interval, args.until_time, lr, args.seed,
+                                              args.slow)
+                    elif kind.startswith("replicas"):  # "replicas_slowmo": W replicas x 1 worker, rule slowmo
                         r = replicas_run(kind.split("_", 1)[1], workers, interval, args.gradients_per_worker * workers,
                                          lr, args.seed, outer)
                     else:

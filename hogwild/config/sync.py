@@ -73,6 +73,11 @@ class SyncConfig:
     weighting: str = "equal"
     """average, diloco, slowmo: equal | steps (each replica's change weighs as many steps as it
     made since the last round; a slow replica pulls the consensus less)."""
+    interval_by_speed: bool = False
+    """true: a replica slower than the fastest one has its interval cut to its speed (half as fast,
+    half the steps), so every replica reaches a round at about the same time and the fast ones' workers
+    do not wait at sync.max_lag for a slow machine; with sync.weighting=steps its change weighs
+    the steps it made (docs/sync.md, "A slower machine")."""
     coordinator: Optional[str] = None
     """host:port of a hogwild-coordinator: elastic mode, each replica launched on its own; a lost
     replica is dropped and the others go on (null: one torchrun job, a lost peer stops it)."""

@@ -168,6 +168,7 @@ class RunSummary:
             "mean_sync_s": self.sync.mean_sync_s,
             "steps_per_sync": self.sync.steps_per_sync,
             "max_steps_per_sync": self.sync.max_steps_per_sync,
+            "steps_per_sync_per_replica": self.sync.steps_per_sync_by_replica,
             "sync_bytes_sent": self.sync.link.sent,
             "sync_bytes_received": self.sync.link.received,
             "sync_bytes_per_step": self.sync.link.sent * self.replicas / max(self.job.steps, 1),

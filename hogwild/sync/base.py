@@ -45,11 +45,12 @@ class RoundFlags:
 class RoundVector:
     """Layout of the control vector every round all-reduces (SUM): the five sent flags of
     :class:`RoundFlags`, then per rank a "my snapshot is finite" slot, the drift it measured in
-    the previous round, the weight of its contribution (0 when unhealthy), and the intervals its
-    previous round's time and its leader's CPU ask for (a paced schedule; 0: none)."""
+    the previous round, the weight of its contribution (0 when unhealthy), the intervals its
+    previous round's time and its leader's CPU ask for (a paced schedule; 0: none), and its speed
+    in steps a second of its workers' time since its last round (0: none measured)."""
 
     NUM_FLAGS = 5
-    PER_RANK = 5
+    PER_RANK = 6
 
     @staticmethod
     def new(flags: RoundFlags, world: int, like: Tensor) -> Tensor:
@@ -83,6 +84,10 @@ class RoundVector:
     @staticmethod
     def cpu_pace_slot(world: int, rank: int) -> int:
         return RoundVector.NUM_FLAGS + 4 * world + rank
+
+    @staticmethod
+    def speed_slot(world: int, rank: int) -> int:
+        return RoundVector.NUM_FLAGS + 5 * world + rank
 
     @staticmethod
     def world(ctl: Tensor) -> int:

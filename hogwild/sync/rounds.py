@@ -42,6 +42,8 @@ class RoundOutcome:
     paces: list[tuple[float, float]] = field(default_factory=list)
     """Every replica's wanted intervals, from its previous round's time and its leader's CPU
     (piggybacked; 0: none)."""
+    speeds: list[float] = field(default_factory=list)
+    """Every replica's steps a second of its workers' time since its previous round (0: none)."""
     stats: Optional["RoundStats"] = None
     """Filled by :meth:`Rounds.run`: what the round cost and measured, for the caller to log."""
 
@@ -62,17 +64,29 @@ class RoundStats:
     """What this replica's round put on the link (bytes each way, seconds in collectives)."""
 
 
-def sync_round(flat: Tensor, rule: SyncRule, flags: RoundFlags = RoundFlags(), *, last_drift: float = 0.0,
-               timeout_s: float = 300.0, weight: float = 1.0, pace: tuple[float, float] = (0.0, 0.0)
-               ) -> RoundOutcome:
-    """One round on the live buffer ``flat`` while workers may keep writing to it.
+@dataclass(frozen=True)
+class Measures:
+    """What a replica sends with a round besides its values (its slots of the control vector)."""
+
+    last_drift: float = 0.0
+    """Its drift in the previous round."""
+    weight: float = 1.0
+    """Its share of the consensus (``sync.weighting``)."""
+    pace: tuple[float, float] = (0.0, 0.0)
+    """The intervals its previous round's time and its leader's CPU ask for (sync/schedule.py)."""
+    speed: float = 0.0
+    """Its steps a second of its workers' time since its last round (``sync.interval_by_speed``)."""
+
+
+def sync_round(flat: Tensor, rule: SyncRule, flags: RoundFlags = RoundFlags(), mine: Measures = Measures(), *,
+               timeout_s: float = 300.0) -> RoundOutcome:
+    """One round on the live buffer ``flat`` while workers may keep writing to it; ``mine``: what
+    this replica sends with it.
 
     ``snap = flat.clone(); target = rule(snap); flat += target - snap``: updates applied
     during the collective survive (design rule 2 in docs/design.md). A ``final`` round (workers
     stopped) lands the replica exactly on ``target`` so every replica ends bit-for-bit identical.
     A fragmented rule syncs one stretch of ``flat`` per round (all of them in the final one).
-    ``weight``: this replica's share of the consensus (``sync.weighting``); ``pace``: the intervals
-    its previous round's time and CPU ask for (sync/schedule.py).
     """
     rank, world, final = rule.comm.rank, rule.comm.world_size, flags.final
     regions = rule.plan(flat.numel(), final, timeout_s)
@@ -83,8 +97,9 @@ def sync_round(flat: Tensor, rule: SyncRule, flags: RoundFlags = RoundFlags(), *
     healthy = True if whole else math.isfinite(float(flat.norm()))
     R = RoundVector
     ctl = R.new(flags, world, flat)
-    ctl[R.drift_slot(world, rank)] = last_drift  # non-finite values are dropped by the reader
-    ctl[R.pace_slot(world, rank)], ctl[R.cpu_pace_slot(world, rank)] = pace
+    ctl[R.drift_slot(world, rank)] = mine.last_drift  # non-finite values are dropped by the reader
+    ctl[R.pace_slot(world, rank)], ctl[R.cpu_pace_slot(world, rank)] = mine.pace
+    ctl[R.speed_slot(world, rank)] = mine.speed
     red: Optional[Tensor] = None
     gaps, scales = 0.0, 0.0
     for region in regions:
@@ -94,7 +109,7 @@ def sync_round(flat: Tensor, rule: SyncRule, flags: RoundFlags = RoundFlags(), *
         scale = float(snap.norm())
         healthy = healthy and math.isfinite(scale)
         ctl[R.healthy_slot(rank)] = float(healthy)
-        ctl[R.weight_slot(world, rank)] = weight if healthy else 0.0
+        ctl[R.weight_slot(world, rank)] = mine.weight if healthy else 0.0
         target, got = rule.exchange(snap, ctl, rank, timeout_s, final)
         red = got if red is None else red  # a final round's later fragments reduce the same flags
         if context(red, rank).n_healthy == 0:
@@ -111,10 +126,12 @@ def sync_round(flat: Tensor, rule: SyncRule, flags: RoundFlags = RoundFlags(), *
     drift = math.sqrt(gaps) / max(math.sqrt(scales), 1e-12) if healthy else math.inf
     f = red.cpu()
     agreed, d0, p0, c0 = R.agreed(f), R.drift_slot(world, 0), R.pace_slot(world, 0), R.cpu_pace_slot(world, 0)
+    s0 = R.speed_slot(world, 0)
     return RoundOutcome(all_done=agreed.done, any_stop=agreed.stop, checkpoint=agreed.checkpoint,
                         reached=agreed.reached, reform=agreed.reform, healthy=healthy, drift=drift,
                         last_drifts=f[d0:d0 + world].tolist(),
-                        paces=list(zip(f[p0:p0 + world].tolist(), f[c0:c0 + world].tolist())))
+                        paces=list(zip(f[p0:p0 + world].tolist(), f[c0:c0 + world].tolist())),
+                        speeds=f[s0:s0 + world].tolist())
 
 
 def _read(flat: Tensor, region: Union[slice, Gathered], rule: SyncRule) -> Tensor:
@@ -145,6 +162,9 @@ class SyncStats:
     """The real interval: a replica's mean steps between the snapshots of two rounds."""
     max_steps_per_sync: float = 0.0
     """The largest such gap of any replica (at most ``interval + max_lag`` with one worker)."""
+    steps_per_sync_by_replica: list[float] = field(default_factory=list)
+    """Each replica's mean steps between snapshots, by rank (``sync.interval_by_speed``: a slower
+    replica's are fewer)."""
     final: Optional[RoundStats] = field(default=None, repr=False)
     """The final round's drift, which no later round carries."""
     link: LinkMeter = field(default_factory=LinkMeter)
@@ -191,8 +211,8 @@ class Rounds:
         pos_at_snap, work = self.board.replica_pos(), self.board.busy_s()
         link = self.rule.meter.copy()
         try:
-            out = sync_round(self.flat, self.rule, flags, last_drift=self.last_drift, timeout_s=timeout_s,
-                             weight=self._weight(pos_at_snap), pace=self.asking)
+            mine = Measures(self.last_drift, self._weight(pos_at_snap), self.asking, self._speed(pos_at_snap, work))
+            out = sync_round(self.flat, self.rule, flags, mine, timeout_s=timeout_s)
         finally:
             ctl["syncing"] = 0.0
         if not out.healthy:
@@ -216,6 +236,7 @@ class Rounds:
                              self.schedule.interval, ", ".join(f"{t:.1f} {c:.1f}" for t, c in out.paces))
             self.asking = self._pace(dt, cpu, pos_at_snap, work)
             self._climb(out.paces)
+            self.schedule.record_speeds(out.speeds, self.comm.rank)
         self._last_snap, self._last_work = pos_at_snap, work
         ctl["next_sync_at"] = self.schedule.after_round(pos_at_snap)
         ctl["lag_limit"] = self.schedule.lag_limit
@@ -239,11 +260,19 @@ class Rounds:
         paced, or nothing was measured): the replica's pace is its steps over its workers' busy
         seconds since the last snapshot, times the workers, so waiting for a slow round does not
         make rounds look cheaper."""
-        busy = work - self._last_work
-        if not self.schedule.paced or busy <= 0 or pos <= self._last_snap:
+        # Under sync.interval_by_speed the agreed interval is the fastest replica's: a slower one
+        # asks in the steps the fastest makes in the same time.
+        steps_per_s = self._speed(pos, work) / self.schedule.share
+        if not self.schedule.paced or steps_per_s <= 0:
             return 0.0, 0.0
-        steps_per_s = (pos - self._last_snap) * self.board.workers / busy
         return paced_interval(round_s, 0.0, steps_per_s), paced_interval(0.0, cpu_s, steps_per_s)
+
+    def _speed(self, pos: float, work: float) -> float:
+        """The replica's steps a second of its workers' time since the last snapshot, times its
+        workers (0 when nothing was measured): a slower machine's is lower, and waiting for a round
+        (not in the workers' time) does not lower it."""
+        busy = work - self._last_work
+        return (pos - self._last_snap) * self.board.workers / busy if busy > 0 and pos > self._last_snap else 0.0
 
     def _weight(self, pos_at_snap: float) -> float:
         """``sync.weighting=steps``: the replica's steps since the last round's snapshot, the
@@ -279,7 +308,8 @@ class Rounds:
                            drift=self.schedule.record_drift([float(g[0]) for g in gathered]))
         col = [[float(x) for x in g] for g in gathered]
         return SyncStats(mean_sync_s=_mean([g[1] for g in col]), steps_per_sync=_mean([g[2] for g in col]),
-                         max_steps_per_sync=max(g[3] for g in col), final=final,
+                         max_steps_per_sync=max(g[3] for g in col), steps_per_sync_by_replica=[g[2] for g in col],
+                         final=final,
                          link=LinkMeter(*(_mean([g[i] for g in col]) for i in (4, 5, 6))),
                          peak_memory_mb=[g[7] if math.isfinite(g[7]) else None for g in col],
                          cpu_s=_mean([g[8] for g in col]))

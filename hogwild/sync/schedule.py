@@ -19,6 +19,10 @@ is due, so the workers, who run on through a round, never wait at ``sync.max_lag
 PACE_CPU = 0.05
 """...and its leader's CPU at most this share of the interval's time: the leader runs on a core the
 workers use, and rounds more often than this take more steps than they save."""
+SHARE_ROUNDS, MIN_SHARE = 5, 0.1
+"""``sync.interval_by_speed``: a replica's share of the interval is the median of its last this many
+rounds' measures, and never under this share (a replica ten times slower than the fastest is a
+fault for the timeouts, not a pace)."""
 PACE_START, PACE_FLOOR = 10, 2
 """A paced interval starts at this many optimizer steps (no round is measured yet) and never goes
 below that many: averaging every step was no better than every two in the model (BENCHMARKS.md §20)."""
@@ -66,6 +70,11 @@ class SyncSchedule:
     """``sync.interval=auto`` (resolved by sync/defaults.py): every round's cost sets the next interval."""
     floor: int = 1
     """A paced interval's lower bound: :data:`PACE_FLOOR` optimizer steps, in replica steps."""
+    by_speed: bool = False
+    """``sync.interval_by_speed``: this replica's interval is the agreed one times its speed over
+    the fastest replica's (:meth:`record_speeds`)."""
+    shares: list[float] = field(default_factory=list)
+    """This replica's speed over the fastest one's, in its last rounds (``by_speed``)."""
 
     @classmethod
     def from_config(cls, cfg: SyncConfig, distributed: bool = True, per_step: int = 1) -> "SyncSchedule":
@@ -75,21 +84,48 @@ class SyncSchedule:
         # One replica never meets anyone: its round is never due.
         first = float(interval) if distributed else math.inf
         return cls(interval, first, cfg.max_lag, cfg.target_drift, cfg.min_interval, cfg.max_interval,
-                   paced=paced, floor=PACE_FLOOR * per_step)
+                   paced=paced, floor=PACE_FLOOR * per_step, by_speed=cfg.interval_by_speed)
 
     def due(self, replica_pos: float) -> bool:
         return replica_pos >= self.next_sync_at
 
     @property
+    def share(self) -> float:
+        """This replica's part of the agreed interval: 1, or under ``by_speed`` its speed over the
+        fastest replica's, the median of its last :data:`SHARE_ROUNDS` rounds (one round's hiccup
+        is not a slower machine), at least :data:`MIN_SHARE`."""
+        if not self.shares:
+            return 1.0
+        recent = sorted(self.shares[-SHARE_ROUNDS:])
+        return max(MIN_SHARE, recent[len(recent) // 2])
+
+    @property
+    def mine(self) -> int:
+        """This replica's steps from one round's snapshot to the next round."""
+        return max(1, round(self.interval * self.share))
+
+    @property
     def lag_limit(self) -> float:
         """Replica position at which workers stop and wait for the pending round: the real
         interval between two snapshots then never exceeds ``interval + max_lag``."""
-        return self.next_sync_at + (self.interval if self.max_lag is None else self.max_lag)
+        return self.next_sync_at + (self.mine if self.max_lag is None else self.max_lag)
 
     def after_round(self, pos_at_snapshot: float) -> float:
-        """The next round comes ``interval`` steps after this round's snapshot."""
-        self.next_sync_at = pos_at_snapshot + self.interval
+        """The next round comes this replica's interval (:attr:`mine`) after this round's snapshot."""
+        self.next_sync_at = pos_at_snapshot + self.mine
         return self.next_sync_at
+
+    def record_speeds(self, speeds: list[float], rank: int) -> None:
+        """Every replica's speed in the round just done (0: not measured). Under ``by_speed`` a
+        slower replica's interval shrinks to its speed, so that it reaches the next round when the
+        fastest one does, with the steps it could make, instead of the fastest one's workers
+        waiting at ``sync.max_lag`` for it (a DDP-like pace); ``sync.weighting=steps`` then weighs
+        its change by those steps. Every replica's figure travels in the round, so each knows the
+        fastest one's."""
+        known = [s for s in speeds if math.isfinite(s) and s > 0]
+        if not self.by_speed or not known or not 0 <= rank < len(speeds) or speeds[rank] <= 0:
+            return
+        self.shares.append(min(1.0, speeds[rank] / max(known)))
 
     def record_drift(self, drifts: list[float]) -> Optional[DriftRecord]:
         """Every replica's drift of one round (non-finite ones, from unhealthy replicas, are

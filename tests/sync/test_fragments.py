@@ -11,7 +11,7 @@ from hogwild.config.schema import SyncConfig
 from hogwild.errors import ConfigError
 from hogwild.sync.comm import Comm, LocalComm
 from hogwild.sync.fragments import bounds
-from hogwild.sync.rounds import RoundFlags, sync_round
+from hogwild.sync.rounds import Measures, RoundFlags, sync_round
 from hogwild.sync.rules import make_rule
 from tests.fake_comm import run_ranks
 
@@ -156,7 +156,7 @@ def test_fragments_with_a_compressed_wire_agree_everywhere(dtype: str) -> None:
         g = torch.Generator().manual_seed(comm.rank)
         for k in range(7):
             flat += 0.01 * torch.randn(3000, generator=g)
-            sync_round(flat, rule, RoundFlags(final=k == 6), weight=10.0 + comm.rank)
+            sync_round(flat, rule, RoundFlags(final=k == 6), Measures(weight=10.0 + comm.rank))
         return flat.tolist()
 
     out = run_ranks(3, rank_fn)

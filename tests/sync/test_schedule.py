@@ -174,7 +174,8 @@ def test_a_round_asks_for_an_interval_from_its_cost_and_the_workers_busy_time() 
     board.stats["pos"] = [10.0, 10.0]
     board.stats["step_s"] = [5.0, 5.0]
     board.stats["lag_wait_s"] = [50.0, 50.0]
-    rounds.run(RoundFlags(), timeout_s=5.0)
+    out = rounds.run(RoundFlags(), timeout_s=5.0)
+    assert out.speeds == [pytest.approx(4.0)]  # its speed travels with the round (sync.interval_by_speed)
     time_ask, cpu_ask = rounds.asking
     assert time_ask == pytest.approx(paced_interval(rounds.times[-1], 0.0, 4.0))
     assert 0 < time_ask < 1 and 0 < cpu_ask < 10  # a round in memory costs far less than 10 steps
@@ -184,3 +185,28 @@ def test_a_round_asks_for_an_interval_from_its_cost_and_the_workers_busy_time() 
     board.stats["step_s"] = [10.0, 10.0]
     fixed.run(RoundFlags(), timeout_s=5.0)
     assert fixed.asking == (0.0, 0.0)  # a fixed interval asks for nothing
+
+
+def test_a_slower_replica_s_interval_shrinks_to_its_speed() -> None:
+    """sync.interval_by_speed: a replica half as fast as the fastest makes half the interval's steps
+    before its next round, so both reach it at about the same time (the fast one's workers do not wait at
+    sync.max_lag for it); its share is the median of its last rounds, so one slow round (a hiccup)
+    does not move it, and the fastest replica keeps the whole interval."""
+    slow, fast = (SyncSchedule.from_config(SyncConfig(interval=40, interval_by_speed=True)) for _ in range(2))
+    speeds = [5.0, 10.0]  # replica 0's steps a second, replica 1's
+    for _ in range(3):
+        slow.record_speeds(speeds, 0)
+        fast.record_speeds(speeds, 1)
+    assert slow.after_round(100) == 120 and slow.lag_limit == 140
+    assert fast.after_round(100) == 140 and fast.lag_limit == 180
+    fast.record_speeds([20.0, 2.0], 1)  # one round where it crawled (a stall, a busy core)
+    assert fast.after_round(100) == 140
+    slow.record_speeds([0.0, 10.0], 0)  # measured nothing (no steps since the last round): kept as is
+    assert slow.share == pytest.approx(0.5)
+    assert slow.after_round(0) == 20
+    crawl = SyncSchedule.from_config(SyncConfig(interval=40, interval_by_speed=True))
+    crawl.record_speeds([0.1, 100.0], 0)  # a thousand times slower: a fault for the timeouts, not a pace
+    assert crawl.after_round(0) == 4
+    off = SyncSchedule.from_config(SyncConfig(interval=40))
+    off.record_speeds(speeds, 0)
+    assert off.after_round(100) == 140  # off (the default): every replica makes the whole interval

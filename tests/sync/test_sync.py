@@ -11,7 +11,7 @@ import torch
 from hogwild.config.schema import SyncConfig
 from hogwild.errors import Fault
 from hogwild.sync.comm import Comm, LocalComm, PeerLost
-from hogwild.sync.rounds import RoundFlags, RoundOutcome, sync_round
+from hogwild.sync.rounds import Measures, RoundFlags, RoundOutcome, sync_round
 from hogwild.sync.rules import Average, SyncContext, make_rule
 from tests.dist_helpers import target_after
 from tests.fake_comm import run_ranks
@@ -66,7 +66,8 @@ def test_round_flags_reach_every_replica() -> None:
     def rank_fn(comm: Comm) -> RoundOutcome:
         flat = torch.tensor(vals[comm.rank])
         flags = RoundFlags(done=True, stop=comm.rank == 1, checkpoint=comm.rank == 0)
-        return sync_round(flat, make_rule(SyncConfig(mode="slowmo"), comm), flags, last_drift=0.1 * (comm.rank + 1))
+        rule = make_rule(SyncConfig(mode="slowmo"), comm)
+        return sync_round(flat, rule, flags, Measures(last_drift=0.1 * (comm.rank + 1)))
 
     for o in run_ranks(2, rank_fn):
         assert o.all_done and o.any_stop and o.checkpoint and not o.reached
@@ -81,7 +82,7 @@ def test_every_leader_sees_every_replicas_asked_intervals() -> None:
     def rank_fn(comm: Comm) -> tuple[list[tuple[float, float]], int]:
         schedule = SyncSchedule.from_config(SyncConfig(interval="auto"))
         asked = (4.0, 1.0) if comm.rank == 0 else (9.0, 3.0)
-        out = sync_round(torch.tensor([1.0]), make_rule(SyncConfig(mode="average"), comm), pace=asked)
+        out = sync_round(torch.tensor([1.0]), make_rule(SyncConfig(mode="average"), comm), mine=Measures(pace=asked))
         schedule.record_pace(out.paces)
         return out.paces, schedule.interval
 

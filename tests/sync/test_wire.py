@@ -11,7 +11,7 @@ import torch
 from hogwild.config.schema import SyncConfig
 from hogwild.errors import ConfigError
 from hogwild.sync.comm import Comm
-from hogwild.sync.rounds import sync_round
+from hogwild.sync.rounds import Measures, sync_round
 from hogwild.sync.rules import make_rule
 from hogwild.sync.wire import CHUNK, pack, unpack
 from tests.fake_comm import run_ranks
@@ -157,7 +157,7 @@ def _weighted(cfg: SyncConfig, vals: list[list[float]], weights: list[float]) ->
         rule = make_rule(cfg, comm)
         rule.prime(torch.zeros(len(vals[0])))
         flat = torch.tensor(vals[comm.rank])
-        sync_round(flat, rule, weight=weights[comm.rank])
+        sync_round(flat, rule, mine=Measures(weight=weights[comm.rank]))
         return flat.tolist()
 
     return run_ranks(len(vals), rank_fn)
