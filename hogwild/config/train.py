@@ -48,7 +48,7 @@ class OptimConfig:
     straggler (a worker on a loaded core) is not waited for as long, step after step."""
     balance: bool = False
     """barrier: true: a worker whose whole batch takes more than 1.15 times the median worker's computes
-    each batch in parts, one part a step, sized to its speed (at least a quarter of the batch), so
+    each batch in equal parts (at most four), one part a step, sized to its speed, so
     its gradients arrive with the others' and not one update late; a step's mean weighs each
     gradient by its samples (LB-BSP). Every sample is still trained on once (metrics.json:
     batch_parts). Off by default: a worker that stalls now and then (stopped 1 s every 3 s) reads

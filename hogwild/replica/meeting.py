@@ -88,16 +88,15 @@ POLL_S = 0.05
 # How long a waiting worker looks before it sleeps (wait_until).
 SPIN_S = 0.0005
 # optim.balance: a worker cuts its batch only when a whole one takes it this much longer than the
-# pivot's (noise between equal workers stays under it), never below this share of it, and its pace
+# pivot's (noise between equal workers stays under it), never into more than this many parts, and its pace
 # is the median of its last few measurements: one gradient that spans a stall (a preempted or paused
 # process) is an outlier, not a slower worker, while a worker slowed for good moves the median
 # within a few steps. A moving average read each stall as slowness for several steps and split
 # batches the worker could compute whole (BENCHMARKS.md §22).
 BALANCE_BAND = 1.15
-MIN_SHARE = 0.25
+MAX_PARTS = 4
 MIN_PACE_S = 0.005
 """Below this a batch's time is jitter, and a meeting per part would cost more than it saves."""
-SHARE_STEPS = 16
 PACE_WINDOW = 5
 
 
@@ -327,13 +326,16 @@ class Chair:
         self.kick()
 
 
-def balanced_share(mine: float, paces: Sequence[float]) -> float:
+def balanced_share(mine: float, paces: Sequence[float], slack: float = 0.05) -> float:
     """The share of its batch a worker computes (``optim.balance``, LB-BSP) so that its gradient
     arrives with the step's pivot, the median live worker's, from which the chair's bound runs: 1 for
-    a worker at most :data:`BALANCE_BAND` slower than the pivot, else the pivot's pace over its own,
-    at least :data:`MIN_SHARE`, in steps of 1/:data:`SHARE_STEPS` (1 where the pivot's batch takes
-    under :data:`MIN_PACE_S`). ``mine`` and ``paces`` (every
-    live worker's, ``mine`` among them): seconds a whole batch takes, 0 where not measured yet.
+    a worker at most :data:`BALANCE_BAND` slower than the pivot (or where the pivot's batch takes
+    under :data:`MIN_PACE_S`), else one of the fewest equal parts (at most :data:`MAX_PARTS`) that
+    take it at most ``1 + slack`` times the pivot's time: a part that comes that little after the
+    pivot is waited for (``optim.straggler_wait``), and one that comes well before it leaves the worker
+    idle until the step closes. ``mine`` and ``paces`` (every live worker's, ``mine`` among them):
+    seconds a whole batch takes, 0 where not measured yet. Equal parts also give a batch few shapes
+    (torch.compile and the kernels' caches see few).
 
     A slower worker's gradient then comes with the others' on fewer samples (the batch's next part)
     and counts for those
@@ -346,9 +348,7 @@ def balanced_share(mine: float, paces: Sequence[float]) -> float:
     pivot = known[max(1, -(-len(known) // 2)) - 1]
     if mine <= BALANCE_BAND * pivot or pivot < MIN_PACE_S:
         return 1.0
-    # In sixteenths, rounded down: a batch takes one of a few sizes (torch.compile and the kernels'
-    # caches see few shapes), and the worker arrives no later than the pivot.
-    return max(MIN_SHARE, math.floor(SHARE_STEPS * pivot / mine) / SHARE_STEPS)
+    return 1.0 / min(MAX_PARTS, math.ceil(mine / (pivot * (1.0 + slack))))
 
 
 def wait_until(cond: Callable[[], bool], stopping: Callable[[], bool], kick: Optional[Connection],

@@ -158,7 +158,9 @@ class BarrierUpdate:
         self._read, self._t0 = int(head["applied"]), time.perf_counter()
         if self.balance:  # the others' paces as they are now, each written with its last gradient
             cells = self.m.cells
-            self._share = balanced_share(float(cells[self.i]["pace"]), cells["pace"][cells["live"] > 0].tolist())
+            # A part may come half the straggler bound after the pivot and still be waited for.
+            self._share = balanced_share(float(cells[self.i]["pace"]), cells["pace"][cells["live"] > 0].tolist(),
+                                         self.cfg.straggler_wait / 2)
         self.m.rows[self.i].zero_()
         for i, p in enumerate(self.params):
             # Backward adds into the row; a table's gradient stays sparse, a frozen parameter's None.
