@@ -20,6 +20,7 @@ import copy
 import dataclasses
 from typing import TYPE_CHECKING
 
+from hogwild.config.registry import SYNC_RULES
 from hogwild.config.sync import AUTO, SGD_INTERVAL
 from hogwild.config.targets import import_target
 from hogwild.config.train import OptimConfig
@@ -69,8 +70,13 @@ def resolved(cfg: "Config") -> "Config":
     paced = sync.interval == AUTO and adaptive and sync.target_drift is None
     interval = sync.interval if sync.interval != AUTO or paced else SGD_INTERVAL
     compress = sync.compress if dataclasses.replace(sync, mode=mode, interval=interval).climbs() else "off"
-    if (mode, interval, compress) == (sync.mode, sync.interval, sync.compress):
+    by_speed = sync.interval_by_speed if sync.interval_by_speed != AUTO else str(adaptive).lower()
+    weighting = sync.weighting
+    if weighting == AUTO:
+        weighting = "steps" if by_speed == "true" and SYNC_RULES.get(mode).weighted else "equal"  # type: ignore[attr-defined]
+    changed = dict(mode=mode, interval=interval, compress=compress, interval_by_speed=by_speed, weighting=weighting)
+    if all(getattr(sync, k) == v for k, v in changed.items()):
         return cfg
     out = copy.copy(cfg)
-    out.sync = dataclasses.replace(sync, mode=mode, interval=interval, compress=compress)
+    out.sync = dataclasses.replace(sync, **changed)
     return out

@@ -15,7 +15,8 @@ BACKENDS = ("auto", "gloo", "nccl")
 AUTO = "auto"
 SGD_INTERVAL = 50
 """``sync.interval=auto`` under SGD: the interval BENCHMARKS.md's SGD figures were measured at."""
-WEIGHTINGS = ("equal", "steps")
+WEIGHTINGS = ("auto", "equal", "steps")
+BY_SPEED = ("auto", "true", "false")
 COMPRESS = ("auto", "off")
 RUNGS: tuple[tuple[str, int], ...] = (("fp32", 1), ("int8", 1), ("int8", 4))
 """``sync.compress=auto``: (sync.dtype, sync.fragments) of each rung of the wire's ladder, in the
@@ -70,14 +71,16 @@ class SyncConfig:
     """Send only the rows of embedding tables (parameters with sparse gradients) that some replica
     wrote since they last travelled, with every dense value; every rule, fp32 or compressed
     wires (docs/sync.md, "Row-sparse rounds")."""
-    weighting: str = "equal"
-    """average, diloco, slowmo: equal | steps (each replica's change weighs as many steps as it
-    made since the last round; a slow replica pulls the consensus less)."""
-    interval_by_speed: bool = False
-    """true: a replica slower than the fastest one has its interval cut to its speed (half as fast,
-    half the steps), so every replica reaches a round at about the same time and the fast ones' workers
-    do not wait at sync.max_lag for a slow machine; with sync.weighting=steps its change weighs
-    the steps it made (docs/sync.md, "A slower machine")."""
+    weighting: str = "auto"
+    """average, diloco, slowmo: auto | equal | steps (each replica's change weighs as many steps as
+    it made since the last round; a slow replica pulls the consensus less). auto: steps where
+    sync.interval_by_speed is on, else equal."""
+    interval_by_speed: str = "auto"
+    """auto | true | false. true: a replica slower than the fastest one has its interval cut to its
+    speed (half as fast, half the steps), so every replica reaches a round at about the same time and
+    the fast ones' workers do not wait at sync.max_lag for a slow machine; its change then weighs the
+    steps it made (sync.weighting=auto). auto: true for an adaptive optimizer (the barrier's), false
+    under SGD, where it was not measured (docs/sync.md, "A slower machine")."""
     coordinator: Optional[str] = None
     """host:port of a hogwild-coordinator: elastic mode, each replica launched on its own; a lost
     replica is dropped and the others go on (null: one torchrun job, a lost peer stops it)."""
@@ -114,8 +117,11 @@ class SyncConfig:
                 f"row-sparse rounds send what moved and do not split into fragments; with sync.row_sparse=true "
                 f"set sync.fragments=1, got {self.fragments}")
         choice(self.weighting, "sync.weighting", WEIGHTINGS)
+        # Hydra reads sync.interval_by_speed=true as a boolean, which the str field holds as 'True'.
+        self.interval_by_speed = str(self.interval_by_speed).lower()
+        choice(self.interval_by_speed, "sync.interval_by_speed", BY_SPEED)
         weighted = [name for name in SYNC_RULES.names() if SYNC_RULES.get(name).weighted]  # type: ignore[attr-defined]
-        require(self.weighting == "equal" or self.mode in (AUTO, *weighted), "sync.weighting",
+        require(self.weighting != "steps" or self.mode in (AUTO, *weighted), "sync.weighting",
                 f"steps applies to {', '.join(weighted)}, not sync.mode={self.mode}")
         if self.coordinator is not None:
             split_endpoint(self.coordinator)

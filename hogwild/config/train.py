@@ -46,13 +46,13 @@ class OptimConfig:
     straggler_wait: float = 0.1
     """barrier: max_wait for a step whose missing workers were all late to the step before: a
     straggler (a worker on a loaded core) is not waited for as long, step after step."""
-    balance: bool = False
+    balance: bool = True
     """barrier: true: a worker whose whole batch takes more than 1.15 times the median worker's computes
     each batch in equal parts (at most four), one part a step, sized to its speed, so
     its gradients arrive with the others' and not one update late; a step's mean weighs each
     gradient by its samples (LB-BSP). Every sample is still trained on once (metrics.json:
-    batch_parts). Off by default: a worker that stalls now and then (stopped 1 s every 3 s) reads
-    as slow after each stall and splits batches it could compute whole (BENCHMARKS.md §22)."""
+    batch_parts). A worker's pace is the median of its last 5 gradients, so one that stalls now and
+    then (stopped 1 s every 3 s) is not read as slow after each stall (BENCHMARKS.md §22)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """The optimizer _target_'s keyword arguments, gathered from the keys under optim."""
     lr: float = 0.1

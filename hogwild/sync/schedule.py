@@ -71,8 +71,8 @@ class SyncSchedule:
     floor: int = 1
     """A paced interval's lower bound: :data:`PACE_FLOOR` optimizer steps, in replica steps."""
     by_speed: bool = False
-    """``sync.interval_by_speed``: this replica's interval is the agreed one times its speed over
-    the fastest replica's (:meth:`record_speeds`)."""
+    """``sync.interval_by_speed`` (resolved: config/defaults.py): this replica's interval is the
+    agreed one times its speed over the fastest replica's (:meth:`record_speeds`)."""
     shares: list[float] = field(default_factory=list)
     """This replica's speed over the fastest one's, in its last rounds (``by_speed``)."""
 
@@ -84,7 +84,8 @@ class SyncSchedule:
         # One replica never meets anyone: its round is never due.
         first = float(interval) if distributed else math.inf
         return cls(interval, first, cfg.max_lag, cfg.target_drift, cfg.min_interval, cfg.max_interval,
-                   paced=paced, floor=PACE_FLOOR * per_step, by_speed=cfg.interval_by_speed)
+                   paced=paced, floor=PACE_FLOOR * per_step,
+                   by_speed=cfg.interval_by_speed == "true")
 
     def due(self, replica_pos: float) -> bool:
         return replica_pos >= self.next_sync_at

@@ -58,17 +58,24 @@ def test_each_groups_default_is_named_once(tmp_cwd) -> None:
 
 def test_the_cross_machine_defaults_follow_the_optimizer_family(tmp_cwd) -> None:
     """sync.mode=auto and sync.interval=auto (the defaults) are decided once, by the optimizer:
-    SGD keeps slowmo every 50 steps; an adaptive optimizer averages, paced by the link; what the
-    user sets is kept."""
+    SGD keeps slowmo every 50 steps; an adaptive optimizer averages, paced by the link, a slower
+    replica's interval following its speed and its change weighing its steps; what the user sets is
+    kept."""
     from hogwild.config.defaults import resolved
     from hogwild.sync.schedule import SyncSchedule
 
     sgd = resolved(compose_cfg([])).sync
-    assert (sgd.mode, sgd.interval) == ("slowmo", 50)
+    assert (sgd.mode, sgd.interval, sgd.interval_by_speed, sgd.weighting) == ("slowmo", 50, "false", "equal")
     for optim in (["optim=adamw"], ["optim=adam"], ["optim._target_=torch.optim.RMSprop"]):
         adaptive = resolved(compose_cfg(optim)).sync
         assert (adaptive.mode, adaptive.interval) == ("average", "auto"), optim
-        assert SyncSchedule.from_config(adaptive).paced
+        assert (adaptive.interval_by_speed, adaptive.weighting) == ("true", "steps"), optim
+        assert SyncSchedule.from_config(adaptive).paced and SyncSchedule.from_config(adaptive).by_speed
+    off = resolved(compose_cfg(["optim=adamw", "sync.interval_by_speed=false"])).sync
+    assert (off.interval_by_speed, off.weighting) == ("false", "equal")
+    equal = resolved(compose_cfg(["optim=adamw", "sync.weighting=equal"])).sync
+    assert (equal.interval_by_speed, equal.weighting) == ("true", "equal")
+    assert resolved(compose_cfg(["optim=adamw", "sync.mode=median"])).sync.weighting == "equal"  # unweighted rule
     assert resolved(compose_cfg(["optim=adamw", "optim.update=hogwild"])).sync.mode == "slowmo"
     kept = resolved(compose_cfg(["optim=adamw", "sync.mode=diloco", "sync.interval=30"])).sync
     assert (kept.mode, kept.interval) == ("diloco", 30)
@@ -128,7 +135,8 @@ def test_experiment_file(tmp_cwd) -> None:
     ("workers=0", "workers"), ("optim.lr=-1", "optim.lr"), ("model=foo", "model"),
     ("traim.epochs=2", "traim"), ("sync.interval=0", "sync.interval"), ("sync.interval=fast", "sync.interval"),
     ("sync.interval=2.5", "sync.interval"), ("sync.mode=autom", "sync.mode"), ("eval.batch_size=0", "eval.batch_size"),
-    ("sync.compress=int8", "sync.compress"),
+    ("sync.compress=int8", "sync.compress"), ("sync.interval_by_speed=maybe", "sync.interval_by_speed"),
+    ("sync.weighting=work", "sync.weighting"),
 ])
 def test_bad_values_name_the_key(tmp_cwd, override: str, key: str) -> None:
     with pytest.raises(ConfigError, match=rf"^{key}\b"):
