@@ -84,10 +84,12 @@ def test_accumulated_batches_make_one_step(tmp_cwd: Path) -> None:
 def test_a_slow_worker_holds_no_step_past_the_bound(tmp_path: Path) -> None:
     """Worker 1 takes 400 ms a step, worker 0 a few: worker 0's steps wait for it at most
     optim.max_wait times worker 0's own gradient's time, so worker 0 makes its steps alone instead
-    of one per 400 ms, and the workers' waits stay far below the 20 x 400 ms that waiting would take."""
+    of one per 400 ms, and the workers' waits stay far below the 20 x 400 ms that waiting would take.
+    optim.balance=false: the bound alone (a fixed delay does not shrink with a part of the batch, so
+    optim.balance would cut worker 1's batches into quarters of 400 ms each)."""
     out = tmp_path / "run"
-    proc = run_cli(["optim=adamw", "workers=2", "train.max_steps=40", *QUIET, f"run_dir={out}"], cwd=tmp_path,
-                   env=clean_env(HOGWILD_FAULT="slow:1:400"))
+    proc = run_cli(["optim=adamw", "workers=2", "train.max_steps=40", "optim.balance=false", *QUIET,
+                    f"run_dir={out}"], cwd=tmp_path, env=clean_env(HOGWILD_FAULT="slow:1:400"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = metrics(out)
     assert m["steps"] == 40 and m["optimizer_steps"] >= 30  # paired, they would have made 20
