@@ -97,7 +97,7 @@ class SyncSchedule:
         is not a slower machine), at least :data:`MIN_SHARE`."""
         if not self.shares:
             return 1.0
-        recent = sorted(self.shares[-SHARE_ROUNDS:])
+        recent = sorted(self.shares)
         return max(MIN_SHARE, recent[len(recent) // 2])
 
     @property
@@ -126,7 +126,7 @@ class SyncSchedule:
         known = [s for s in speeds if math.isfinite(s) and s > 0]
         if not self.by_speed or not known or not 0 <= rank < len(speeds) or speeds[rank] <= 0:
             return
-        self.shares.append(min(1.0, speeds[rank] / max(known)))
+        self.shares = [*self.shares[1 - SHARE_ROUNDS:], min(1.0, speeds[rank] / max(known))]
 
     def record_drift(self, drifts: list[float]) -> Optional[DriftRecord]:
         """Every replica's drift of one round (non-finite ones, from unhealthy replicas, are
