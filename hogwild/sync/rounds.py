@@ -209,9 +209,10 @@ class Rounds:
         ctl = self.board.control
         ctl["syncing"] = 1.0
         pos_at_snap, work = self.board.replica_pos(), self.board.busy_s()
+        speed = self._speed(pos_at_snap, work)
         link = self.rule.meter.copy()
         try:
-            mine = Measures(self.last_drift, self._weight(pos_at_snap), self.asking, self._speed(pos_at_snap, work))
+            mine = Measures(self.last_drift, self._weight(pos_at_snap), self.asking, speed)
             out = sync_round(self.flat, self.rule, flags, mine, timeout_s=timeout_s)
         finally:
             ctl["syncing"] = 0.0
@@ -234,7 +235,7 @@ class Rounds:
             if self.schedule.interval != before:
                 logger.debug("paced interval %d -> %d (asked for the rounds' time, CPU: %s)", before,
                              self.schedule.interval, ", ".join(f"{t:.1f} {c:.1f}" for t, c in out.paces))
-            self.asking = self._pace(dt, cpu, pos_at_snap, work)
+            self.asking = self._pace(dt, cpu, speed)
             self._climb(out.paces)
             self.schedule.record_speeds(out.speeds, self.comm.rank)
         self._last_snap, self._last_work = pos_at_snap, work
@@ -255,14 +256,13 @@ class Rounds:
         name = self.rule.wire_name if isinstance(self.rule, Ladder) else wire_label(cfg.dtype, cfg.fragments)
         return {"sync_wire": name, "sync_wire_climbs": [{"round": r, "wire": w} for r, w in self.climbed]}
 
-    def _pace(self, round_s: float, cpu_s: float, pos: float, work: float) -> tuple[float, float]:
+    def _pace(self, round_s: float, cpu_s: float, speed: float) -> tuple[float, float]:
         """The intervals this round's time and its leader's CPU ask for (0 when the schedule is not
-        paced, or nothing was measured): the replica's pace is its steps over its workers' busy
-        seconds since the last snapshot, times the workers, so waiting for a slow round does not
-        make rounds look cheaper."""
+        paced, or nothing was measured), at ``speed`` (:meth:`_speed`: steps over the workers' busy
+        seconds, so waiting for a slow round does not make rounds look cheaper)."""
         # Under sync.interval_by_speed the agreed interval is the fastest replica's: a slower one
         # asks in the steps the fastest makes in the same time.
-        steps_per_s = self._speed(pos, work) / self.schedule.share
+        steps_per_s = speed / self.schedule.share
         if not self.schedule.paced or steps_per_s <= 0:
             return 0.0, 0.0
         return paced_interval(round_s, 0.0, steps_per_s), paced_interval(0.0, cpu_s, steps_per_s)
