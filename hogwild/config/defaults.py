@@ -42,9 +42,10 @@ def hogwild_targets() -> tuple[type, ...]:
     return torch.optim.SGD, torch.optim.SparseAdam
 
 
-def update_path(cfg: OptimConfig) -> str:
+def _update_path(cfg: OptimConfig) -> str:
     """``optim.update`` resolved: hogwild (each worker steps the shared weights) or barrier (the
-    workers' gradients meet and one state per replica steps on their mean; replica/meeting.py)."""
+    workers' gradients meet and one state per replica steps on their mean; replica/meeting.py).
+    Only :func:`resolved` asks: everything else reads the resolved ``optim.update``."""
     if cfg.update != "auto":
         return cfg.update
     if cfg.rowwise:
@@ -59,13 +60,21 @@ def update_path(cfg: OptimConfig) -> str:
 
 
 def resolved(cfg: "Config") -> "Config":
-    """``cfg`` with ``sync.mode`` a rule's name and ``sync.interval`` a number of steps, or ``auto``
-    where the link sets the pace (the barrier's optimizers, unless ``sync.target_drift`` adapts a
-    fixed interval to its own measure), and ``sync.compress`` left ``auto`` only where it acts: a
-    paced average on whole fp32 rounds (sync/ladder.py). Composing a config applies it, and so does
-    the leader to a config handed to it whole; a resolved config resolves to itself."""
-    sync = cfg.sync
-    adaptive = update_path(cfg.optim) == BARRIER
+    """``cfg`` with ``optim.update`` a path (hogwild or barrier), ``sync.mode`` a rule's name and
+    ``sync.interval`` a number of steps, or ``auto`` where the link sets the pace (the barrier's
+    optimizers, unless ``sync.target_drift`` adapts a fixed interval to its own measure), and
+    ``sync.compress`` left ``auto`` only where it acts: a paced average on whole fp32 rounds
+    (sync/ladder.py). Composing a config applies it, and so does the leader to a config handed to
+    it whole; a resolved config resolves to itself."""
+    sync, optim = cfg.sync, cfg.optim
+    update = _update_path(optim)
+    if update == BARRIER and optim.state == "worker":
+        # The barrier keeps one state per replica; auto took it for this optimizer, and a private
+        # state per worker asked for would otherwise be dropped without a word.
+        raise ConfigError(f"optim.state: worker needs optim.update=hogwild ({optim._target_ or optim.name} takes "
+                          "the barrier under optim.update=auto, with one state per replica); set optim.update=hogwild, "
+                          "or optim.state=auto")
+    adaptive = update == BARRIER
     mode = sync.mode if sync.mode != AUTO else (ADAPTIVE_MODE if adaptive else SGD_MODE)
     paced = sync.interval == AUTO and adaptive and sync.target_drift is None
     interval = sync.interval if sync.interval != AUTO or paced else SGD_INTERVAL
@@ -75,8 +84,9 @@ def resolved(cfg: "Config") -> "Config":
     if weighting == AUTO:
         weighting = "steps" if by_speed == "true" and SYNC_RULES.get(mode).weighted else "equal"  # type: ignore[attr-defined]
     changed = dict(mode=mode, interval=interval, compress=compress, interval_by_speed=by_speed, weighting=weighting)
-    if all(getattr(sync, k) == v for k, v in changed.items()):
+    if optim.update == update and all(getattr(sync, k) == v for k, v in changed.items()):
         return cfg
     out = copy.copy(cfg)
     out.sync = dataclasses.replace(sync, **changed)
+    out.optim = dataclasses.replace(optim, update=update)
     return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hogwild.config.defaults import BARRIER, update_path
+from hogwild.config.defaults import BARRIER, resolved
 
 if TYPE_CHECKING:
     from hogwild.config.schema import Config
@@ -37,7 +37,7 @@ class Plan:
 
     @classmethod
     def of(cls, cfg: Config, workers: int) -> Plan:
-        update = update_path(cfg.optim)
+        update = resolved(cfg).optim.update  # a no-op on a composed config: the path was decided there
         barrier = update == BARRIER
         return cls(update=update, shared_state=barrier or cfg.optim.state == "shared",
                    batches_per_step=cfg.train.accumulate * (workers if barrier else 1), workers=workers)

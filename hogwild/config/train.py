@@ -38,7 +38,8 @@ class OptimConfig:
     shared memory and one optimizer state per replica steps on their mean, as DDP does, waiting for
     a late worker at most optim.max_wait (a later gradient joins the next step). auto: hogwild for
     SGD (optim=sgd, or a _target_ class named SGD) and SparseAdam, barrier for every other optimizer,
-    whose adaptive steps a stale gradient costs most (docs/models.md has the figures)."""
+    whose adaptive steps a stale gradient costs most (docs/models.md has the figures). auto is
+    decided once, when the config is composed: the run's .hydra/config.yaml names the path taken."""
     max_wait: float = 0.5
     """barrier: how long a step waits for its last workers once half of them have brought fresh
     gradients, as a multiple of the compute time of the last of that half (with 2 workers: the
@@ -71,7 +72,8 @@ class OptimConfig:
     state: str = "auto"
     """Where momentum/Adam/Adagrad state lives under optim.update=hogwild: worker (private, as
     mnist_hogwild) or shared (one copy every worker updates, as A3C's SharedAdam). auto: worker
-    under hogwild; barrier always keeps one shared state per replica (worker is refused there)."""
+    under hogwild; barrier always keeps one shared state per replica (worker is refused there, auto's barrier
+    included)."""
     rowwise: bool = False
     """adagrad: one accumulator per row of each embedding table (nn.Embedding, nn.EmbeddingBag
     weights) instead of one per value, as FBGEMM's and TorchRec's row-wise Adagrad: the state of a

@@ -11,9 +11,10 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from hogwild.config.defaults import BARRIER
+from hogwild.config.defaults import hogwild_targets
 from hogwild.config.plan import Plan
 from hogwild.config.schema import Config
+from hogwild.config.targets import import_target
 from hogwild.data.datasets import Dataset, load_dataset
 from hogwild.data.streams import StreamRecords, StreamSplit
 from hogwild.errors import ConfigError
@@ -133,7 +134,10 @@ def build_replica(cfg: Config, plan: Plan, device: torch.device, replicas_here: 
     state_n = state_numel(cfg.optim, numel, check_rowwise(cfg, model))
     copies: float = len(state_names(cfg.optim)) * state_n / max(numel, 1)
     if cfg.optim._target_:  # built and stepped once on copies: a bad one fails here in one line
-        key = "optim.update" if barrier and cfg.optim.update == BARRIER else "optim._target_"
+        # An optimizer auto leaves on Hogwild is at the barrier only because optim.update said so.
+        cls = import_target(str(cfg.optim._target_), "optim._target_")
+        chosen = barrier and isinstance(cls, type) and issubclass(cls, hogwild_targets())
+        key = "optim.update" if chosen else "optim._target_"
         probe = torch_state_probe(cfg.optim, list(model.parameters()), key=key, sparse=sparse)
         copies = model_sized_state(probe, list(model.parameters()))
         if barrier:

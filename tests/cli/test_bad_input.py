@@ -237,6 +237,7 @@ IN_PROCESS: list[tuple[str, Setup, str]] = [
     ("balance that is not a boolean", _args("optim.balance=maybe"), "optim.balance"),
     ("per-worker state at the barrier", _args("optim=adamw", "optim.update=barrier", "optim.state=worker"),
      "optim.state"),
+    ("per-worker state where auto takes the barrier", _args("optim=adamw", "optim.state=worker"), "optim.state"),
     ("the barrier with an optimizer that needs sparse gradients",
      _args("optim._target_=torch.optim.SparseAdam", "optim.update=barrier"), "optim.update"),
     ("the barrier with an optimizer that replaces its state",

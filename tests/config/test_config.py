@@ -16,10 +16,11 @@ def test_defaults_compose_to_digits_mlp_sgd(tmp_cwd) -> None:
     # sync.mode and sync.interval default to auto, which composing resolves (SGD: slowmo every 50).
     assert (cfg.model.name, cfg.data.name, cfg.optim.name, cfg.sync.mode) == ("mlp", "digits", "sgd", "slowmo")
     assert cfg.sync.interval == 50
-    assert cfg.workers == "auto" and cfg.optim.state == "auto" and cfg.optim.update == "auto"
+    # optim.update=auto is decided when the config is composed, and the plan reads it.
+    assert cfg.workers == "auto" and cfg.optim.state == "auto" and cfg.optim.update == "hogwild"
     # SGD keeps lock-free Hogwild; an adaptive optimizer's gradients meet at the barrier.
-    from hogwild.config.defaults import update_path
     from hogwild.config.plan import Plan
+    from hogwild.config.schema import Config
 
     sgd = Plan.of(cfg, 2)
     assert (sgd.update, sgd.shared_state, sgd.batches_per_step) == ("hogwild", False, 1)
@@ -28,8 +29,13 @@ def test_defaults_compose_to_digits_mlp_sgd(tmp_cwd) -> None:
     assert (adamw.update, adamw.shared_state, adamw.batches_per_step) == ("barrier", True, 6)
     assert adamw.schedule_steps(60) == 10 and adamw.schedule_steps(61) == 11 and sgd.schedule_steps(61) == 61
     assert Plan.of(compose_cfg(["optim.state=shared"]), 2).shared_state
-    assert update_path(compose_cfg(["optim._target_=torch.optim.SGD"]).optim) == "hogwild"
-    assert update_path(compose_cfg(["optim._target_=torch.optim.RMSprop"]).optim) == "barrier"
+    assert compose_cfg(["optim._target_=torch.optim.SGD"]).optim.update == "hogwild"
+    assert compose_cfg(["optim._target_=torch.optim.RMSprop"]).optim.update == "barrier"
+    assert compose_cfg(["optim=adamw", "optim.update=hogwild"]).optim.update == "hogwild"  # what the user set
+    # A Config built in Python (the API) has its path decided by the plan as well.
+    built = Config()
+    built.optim.name = "adamw"
+    assert built.optim.update == "auto" and Plan.of(built, 2).barrier
 
 
 def test_each_groups_default_is_named_once(tmp_cwd) -> None:
