@@ -43,7 +43,6 @@ from typing import Any, Callable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 from common import clean_env, free_port, write_results  # noqa: E402
 
 from hogwild.bench import Coordinator, checkpoints, last_checkpoint, read_board  # noqa: E402
@@ -80,8 +79,7 @@ class Run:
         self.dir = root / f"run{index:03d}"
         shutil.rmtree(self.dir, ignore_errors=True)  # a run cut off earlier: its run_dir would be resumed
         self.dir.mkdir(parents=True)
-        self.run_dir, self.dump, self.slow = self.dir / "run", self.dir / "finals", self.dir / "slow"
-        self.dump.mkdir(exist_ok=True)
+        self.run_dir, self.slow = self.dir / "run", self.dir / "slow"
         self.slow.touch()
         self.port = free_port()
         self.coordinator: Optional[subprocess.Popen[bytes]] = None
@@ -113,7 +111,7 @@ class Run:
         return self.procs[slot]
 
     def _launch(self, slot: int, log: Path) -> subprocess.Popen[bytes]:
-        env = clean_env(OMP_NUM_THREADS="1", HOGWILD_DUMP_FINAL=str(self.dump), HOGWILD_SLOW_WHILE=str(self.slow),
+        env = clean_env(OMP_NUM_THREADS="1", HOGWILD_SLOW_WHILE=str(self.slow),
                    HOGWILD_FAULT=",".join(f"slow:{g}:{STEP_MS}" for g in range(SLOTS)), LOCAL_WORLD_SIZE=str(SLOTS))
         return subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", f"sync.slot={slot}", *self.args],
                                 cwd=self.dir, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
@@ -308,13 +306,11 @@ def check_end(run: Run) -> dict[str, Any]:
         steps_diff = float(m["steps"] - sum(positions))
         if abs(steps_diff) > 0.01 * sum(positions):
             broken.append(f"steps {m['steps']} against {sum(positions)} read")
-        finals = [torch.load(run.dump / f"rank{s}.pt", weights_only=True) for s in range(SLOTS)]
-        states = [torch.load(run.dump / f"rank{s}.state.pt", weights_only=True) for s in range(SLOTS)]
-        if not all(torch.equal(finals[0], x) for x in finals[1:]):
-            broken.append("the replicas' final models differ")
-        if len({st["syncs"] for st in states}) > 1 or any(
-                not torch.equal(v, st["sync"][k]) for k, v in states[0]["sync"].items() for st in states[1:]):
-            broken.append("the replicas' sync-rule state or rounds differ")
+        states = m["replica_final_state"]  # a digest of each replica's model, rule state and rounds
+        if len(states) != SLOTS or any(st["model"] != states[0]["model"] for st in states[1:]):
+            broken.append(f"the replicas' final models differ: {states}")
+        elif any(st != states[0] for st in states[1:]):
+            broken.append(f"the replicas' sync-rule state or rounds differ: {states}")
         accuracy = m["test_accuracy"]
     except (OSError, KeyError, ValueError) as e:
         broken.append(f"no complete result: {e}")

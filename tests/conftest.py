@@ -147,6 +147,14 @@ def metrics(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "metrics.json").read_text())
 
 
+def assert_replicas_agree(m: dict[str, Any], replicas: int) -> None:
+    """Every replica of the job ended on one model, one sync-rule state and one round count, bit
+    for bit: metrics.json's ``replica_final_state`` holds a digest of each, by rank."""
+    states = m["replica_final_state"]
+    assert len(states) == replicas, states
+    assert all(s == states[0] for s in states[1:]), f"replicas differ after the final round: {states}"
+
+
 def compose_cfg(overrides: list[str]) -> Any:
     """The validated Config for ``overrides``, composed the way hogwild-train does."""
     from hogwild.config.compose import preflight, register_resolvers

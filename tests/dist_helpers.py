@@ -84,8 +84,15 @@ def rule_targets(rank: int, world: int, port: int, out: Any,
     dist.destroy_process_group()
 
 
+def start_from(values: list[list[float]]) -> torch.Tensor:
+    """The model every replica starts from, as one seed makes it in a job: here the first healthy
+    rank's values, which a rule is primed with (as ``Rounds`` primes it) before its first round."""
+    return torch.tensor(next((v for v in values if torch.isfinite(torch.tensor(v)).all()), values[0]))
+
+
 def target_after(rule: Any, values: list[list[float]], rounds: int, rank: int, world: int) -> list[float]:
     healthy = [bool(torch.isfinite(torch.tensor(v)).all()) for v in values]
+    rule.prime(start_from(values))
     snap = torch.tensor(values[rank])
     result = snap
     for _ in range(rounds):

@@ -29,7 +29,7 @@ from hogwild.config.plan import Plan
 from hogwild.config.schema import Config
 from hogwild.errors import EXIT_FAILED, StopNow
 from hogwild.leader.api import Control, Crew, Group, Here
-from hogwild.leader.faults import faulty_comm, faulty_rounds
+from hogwild.leader.faults import faulty_comm
 from hogwild.leader.target import Target
 from hogwild.replica import resources
 from hogwild.replica.board import Board, Counts, previous_attempt
@@ -109,7 +109,7 @@ class Leader:
         check_schedule(cfg.sched, cfg.optim.lr, plan.schedule_steps(specs[0].replica_quota))
         target = Target(cfg.train.target, rep.task, rep.model, rep.flat)
         tel = Telemetry(cfg, run_dir, env.rank == 0, rep, Hooks(self.group.progress, target.subject, target.saw))
-        rounds = faulty_rounds(Rounds(rep.flat, rule, comm, board, schedule, base.syncs), env.rank)
+        rounds = Rounds(rep.flat, rule, comm, board, schedule, base.syncs)
         pool = WorkerPool(cfg, specs, rep, board)
         crew = Crew(cfg=cfg, env=env, run_dir=run_dir, workers=k, rep=rep, comm=comm, rule=rule, board=board,
                     schedule=schedule, restored=restored, base=base, saver=saver, specs=specs, tel=tel,

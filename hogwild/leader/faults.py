@@ -1,51 +1,42 @@
-"""The leader's fault seams for tests: its comm and its rounds, wrapped at start-up
-(``Leader._setup``) with what :func:`hogwild.replica.faults.planned` says is planned for its slot,
-and given back as they are when nothing is (replica/faults.py documents the plan).
+"""The leader's fault seam for tests: its comm, wrapped at start-up (``Leader._setup``) with what
+:func:`hogwild.replica.faults.planned` says is planned for its slot, and given back as it is when
+nothing is (replica/faults.py documents the plan).
 
-- The comm: ``lose:S:N`` fails slot S's N-th sync round there once its collective completed
-  everywhere, as when this leader judges a peer lost the moment the others finish.
-- The rounds: ``late:S:SECONDS`` before the job's final round, ``exit:S:0`` right after it, and
-  ``HOGWILD_DUMP_FINAL`` once the final round and its gather are done. A comm cannot tell where
-  the final round ends (its collectives look like any other), the rounds can.
+- ``lose:S:N`` fails slot S's N-th sync round there once its collective completed everywhere, as
+  when this leader judges a peer lost the moment the others finish.
+- ``late:S:SECONDS`` comes that late to the job's final round, and ``exit:S:0`` dies right after
+  it: the round's edges are the comm's :meth:`~hogwild.sync.comm.Comm.round`, which the rounds
+  open around each round's collectives.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
-from typing import Any, Optional, cast
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional, cast
 
-import torch
 from torch import Tensor
 
 from hogwild.replica.faults import planned
 from hogwild.sync.comm import SYNC_ROUND, Comm, PeerLost
-from hogwild.sync.rounds import Rounds
 
 
 def faulty_comm(comm: Comm, slot: int) -> Comm:
-    """Slot ``slot``'s comm with its planned ``lose`` rounds; ``comm`` itself when none are."""
-    lose = planned().leader(slot).get("lose")
-    return cast(Comm, _LosingComm(comm, frozenset(lose), slot)) if lose else comm
+    """Slot ``slot``'s comm with its planned faults; ``comm`` itself when none are."""
+    plan = planned().leader(slot)
+    if not plan.keys() & {"lose", "late", "exit"}:
+        return comm
+    return cast(Comm, _FaultyComm(comm, plan, slot))
 
 
-def faulty_rounds(rounds: Rounds, slot: int) -> Rounds:
-    """Slot ``slot``'s rounds with their final-round faults and the dump; ``rounds`` itself when
-    nothing is planned for them."""
-    faults = planned()
-    plan = faults.leader(slot)
-    if not (plan.keys() & {"late", "exit"} or faults.dump_dir):
-        return rounds
-    return cast(Rounds, _FaultyRounds(rounds, plan, faults.dump_dir, slot))
-
-
-class _LosingComm:
+class _FaultyComm:
     """Forwards to the comm; its sync rounds numbered in ``lose`` raise :class:`PeerLost` once
-    they completed. Not a subclass: every attribute stays the comm's."""
+    they completed, and the final round comes ``late`` and is the last thing an ``exit`` slot
+    does. Not a subclass: every attribute stays the comm's."""
 
-    def __init__(self, comm: Comm, lose: frozenset[int], slot: int) -> None:
-        self._comm, self._lose, self._slot, self._rounds = comm, lose, slot, 0
+    def __init__(self, comm: Comm, plan: dict[str, set[int]], slot: int) -> None:
+        self._comm, self._plan, self._slot, self._rounds = comm, plan, slot, 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._comm, name)
@@ -54,37 +45,17 @@ class _LosingComm:
         out = self._comm.all_reduce(t, timeout_s, what)
         if what == SYNC_ROUND:
             self._rounds += 1
-            if self._rounds in self._lose:
+            if self._rounds in self._plan.get("lose", ()):
                 raise PeerLost(f"sync: {what} failed here after it completed "
                                f"(injected: lose:{self._slot}:{self._rounds})")
         return out
 
-
-class _FaultyRounds:
-    """Forwards to the replica's rounds; the final round comes ``late`` and the leader ``exit``s
-    right after it; :meth:`close` (after the final round and gather) dumps the final state. Not a
-    subclass: every attribute, and every write a method of the rounds makes, stays theirs."""
-
-    def __init__(self, rounds: Rounds, plan: dict[str, set[int]], dump_dir: Optional[str], rank: int) -> None:
-        self._rounds, self._plan, self._dump, self._rank = rounds, plan, dump_dir, rank
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._rounds, name)
-
-    def run(self, **kwargs: Any) -> Any:
-        final = kwargs["flags"].final  # sync/rounds.py: RoundFlags
+    @contextmanager
+    def round(self, final: bool) -> Iterator[None]:
         if final:
             for seconds in self._plan.get("late", ()):
                 time.sleep(seconds)
-        out = self._rounds.run(**kwargs)
+        with self._comm.round(final):
+            yield
         if final and "exit" in self._plan:
             os._exit(137)  # as a SIGKILL would leave it: nothing flushed, no lock released
-        return out
-
-    def close(self, *args: Any, **kwargs: Any) -> Any:
-        stats = self._rounds.close(*args, **kwargs)
-        if self._dump:
-            r = self._rounds
-            torch.save(r.flat.cpu().clone(), Path(self._dump) / f"rank{self._rank}.pt")
-            torch.save({"sync": r.rule.state_dict(), "syncs": r.syncs}, Path(self._dump) / f"rank{self._rank}.state.pt")
-        return stats

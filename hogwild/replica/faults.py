@@ -1,9 +1,9 @@
 """Fault injection for tests: what a test plans to go wrong, read from the environment by
 :func:`install` when a process starts (the leader in leader/choose.py, each worker once it has taken
-its leader's environment) and nowhere else. No constructor takes it: it acts at the seams that read
-:func:`planned`, here a worker's step function (:meth:`Faults.step`), and in leader/faults.py the
-leader's comm and its rounds. With nothing planned each seam gives back what it was given, so
-neither the leader's nor a worker's production path carries test code.
+its leader's environment) and nowhere else. No constructor takes it: it acts at the two seams that
+read :func:`planned`, a worker's step function (:meth:`Faults.step`, here) and the leader's comm
+(leader/faults.py). With nothing planned each seam gives back what it was given, so neither the
+leader's nor a worker's production path carries test code.
 
 ``HOGWILD_FAULT`` plans a worker's faults (kind:worker:step, e.g. ``nan:0:20,crash:1:50``):
 ``nan`` poisons the first gradient of that step, ``crash`` raises in that step,
@@ -21,8 +21,6 @@ long on a slow link, as seen from its peers).
 
 ``HOGWILD_SLOW_WHILE=FILE`` limits ``slow`` to while FILE exists: a test keeps a job slow for
 as long as its faults need live training, then removes the file, and the rest runs at speed.
-``HOGWILD_DUMP_FINAL=DIR``: each replica's final parameters, its sync rule's state and rounds
-applied, written after the final round, to check consensus bit for bit.
 """
 
 from __future__ import annotations
@@ -38,7 +36,6 @@ import torch
 from torch import Tensor
 
 FAULT_ENV = "HOGWILD_FAULT"
-DUMP_ENV = "HOGWILD_DUMP_FINAL"
 SLOW_WHILE_ENV = "HOGWILD_SLOW_WHILE"
 LEADER_FAULT_ENV = "HOGWILD_LEADER_FAULT"
 
@@ -79,15 +76,13 @@ class Faults:
     """``HOGWILD_FAULT``."""
     leaders: str = ""
     """``HOGWILD_LEADER_FAULT``."""
-    dump_dir: Optional[str] = None
-    """``HOGWILD_DUMP_FINAL``."""
     slow_while: Optional[str] = None
     """``HOGWILD_SLOW_WHILE``."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Faults:
         return cls(environ.get(FAULT_ENV, ""), environ.get(LEADER_FAULT_ENV, ""),
-                   environ.get(DUMP_ENV) or None, environ.get(SLOW_WHILE_ENV) or None)
+                   environ.get(SLOW_WHILE_ENV) or None)
 
     def step(self, step_fn: StepFn, params: list[Tensor], global_index: int, leader_pid: int) -> StepFn:
         """Worker ``global_index``'s step function with its planned faults. Its first call is the

@@ -176,6 +176,7 @@ class RunSummary:
             "sync_cpu_s": self.sync.cpu_s,
             "peak_memory_mb": max((m for m in self.sync.peak_memory_mb if m is not None), default=None),
             "peak_memory_mb_per_replica": self.sync.peak_memory_mb,
+            "replica_final_state": self.sync.final_state,
             "lag_wait_s": self.job.lag_wait_s,
             **(self.update or {}),
             "barrier_wait_s": self.job.wait_s,

@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterator, Optional
+from typing import ContextManager, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -45,6 +45,14 @@ class Comm(ABC):
     @abstractmethod
     def all_gather(self, t: Tensor) -> list[Tensor]:
         """Every rank's ``t``, in rank order."""
+
+    @contextmanager
+    def round(self, final: bool) -> Iterator[None]:
+        """The collectives of one sync round (``final``: the job's last); nothing happens at its
+        edges here. A comm that wraps another acts there if it needs a round's boundaries: a
+        collective cannot tell the final round's from any other."""
+        del final
+        yield
 
 
 class DistComm(Comm):
@@ -178,6 +186,9 @@ class Metered(Comm):
         out = self.inner.all_gather(t)
         self._count(t0, (R - 1) * b, (R - 1) * b)
         return out
+
+    def round(self, final: bool) -> ContextManager[None]:
+        return self.inner.round(final)
 
 
 def ring_all_reduce_bytes(nbytes: float, world: int) -> float:

@@ -71,9 +71,7 @@ class OuterRule(SyncRule):
         return self._outer_step(pseudo), ctl  # θ_g itself: the round reads its target, never writes it
 
     def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
-        if self.global_params is None:  # never primed (a rule driven directly, as in tests)
-            self.global_params = self.comm.broadcast(snap.clone(), ctx.first_healthy)
-            self.momentum = torch.zeros_like(snap)
+        assert self.global_params is not None, "prime() comes before the first round"
         # _mean sends zeros for an unhealthy replica, so only the healthy ones count.
         pseudo = self._mean(self.global_params - snap, ctx)
         self.spread = float((snap - self.global_params).add_(pseudo).norm())  # ‖snap − mean‖

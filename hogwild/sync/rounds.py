@@ -16,6 +16,7 @@ from hogwild.config.sync import wire_label
 from hogwild.errors import Fault
 from hogwild.replica.board import Board
 from hogwild.sync.comm import Comm, LinkMeter
+from hogwild.sync.digest import digest, hex_of
 from hogwild.sync.ladder import Ladder
 from hogwild.sync.rows import Gathered
 from hogwild.sync.rules import RoundFlags, RoundVector, SyncRule, context
@@ -174,6 +175,8 @@ class SyncStats:
     cpu_s: float = 0.0
     """A leader's CPU seconds in its rounds over the run (every thread of its process), the mean
     over replicas: what the rounds took from the cores the workers use."""
+    final_state: list[dict[str, object]] = field(default_factory=list)
+    """Each replica's final state by rank (:meth:`Rounds.final_state`); empty for a lone replica."""
 
 
 class Rounds:
@@ -213,7 +216,8 @@ class Rounds:
         link = self.rule.meter.copy()
         try:
             mine = Measures(self.last_drift, self._weight(pos_at_snap), self.asking, speed)
-            out = sync_round(self.flat, self.rule, flags, mine, timeout_s=timeout_s)
+            with self.comm.round(flags.final):
+                out = sync_round(self.flat, self.rule, flags, mine, timeout_s=timeout_s)
         finally:
             ctl["syncing"] = 0.0
         if not out.healthy:
@@ -295,12 +299,17 @@ class Rounds:
 
     def close(self, peak_memory_mb: Optional[float] = None) -> SyncStats:
         """After the final round: record its drift (it has no later round to ride on) and
-        sum up every replica's rounds, with each replica's ``peak_memory_mb``, in one small gather."""
+        sum up every replica's rounds, with each replica's ``peak_memory_mb`` and a digest of the
+        state it ends on (its model, its rule's state and its rounds: equal on every replica when
+        the job ends in consensus), in one small gather."""
         link = self.rule.meter
+        # A lone replica has nobody to agree with: its model is not hashed for nothing.
+        alone = self.comm.world_size == 1
+        ends_on = [math.nan] * 2 if alone else [digest({"flat": self.flat}), digest(self.rule.state_dict())]
         mine = torch.tensor([self.last_drift, _mean(self.times), _mean(self.gaps),
                              max(self.gaps, default=0.0), link.sent, link.received, link.seconds,
-                             math.nan if peak_memory_mb is None else peak_memory_mb, self.cpu_s],
-                            dtype=torch.float64)
+                             math.nan if peak_memory_mb is None else peak_memory_mb, self.cpu_s,
+                             *ends_on, self.syncs], dtype=torch.float64)
         gathered = self.comm.all_gather(mine)
         if self.comm.world_size == 1:
             return SyncStats(peak_memory_mb=[peak_memory_mb])
@@ -312,7 +321,9 @@ class Rounds:
                          final=final,
                          link=LinkMeter(*(_mean([g[i] for g in col]) for i in (4, 5, 6))),
                          peak_memory_mb=[g[7] if math.isfinite(g[7]) else None for g in col],
-                         cpu_s=_mean([g[8] for g in col]))
+                         cpu_s=_mean([g[8] for g in col]),
+                         final_state=[{"model": hex_of(g[9]), "sync_state": hex_of(g[10]), "syncs": int(g[11])}
+                                      for g in col])
 
 
 def _mean(xs: list[float]) -> float:

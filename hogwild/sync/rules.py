@@ -75,8 +75,7 @@ class Average(SyncRule):
     def target(self, snap: Tensor, ctx: SyncContext) -> Tensor:
         if not self.compressed:
             return self._mean(snap, ctx)
-        if self._base is None:  # never primed (a rule driven directly, as in tests)
-            self._base = self.comm.broadcast(snap.clone(), ctx.first_healthy)
+        assert self._base is not None, "prime() comes before the first round"
         self._base.add_(self._mean(snap - self._base, ctx))
         return self._base
 

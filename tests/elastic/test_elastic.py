@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-import torch
 
 from hogwild.checkpoint import store as checkpoint
 from hogwild.elastic.coordinator import serve
 from hogwild.replica.board import previous_attempt
-from tests.conftest import REPO, clean_env, free_port, metrics, run_cli, tb_scalars
+from hogwild.sync.digest import digest, hex_of
+from tests.conftest import REPO, assert_replicas_agree, clean_env, free_port, metrics, run_cli, tb_scalars
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -33,8 +33,7 @@ class Job:
     def __init__(self, tmp_path: Path, *args: str, fault: str = "", coordinator_process: bool = False,
                  leader_fault: str = "") -> None:
         self.fault, self.leader_fault = fault, leader_fault
-        self.tmp, self.run_dir, self.dump = tmp_path, tmp_path / "run", tmp_path / "finals"
-        self.dump.mkdir()
+        self.tmp, self.run_dir = tmp_path, tmp_path / "run"
         # The slow fault holds while this file exists (hurry() removes it): a test's faults need
         # live training around them, the steps after the last fault need only to be done.
         self.slow_while = tmp_path / "slow"
@@ -87,7 +86,7 @@ class Job:
         log = self.tmp / f"slot{slot}_{len(self.logs[slot])}.log"
         self.logs[slot].append(log)
         # LOCAL_WORLD_SIZE: the replicas share this host's cores, as torchrun would tell them.
-        env = clean_env(OMP_NUM_THREADS="1", HOGWILD_DUMP_FINAL=str(self.dump), HOGWILD_FAULT=self.fault,
+        env = clean_env(OMP_NUM_THREADS="1", HOGWILD_FAULT=self.fault,
                         HOGWILD_LEADER_FAULT=self.leader_fault,
                         HOGWILD_SLOW_WHILE=str(self.slow_while), LOCAL_WORLD_SIZE=str(SLOTS),
                         PYTHONPATH=str(REPO))  # a test's own data and models (tests.stream_helpers) import
@@ -159,17 +158,12 @@ def job_factory(tmp_path: Path):  # type: ignore[no-untyped-def]
         j.close()
 
 
-def assert_consensus(job: Job, slots: tuple[int, ...] = tuple(range(SLOTS))) -> dict:  # type: ignore[type-arg]
-    """One metrics.json at the accuracy bar, every replica's final model, sync-rule state and
-    rounds applied the same, every shard read."""
+def assert_consensus(job: Job, replicas: int = SLOTS) -> dict:  # type: ignore[type-arg]
+    """One metrics.json at the accuracy bar, the final group's ``replicas`` each ending on the same
+    model, sync-rule state and rounds applied, every shard read."""
     m = metrics(job.run_dir)
     assert m["test_accuracy"] >= 0.95, m
-    finals = [torch.load(job.dump / f"rank{s}.pt", weights_only=True) for s in slots]
-    assert all(torch.equal(finals[0], f) for f in finals[1:]), "replicas differ after the final sync"
-    states = [torch.load(job.dump / f"rank{s}.state.pt", weights_only=True) for s in slots]
-    assert all(st["syncs"] == states[0]["syncs"] for st in states), [st["syncs"] for st in states]
-    for key, value in states[0]["sync"].items():
-        assert all(torch.equal(value, st["sync"][key]) for st in states[1:]), f"the replicas' {key} differ"
+    assert_replicas_agree(m, replicas)
     # Every slot's shard read to its end: nothing dropped, nothing doubled while a slot was away.
     positions = m["slot_positions"]
     assert all(p == positions[0] for p in positions), positions
@@ -307,10 +301,9 @@ def test_a_coordinator_that_stays_away_stops_the_job_with_a_checkpoint(job_facto
     m = metrics(job.run_dir)
     assert m["status"] == "failed" and f"127.0.0.1:{job.port} unreachable" in m["error"], m
     # The group stopped together: one last sync, so the checkpoint holds every replica's model.
-    finals = [torch.load(job.dump / f"rank{s}.pt", weights_only=True) for s in range(SLOTS)]
-    assert all(torch.equal(finals[0], f) for f in finals[1:])
+    assert_replicas_agree(m, SLOTS)
     ckpt = checkpoint.load(checkpoint.ckpt_dir(job.run_dir) / "last.pt")
-    assert torch.equal(ckpt["flat"], finals[0])
+    assert hex_of(digest({"flat": ckpt["flat"]})) == m["replica_final_state"][0]["model"]
 
 
 def test_kills_at_random_replicas_one_after_another_lose_nothing(job_factory) -> None:  # type: ignore[no-untyped-def]
@@ -361,9 +354,9 @@ def test_a_round_failed_at_one_member_and_a_replica_lost_after_the_final_round_s
     assert codes == {0: 0, 1: 0, 2: 137}, {s: job.tail(s) for s in range(SLOTS)}
     assert "failed here after it completed" in job.log(1), job.tail(1)
     assert "took slot" in job.log(1), job.tail(1)
-    # Slot 2 leaves no final dump: the consensus is the behind slot's (1) with one that applied
+    # Slot 2 is not in the final gather: the consensus is the behind slot's (1) with one that applied
     # the round (0), every shard read.
-    m = assert_consensus(job, slots=(0, 1))
+    m = assert_consensus(job, replicas=2)
     assert m["status"] == "ok" and m["replicas_lost"] >= 1, m
     # The loss counted is slot 2's after the final round, not slot 1's re-forming at round 5: the
     # survivors' last group is the two of them.

@@ -105,7 +105,7 @@ def test_an_elastic_jobs_identity_covers_what_replicas_must_share(override: str)
 def test_no_test_hook_sits_on_the_production_path() -> None:
     """Faults are read from the environment by replica/faults.py alone, installed once as a process
     starts (the leader in leader/choose.py, a worker in worker_main), and act only at the seams that
-    read the installed plan: a worker's step (replica/worker.py) and the leader's comm and rounds
+    read the installed plan, two: a worker's step (replica/worker.py) and the leader's comm
     (leader/faults.py, wrapped in Leader._setup). No function or constructor takes a Faults."""
     import ast
 
@@ -123,13 +123,13 @@ def test_no_test_hook_sits_on_the_production_path() -> None:
                 call = ast.unparse(node.func)
                 if call.endswith("faults.install"):
                     installs.append(path.relative_to(root).as_posix())
-                if call.endswith(("faults.planned", "faulty_comm", "faulty_rounds")):
+                if call.endswith(("faults.planned", "faulty_comm")):
                     seams.append(path.relative_to(root).as_posix())
         if path.name != "faults.py":
-            for var in ("HOGWILD_FAULT", "HOGWILD_LEADER_FAULT", "HOGWILD_DUMP_FINAL", "HOGWILD_SLOW_WHILE"):
+            for var in ("HOGWILD_FAULT", "HOGWILD_LEADER_FAULT", "HOGWILD_SLOW_WHILE"):
                 assert f'"{var}"' not in text, f"{path} reads {var} itself"
     assert sorted(installs) == ["leader/choose.py", "replica/worker.py"], installs
-    assert sorted(seams) == ["leader/core.py", "leader/core.py", "replica/worker.py"], seams
+    assert sorted(seams) == ["leader/core.py", "replica/worker.py"], seams
 
 
 def test_a_stop_that_lands_where_it_cannot_be_raised_prints_no_traceback(monkeypatch: pytest.MonkeyPatch) -> None:

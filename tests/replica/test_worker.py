@@ -118,17 +118,34 @@ def test_fault_plan_parses_only_this_workers_faults() -> None:
     assert Faults.from_env({FAULT_ENV: "crash:0:5"}) == Faults(workers="crash:0:5")
 
 
-def test_the_leaders_seams_give_back_what_they_wrap_unless_a_fault_is_planned_for_its_slot() -> None:
-    from hogwild.leader.faults import faulty_comm, faulty_rounds
+def test_the_leaders_seam_gives_back_what_it_wraps_unless_a_fault_is_planned_for_its_slot(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One seam on the leader's side, its comm: a lost round, and the final round's faults at that
+    round's edges (``Comm.round``), which a collective alone cannot tell from any other round's."""
+    from hogwild.leader import faults as leader_faults
     from hogwild.replica import faults
+    from hogwild.sync.comm import SYNC_ROUND, LocalComm, PeerLost
 
-    comm, rounds = object(), object()
+    comm = LocalComm()
+    slept: list[float] = []
+    monkeypatch.setattr(leader_faults.time, "sleep", slept.append)
+    monkeypatch.setattr(leader_faults.os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
     try:
         faults.install({})
-        assert faulty_comm(comm, 0) is comm and faulty_rounds(rounds, 0) is rounds  # type: ignore[arg-type]
-        faults.install({"HOGWILD_LEADER_FAULT": "late:1:4,lose:1:2"})
-        assert faulty_comm(comm, 0) is comm and faulty_rounds(rounds, 0) is rounds  # type: ignore[arg-type]
-        assert faulty_comm(comm, 1) is not comm and faulty_rounds(rounds, 1) is not rounds  # type: ignore[arg-type]
+        assert leader_faults.faulty_comm(comm, 0) is comm
+        faults.install({"HOGWILD_LEADER_FAULT": "late:1:4,lose:1:2,exit:1:0"})
+        assert leader_faults.faulty_comm(comm, 0) is comm
+        faulty = leader_faults.faulty_comm(comm, 1)
+        assert faulty is not comm and faulty.rank == 0  # everything else is the comm's
+        with faulty.round(final=False):
+            faulty.all_reduce(torch.zeros(1), what=SYNC_ROUND)
+        with pytest.raises(PeerLost, match="injected: lose:1:2"), faulty.round(final=False):
+            faulty.all_reduce(torch.zeros(1), what=SYNC_ROUND)
+        assert slept == []  # rounds before the final one come on time, and nobody exits after them
+        with pytest.raises(SystemExit) as died, faulty.round(final=True):
+            assert slept == [4]  # late to the final round, before its first collective
+            faulty.all_reduce(torch.zeros(1), what=SYNC_ROUND)
+        assert died.value.code == 137  # right after it, as a SIGKILL would leave it
     finally:
         faults.install({})
 

@@ -210,3 +210,25 @@ def test_a_slower_replica_s_interval_shrinks_to_its_speed() -> None:
     off = SyncSchedule.from_config(SyncConfig(interval=40))
     off.record_speeds(speeds, 0)
     assert off.after_round(100) == 140  # off (the default): every replica makes the whole interval
+
+
+def test_the_final_gather_tells_whether_the_replicas_end_on_one_model() -> None:
+    """metrics.json's replica_final_state: a digest of each replica's model, rule state and rounds.
+    Two replicas apart differ in it; after a final round that averages them they agree."""
+    from hogwild.sync.rounds import RoundFlags, Rounds
+    from hogwild.sync.rules import make_rule
+    from tests.fake_comm import run_ranks
+
+    cfg = SyncConfig(mode="slowmo", interval=10)  # an outer rule: a state that must agree too
+
+    def replica(comm):  # type: ignore[no-untyped-def]
+        flat = torch.full((10,), float(comm.rank))
+        rounds = Rounds(flat, make_rule(cfg, comm, 10), comm, Board(1), SyncSchedule.from_config(cfg))
+        apart = rounds.close().final_state
+        rounds.run(RoundFlags(done=True, final=True), timeout_s=5.0)
+        return apart, rounds.close().final_state
+
+    (apart, together), _ = run_ranks(2, replica)
+    assert apart[0]["model"] != apart[1]["model"] and apart[0]["syncs"] == apart[1]["syncs"] == 0
+    assert together[0] == together[1] and together[0]["syncs"] == 1, together
+    assert together[0]["model"] != apart[0]["model"] and len(together[0]["model"]) == 12

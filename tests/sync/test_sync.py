@@ -13,7 +13,7 @@ from hogwild.errors import Fault
 from hogwild.sync.comm import Comm, LocalComm, PeerLost
 from hogwild.sync.rounds import Measures, RoundFlags, RoundOutcome, sync_round
 from hogwild.sync.rules import Average, SyncContext, make_rule
-from tests.dist_helpers import target_after
+from tests.dist_helpers import start_from, target_after
 from tests.fake_comm import run_ranks
 from tests.writer import Writer
 
@@ -31,8 +31,9 @@ def _targets(cfg: SyncConfig, values: list[list[float]], rounds: int = 1) -> lis
 def _rounds(cfg: SyncConfig, values: list[list[float]], **kw: bool) -> list[tuple[list[float], RoundOutcome]]:
     """One ``sync_round`` on each rank's live buffer: (buffer after, outcome)."""
     def rank_fn(comm: Comm) -> tuple[list[float], RoundOutcome]:
-        flat = torch.tensor(values[comm.rank])
-        out = sync_round(flat, make_rule(cfg, comm), RoundFlags(**kw))
+        flat, rule = torch.tensor(values[comm.rank]), make_rule(cfg, comm)
+        rule.prime(start_from(values))
+        out = sync_round(flat, rule, RoundFlags(**kw))
         return flat.tolist(), out
 
     return run_ranks(len(values), rank_fn)
@@ -67,6 +68,7 @@ def test_round_flags_reach_every_replica() -> None:
         flat = torch.tensor(vals[comm.rank])
         flags = RoundFlags(done=True, stop=comm.rank == 1, checkpoint=comm.rank == 0)
         rule = make_rule(SyncConfig(mode="slowmo"), comm)
+        rule.prime(start_from(vals))
         return sync_round(flat, rule, flags, Measures(last_drift=0.1 * (comm.rank + 1)))
 
     for o in run_ranks(2, rank_fn):
@@ -142,6 +144,7 @@ def test_diloco_outer_state_is_shared_and_checkpointable() -> None:
 
     def rank_fn(comm: Comm) -> dict[str, list[float]]:
         rule = make_rule(cfg, comm)
+        rule.prime(start_from(vals))
         ctx = SyncContext(comm.rank, 2, [True, True])
         rule.target(torch.tensor(vals[comm.rank]), ctx)
         rule.target(torch.tensor(vals[comm.rank]) + 1.0, ctx)
