@@ -39,6 +39,9 @@ def test_two_replicas_reach_bar_and_agree_bit_for_bit(tmp_path: Path) -> None:
     assert m["replicas"] == 2 and m["workers"] == 2
     assert m["test_accuracy"] >= 0.95
     assert m["syncs"] > 0 and m["max_drift"] > 0  # and both replicas end on one model (_job)
+    # The fault fired: replica 1's rounds took at least the 4 s it came late to the final one, so the
+    # replicas' mean time in rounds is at least half that (each round's few ms add far less).
+    assert m["mean_sync_s"] * m["syncs"] >= 2, m
     # Each replica's leader measured its own tree (a leader and 2 workers, each with torch loaded).
     per = m["peak_memory_mb_per_replica"]
     assert len(per) == 2 and all(v is not None and 50 < v < 8192 for v in per), per
