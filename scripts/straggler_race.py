@@ -99,8 +99,11 @@ def hogwild_arm(args: argparse.Namespace, slow: Optional[Slow], root: Path, seed
     cmd = train_cmd([*hogwild_overrides(args.size, args.budget, args.eval_every_s), f"workers={workers}",
                      f"train.seed={seed}", f"run_dir={run_dir}", *args.override, *extra], args.machines,
                     launcher="hogwild.cli.launch")
+    # A process group of its own (to kill the job's tree), not a session: with the kernel's
+    # autogroup a new session is a scheduling group that shares CPU as one process against the
+    # busy process, while DDP's ranks shared the busy process's group task by task (BENCHMARKS §22).
     proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, process_group=0)
     try:
         if slow is None:
             err = proc.communicate(timeout=TIMEOUT_S)[1]
