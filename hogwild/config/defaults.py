@@ -33,13 +33,13 @@ HOGWILD, BARRIER = "hogwild", "barrier"
 ADAPTIVE_MODE, SGD_MODE = "average", "slowmo"
 
 
-def hogwild_targets() -> tuple[type, ...]:
-    """torch optimizers (and their subclasses) that auto leaves on the Hogwild path: SGD (staleness
-    costs it little, BENCHMARKS.md §17) and SparseAdam (it steps only on sparse gradients, which the
-    barrier does not gather)."""
+def auto_keeps_hogwild(target: object) -> bool:
+    """Whether auto leaves an ``optim._target_`` on the Hogwild path: torch's SGD (staleness costs
+    it little, BENCHMARKS.md §17) and SparseAdam (it steps only on sparse gradients, which the
+    barrier does not gather), and their subclasses."""
     import torch
 
-    return torch.optim.SGD, torch.optim.SparseAdam
+    return isinstance(target, type) and issubclass(target, (torch.optim.SGD, torch.optim.SparseAdam))
 
 
 def _update_path(cfg: OptimConfig) -> str:
@@ -55,7 +55,7 @@ def _update_path(cfg: OptimConfig) -> str:
             cls = import_target(str(cfg._target_), "optim._target_")
         except ConfigError:
             return BARRIER  # torch_optimizer says what is wrong with it, in one line
-        return HOGWILD if isinstance(cls, type) and issubclass(cls, hogwild_targets()) else BARRIER
+        return HOGWILD if auto_keeps_hogwild(cls) else BARRIER
     return HOGWILD if cfg.name == "sgd" else BARRIER
 
 

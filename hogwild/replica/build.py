@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from hogwild.config.defaults import hogwild_targets
+from hogwild.config.defaults import auto_keeps_hogwild
 from hogwild.config.plan import Plan
 from hogwild.config.schema import Config
 from hogwild.config.targets import import_target
@@ -135,8 +135,7 @@ def build_replica(cfg: Config, plan: Plan, device: torch.device, replicas_here: 
     copies: float = len(state_names(cfg.optim)) * state_n / max(numel, 1)
     if cfg.optim._target_:  # built and stepped once on copies: a bad one fails here in one line
         # An optimizer auto leaves on Hogwild is at the barrier only because optim.update said so.
-        cls = import_target(str(cfg.optim._target_), "optim._target_")
-        chosen = barrier and isinstance(cls, type) and issubclass(cls, hogwild_targets())
+        chosen = barrier and auto_keeps_hogwild(import_target(str(cfg.optim._target_), "optim._target_"))
         key = "optim.update" if chosen else "optim._target_"
         probe = torch_state_probe(cfg.optim, list(model.parameters()), key=key, sparse=sparse)
         copies = model_sized_state(probe, list(model.parameters()))

@@ -176,7 +176,8 @@ class SyncStats:
     """A leader's CPU seconds in its rounds over the run (every thread of its process), the mean
     over replicas: what the rounds took from the cores the workers use."""
     final_state: list[dict[str, object]] = field(default_factory=list)
-    """Each replica's final state by rank (:meth:`Rounds.final_state`); empty for a lone replica."""
+    """Each replica's final state by rank (:meth:`Rounds.close`: digests of its model and rule
+    state, and its rounds); empty for a lone replica."""
 
 
 class Rounds:
