@@ -141,7 +141,8 @@ def run(variant: str, steps: int, lr: float, beta1: float, seed: int, dc_lambda:
     return _test_loss(model, x_test, y_test)
 
 
-MEETS = ("ddp", "lbbsp", "lbbsp_prefix", "lbbsp_accum", "bound_join", "bound_drop", "async", "hogwild",
+MEETS = ("ddp", "lbbsp", "lbbsp_prefix", "lbbsp_accum", "bound_join", "bound_adaptive", "bound_drop", "async",
+         "hogwild",
          "replicas_slowmo", "replicas_diloco", "replicas_average",
          "slowrep_ddp", "slowrep_wait", "slowrep_scaled", "slowrep_scaled_equal")
 
@@ -157,13 +158,70 @@ class Pending:
     """The batch it was computed on: a step's mean weighs each gradient by its samples."""
 
 
+class Pattern:
+    """How fast each worker computes over virtual time (issue 56's stragglers): ``none`` (full speed),
+    ``stalls`` (worker 0 stopped ``stall`` time units every ``every``: 1 s every 3 s at a batch of
+    about 0.17 s), ``busy`` (a core shared with a busy process: one worker at a time runs at half speed,
+    which one changing at random, each spell ``hold`` units on average, as the scheduler moves the
+    three runnable processes between two cores)."""
+
+    def __init__(self, name: str, seed: int, stall: float = 6.0, every: float = 18.0, hold: float = 3.0) -> None:
+        self.name, self.stall, self.every = name, stall, every
+        rng = random.Random(seed + 3)
+        self.spells: list[tuple[float, int]] = []  # (start, the worker slowed from then on)
+        t = 0.0
+        while name == "busy" and t < 1e5:
+            self.spells.append((t, rng.randrange(2)))
+            t += rng.expovariate(1.0 / hold)
+
+    def speed(self, w: int, t: float) -> float:
+        if self.name == "stalls":
+            return 0.0 if w == 0 and t % self.every >= self.every - self.stall else 1.0
+        if self.name == "busy":
+            i = max(0, min(len(self.spells) - 1, int(self._index(t))))
+            return 0.5 if self.spells[i][1] == w else 1.0
+        return 1.0
+
+    def _index(self, t: float) -> int:
+        lo, hi = 0, len(self.spells)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.spells[mid][0] <= t else (lo, mid)
+        return lo
+
+    def duration(self, w: int, t: float, work: float, dt: float = 0.01) -> float:
+        """The virtual time worker ``w`` takes from ``t`` for ``work`` units at full speed."""
+        if self.name == "none":
+            return work
+        done, at = 0.0, t
+        while done < work:
+            done += self.speed(w, at) * dt
+            at += dt
+        return at - t
+
+
+def adaptive_bound(lags: list[float], k: float, floor: float, cap: float) -> float:
+    """The median plus ``k`` times the median absolute deviation of the recent lags (each a late
+    arrival's distance behind its step's pivot, in the pivot's compute times), within [floor, cap]
+    (hivemind #676); ``cap`` until there are a few."""
+    if len(lags) < 4:
+        return cap
+    q = sorted(lags)
+    med = q[len(q) // 2]
+    mad = sorted(abs(x - med) for x in q)[len(q) // 2]
+    return max(floor, min(cap, med + k * mad))
+
+
 def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound: float = 0.25,
          jitter: float = 0.1, slow: float = 1.0, until_time: Optional[float] = None,
-         median_bound: bool = False, straggler_bound: Optional[float] = None) -> dict[str, Any]:
+         median_bound: bool = False, straggler_bound: Optional[float] = None, pattern: str = "none",
+         k: float = 3.0, window: int = 16, cap: float = 4.0) -> dict[str, Any]:
     """W workers whose gradients meet as ``kind`` says, in virtual time: each gradient takes
-    ``exp(jitter * N(0, 1))`` time units (``slow`` times that for worker 0). Stops once
-    ``gradients`` have been computed, or at virtual time ``until_time`` (a wall-clock budget: the
-    schedule's cosine then follows the clock and warm-up is 100 steps, as in the §15 race)."""
+    ``exp(jitter * N(0, 1))`` time units (``slow`` times that for worker 0; ``pattern``: see
+    :class:`Pattern`). Stops once ``gradients`` have been computed, or at virtual time ``until_time``
+    (a wall-clock budget: the schedule's cosine then follows the clock and warm-up is 100 steps, as in
+    the §15 race). ``bound_adaptive``: the bound is :func:`adaptive_bound` of the last ``window`` lags
+    (``bound`` its floor, ``cap`` its ceiling)."""
     x_all, y_all, x_test, y_test = _data()
     model = _gpt(seed)
     ps = list(model.parameters())
@@ -176,7 +234,10 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
     n = {"version": 0, "computed": 0, "applied": 0, "dropped": 0, "seq": 0, "step_id": 0}
     acc: list[Pending] = []
     waiting: set[int] = set()
-    late = kind in ("bound_join", "bound_drop")
+    late = kind in ("bound_join", "bound_drop", "bound_adaptive")
+    speeds_of = Pattern(pattern, seed)
+    lags: list[float] = []
+    pivots: dict[int, tuple[float, float]] = {}  # step: (its pivot's arrival, its pivot's compute time)
     wait_bound = bound if late else math.inf
     # lbbsp: each worker's batch sized to its rate (known here; measured in a real run), the step's
     # total kept, so a step's gradients arrive together and none is late (LB-BSP, Chen et al. 2020).
@@ -204,7 +265,8 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
         model(x_all[idx], y_all[idx])[1].backward()
         n["computed"] += 1
         d = (slow if w == 0 else 1.0) * sizes[w] / BATCH * math.exp(jitter * clock.gauss(0.0, 1.0))
-        push(t + d, "arrive", Pending(w, [p.grad.clone() for p in ps], n["version"], sizes[w]))
+        d = speeds_of.duration(w, t, d)
+        push(t + d, "arrive", (Pending(w, [p.grad.clone() for p in ps], n["version"], sizes[w]), d))
 
     def step(pending: list[Pending], opt: torch.optim.Optimizer, t: float) -> None:
         total = sum(q.samples for q in pending)
@@ -244,6 +306,10 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
             if item == n["step_id"] and acc:
                 close(t)
             continue
+        item, took = item
+        if item.version in pivots and kind == "bound_adaptive":
+            at, pc = pivots[item.version]
+            lags[:] = (lags + [(t - at) / pc])[-window:]  # how far behind its step's pivot it came
         if kind == "hogwild":
             step([item], opts[item.worker], t)
             start(item.worker, t)
@@ -268,7 +334,11 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
             # whose missing workers were all late to the step before waits only that long for them.
             missing = set(range(workers)) - waiting - {item.worker}
             short = straggler_bound is not None and missing and missing <= late_before
-            push(t + (straggler_bound if short else wait_bound), "timer", n["step_id"])
+            if kind == "bound_adaptive":
+                pivots[n["version"]] = (t, took)
+                push(t + adaptive_bound(lags, k, bound, cap) * took, "timer", n["step_id"])
+            else:
+                push(t + (straggler_bound if short else wait_bound), "timer", n["step_id"])
         acc.append(item)
         waiting.add(item.worker)
         if len(waiting) == workers:
@@ -469,14 +539,16 @@ def main_meet(args: argparse.Namespace) -> None:
                     else:
                         r = meet(kind, workers, args.gradients_per_worker * workers, lr, args.seed, bound=args.bound,
                                  jitter=args.jitter, slow=args.slow, until_time=args.until_time,
-                                 median_bound=args.median_bound, straggler_bound=args.straggler_bound)
+                                 median_bound=args.median_bound, straggler_bound=args.straggler_bound,
+                                 pattern=args.pattern, k=args.k, window=args.window, cap=args.cap)
                     replicas = kind.startswith("replicas")
                     r.update(meet=kind + (f"_every{interval}" if interval else "")
                              + ("_median" if args.median_bound and kind.startswith("bound") else "")
                              + (f"_straggler{args.straggler_bound:g}" if args.straggler_bound is not None
                                 and kind.startswith("bound") else "")
                              + (outer.tag() if replicas else ""),
-                             workers=workers, lr=lr, bound=args.bound, slow=args.slow, seed=args.seed)
+                             workers=workers, lr=lr, bound=args.bound, slow=args.slow, seed=args.seed,
+                             pattern=args.pattern)
                     logger.info("%s", json.dumps(r))
                     rows.append(r)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -511,6 +583,11 @@ def main() -> None:
                     help="--meet bound_*: the bound runs from the median worker's fresh gradient, not the first")
     ap.add_argument("--jitter", type=float, default=0.1, help="--meet: spread of a gradient's compute time")
     ap.add_argument("--slow", type=float, default=1.0, help="--meet: worker 0 takes this many times as long")
+    ap.add_argument("--pattern", choices=("none", "stalls", "busy"), default="none",
+                    help="--meet: how the workers' speed changes over time (Pattern)")
+    ap.add_argument("--k", type=float, default=3.0, help="--meet bound_adaptive: the MADs above the median lag")
+    ap.add_argument("--window", type=int, default=16, help="--meet bound_adaptive: the lags remembered")
+    ap.add_argument("--cap", type=float, default=4.0, help="--meet bound_adaptive: the bound's ceiling")
     ap.add_argument("--intervals", type=int, nargs="+", default=[50], help="--meet replicas_*: steps between rounds")
     ap.add_argument("--outer-lr", type=float, default=None, help="--meet replicas_*: sync.outer_lr")
     ap.add_argument("--outer-momentum", type=float, default=None, help="--meet replicas_*: sync.outer_momentum")

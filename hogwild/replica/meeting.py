@@ -6,11 +6,12 @@ rule 20): one AdamW fed gradients one update old lost 0.78 in test loss on the G
 workers' gradients are about one update old. Here every gradient of a step is computed on the
 weights that step moves, as DDP's are, and no worker waits long for a late one (Chen et al. 2016's
 backup workers): once the fresh gradients of half its live workers have arrived, the step waits for
-the others at most ``optim.max_wait`` times the compute time of the last of that half
-(``optim.straggler_wait`` when every worker it waits for was late to the step before as well), and
-a gradient later than that joins the next step. A worker much slower than the median one computes
-each batch in parts instead, one a step (``optim.balance``, :func:`balanced_share`), so that its
-gradient comes with the others'; a step's mean weighs each gradient by its samples. No allreduce
+the others a bound times the compute time of the last of that half, the pivot (``optim.deadline``,
+replica/deadline.py: by default the recent lags' median plus three deviations, within
+``optim.straggler_wait`` and ``optim.max_wait``), and a gradient later than that joins the next
+step. A worker much slower than the median one computes each batch in parts instead, one a step
+(``optim.balance``, :func:`balanced_share`), so that its gradient comes with the others'; a step's
+mean weighs each gradient by its samples. No allreduce
 and no copy of the model per worker: the gradients meet where they are.
 
 What lives in shared memory, and who writes what (every cell has one writer at a time, as on
@@ -56,6 +57,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from hogwild.replica.deadline import Deadline, pivot_of
 from hogwild.replica.shared import Slot
 
 logger = logging.getLogger(__name__)
@@ -219,15 +221,12 @@ class Meeting:
 class Chair:
     """The leader's thread that closes steps and marks them applied (the module's text)."""
 
-    def __init__(self, meeting: Meeting, max_wait: float, steps: Tensor, kick: Callable[[], None],
-                 notices: Connection, tell: Connection, straggler_wait: Optional[float] = None) -> None:
-        """``notices``: where workers say they arrived or finished a shard; ``tell``: its other end,
-        for the leader's own notices (a worker died). ``straggler_wait``: the bound of a step whose
-        missing workers were all late to the step before (None: ``max_wait``)."""
-        self.m, self.max_wait, self.steps, self.kick = meeting, max_wait, steps, kick
-        self.straggler_wait = max_wait if straggler_wait is None else straggler_wait
-        self._late: set[int] = set()
-        """The workers late to the last closed step: missing from it, or joining it late."""
+    def __init__(self, meeting: Meeting, deadline: Deadline, steps: Tensor, kick: Callable[[], None],
+                 notices: Connection, tell: Connection) -> None:
+        """``deadline``: how long a step waits for its last workers (``optim.deadline``);
+        ``notices``: where workers say they arrived or finished a shard; ``tell``: its other end,
+        for the leader's own notices (a worker died)."""
+        self.m, self.deadline, self.steps, self.kick = meeting, deadline, steps, kick
         self._notices, self._tell = notices, tell
         self._gone: "queue.Queue[tuple[int, threading.Event]]" = queue.Queue()
         self._stop = threading.Event()
@@ -269,7 +268,7 @@ class Chair:
             while not self._gone.empty():
                 worker, done = self._gone.get()
                 self.m.forget(worker)
-                self._late.discard(worker)  # its successor is no straggler yet
+                self.deadline.forget(worker)
                 done.set()
             wait = self.tick(time.monotonic())
             self.cpu_s = time.thread_time()  # this thread's own: the chair's cost to its leader's core
@@ -294,16 +293,10 @@ class Chair:
         # the first of many workers comes early by chance alone (with 8, a bound from the first left
         # a late gradient in one step of nine in the model, BENCHMARKS.md §17). Late gradients that
         # joined do not count: alone they wait for fresh ones.
-        fresh = sorted((j for j in arrived if cells[j]["read"] == k), key=lambda j: cells[j]["at"])
-        half = max(1, -(-len(live) // 2))
-        if len(fresh) < half:
+        pivot = pivot_of(k, arrived.tolist(), len(live), cells)
+        if pivot is None:
             return POLL_S
-        pivot = fresh[half - 1]
-        # A worker late to the last step as well is a straggler (a loaded core), not a worker that
-        # was unlucky once: the step does not wait for it as long (in the model, a 2x slow worker
-        # cost 1.730 at a bound of 0.5 and 1.654 with 0.1 for it, DDP's waiting 1.766).
-        missing = set(live.tolist()) - set(arrived.tolist())
-        wait = self.straggler_wait if missing <= self._late else self.max_wait
+        wait = self.deadline.bound(set(live.tolist()) - set(arrived.tolist()))
         deadline = cells[pivot]["at"] + wait * cells[pivot]["compute_s"]
         if now >= deadline:
             self._close(k, arrived, live)
@@ -312,8 +305,7 @@ class Chair:
 
     def _close(self, k: int, members: np.ndarray, live: np.ndarray) -> None:
         head, cells = self.m.head, self.m.cells
-        late_joiners = {int(j) for j in members if cells[j]["read"] < k}
-        self._late = (set(live.tolist()) - set(members.tolist())) | late_joiners
+        self.deadline.closed(k, members.tolist(), live.tolist(), cells)
         count = int((cells["finite"][members] > 0).sum())
         head["count"] = count
         head["t"] = float(self.steps[0])

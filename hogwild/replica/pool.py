@@ -22,6 +22,7 @@ from hogwild.errors import ConfigError, Fault
 from hogwild.replica.blame import USER_EXIT, read_notice
 from hogwild.replica.board import Board
 from hogwild.replica.build import Replica
+from hogwild.replica.deadline import Deadline
 from hogwild.replica.meeting import STEPS_KEY, Chair
 from hogwild.replica.resources import available_cores
 from hogwild.replica.start import environment, worker_context
@@ -92,8 +93,8 @@ class WorkerPool:
         if rep.plan.barrier and rep.plan.workers > 1:
             assert rep.opt_state is not None and rep.meeting is not None
             self._notices = self._ctx.Pipe(duplex=False)
-            self.chair = Chair(rep.meeting, cfg.optim.max_wait, rep.opt_state[STEPS_KEY], self.release,
-                               *self._notices, straggler_wait=cfg.optim.straggler_wait)
+            deadline = Deadline(cfg.optim.deadline, cfg.optim.max_wait, cfg.optim.straggler_wait)
+            self.chair = Chair(rep.meeting, deadline, rep.opt_state[STEPS_KEY], self.release, *self._notices)
 
     def _spawn(self, i: int) -> None:
         self._close_kick(i)  # a respawn gets a fresh pipe: its predecessor's may hold stale kicks

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from hogwild.config.schema import OptimConfig
 from hogwild.config.targets import import_target
+from hogwild.replica.deadline import Deadline
 from hogwild.replica.meeting import (MAX_PARTS, POLL_S, STEPS_KEY, Chair, Meeting, balanced, balanced_share,
                                      mean_into)
 from hogwild.replica.optim import decays, new_shared_state
@@ -41,9 +42,13 @@ def _replica(cfg: OptimConfig, workers: int, seed: int = 0) -> tuple[nn.Module, 
     return model, flat, Meeting(workers, param_slots(model), [False] * len(params), "cpu", alloc), state
 
 
-def _chair(meeting: Meeting, max_wait: float, kicks: list[int]) -> Chair:
+def _chair(meeting: Meeting, max_wait: float, kicks: list[int], deadline: str = "fixed",
+           straggler_wait: float | None = None) -> Chair:
+    """A chair whose bound is ``max_wait`` (``deadline=fixed``, ``straggler_wait`` as ``max_wait``
+    unless given)."""
     r, w = mp.get_context("spawn").Pipe(duplex=False)
-    return Chair(meeting, max_wait, torch.zeros(1, dtype=torch.float64), lambda: kicks.append(1), r, w)
+    bound = Deadline(deadline, max_wait, max_wait if straggler_wait is None else straggler_wait)
+    return Chair(meeting, bound, torch.zeros(1, dtype=torch.float64), lambda: kicks.append(1), r, w)
 
 
 def _arrive(m: Meeting, j: int, at: float, read: int = 0, finite: bool = True, compute_s: float = 1.0) -> None:
@@ -97,8 +102,7 @@ def test_a_worker_late_twice_running_is_waited_for_less() -> None:
     """A straggler (a loaded core) is not waited for the whole bound step after step: once it was
     late to a step, the next step waits for it only optim.straggler_wait."""
     _, _, m, _ = _replica(OptimConfig(name="adamw"), 2)
-    r, w = mp.get_context("spawn").Pipe(duplex=False)
-    chair = Chair(m, 0.5, torch.zeros(1, dtype=torch.float64), lambda: None, r, w, straggler_wait=0.1)
+    chair = _chair(m, 0.5, [], straggler_wait=0.1)
     m.cells["live"] = 1.0
     _arrive(m, 0, at=10.0)
     chair.tick(10.45)
@@ -269,7 +273,8 @@ def test_every_gradient_reaches_the_model_once_however_the_steps_fall() -> None:
     counts = torch.zeros(3, UPDATES, dtype=torch.float64).share_memory_()
     notices_r, notices_w = ctx.Pipe(duplex=False)
     kicks = [ctx.Pipe(duplex=False) for _ in range(3)]
-    chair = Chair(m, 0.2, state[STEPS_KEY], lambda: [w.send_bytes(b"k") for _, w in kicks], notices_r, notices_w)
+    chair = Chair(m, Deadline("fixed", 0.2, 0.2), state[STEPS_KEY], lambda: [w.send_bytes(b"k") for _, w in kicks],
+                  notices_r, notices_w)
     chair.start()
     procs = [ctx.Process(target=_racing_worker, args=(j, m, flat, state, notices_w, kicks[j][0], counts, 7))
              for j in range(3)]

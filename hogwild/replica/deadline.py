@@ -1,0 +1,96 @@
+"""How long a barrier step waits for its last workers once its pivot's gradient is in
+(``optim.deadline``; the chair, replica/meeting.py, asks before each step and tells after it).
+
+The bound is a multiple of the pivot's compute time (the median live worker's fresh gradient, from
+whose arrival it runs), from ``optim.straggler_wait`` to ``optim.max_wait``:
+
+- ``fixed``: ``optim.max_wait``, or ``optim.straggler_wait`` when every missing worker was late to
+  the step before too (a worker on a loaded core is not waited for the whole bound step after step).
+- ``adaptive``: the median plus :data:`MADS` median absolute deviations of the last :data:`WINDOW`
+  lags, each a gradient's arrival behind the pivot of the step it was computed for, late ones
+  included (hivemind #676's deadline, from the recent arrival offsets instead of a constant).
+
+Why adaptive: a fixed fraction of a step is wrong both ways. Two workers that share a core with a busy
+process finish a time slice or a scheduler's spell apart, a third of a step and more; a worker cut
+from one step starts the next that much behind and is cut again, so a quarter of the gradients came
+one update late, which AdamW pays for (BENCHMARKS.md §22: waiting for every gradient ended 0.08
+lower). A worker stopped for a second is an outlier among its lags, so a step does not wait for it,
+where waiting for every gradient held each step for the stop (0.07 worse). The lags are in units of
+the pivot's compute time, so a step that is a part of a batch (``optim.balance``) waits a part's time.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections import deque
+from typing import Optional, Sequence
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+WINDOW = 16
+"""Lags remembered: one stall in a window is an outlier, a worker behind for good moves the median
+within half of it."""
+MADS = 3.0
+"""The bound's distance above the median lag, in median absolute deviations (a robust three sigmas)."""
+MIN_LAGS = 4
+"""Until this many lags are known the bound is ``optim.max_wait``."""
+PIVOTS_KEPT = 32
+"""Steps whose pivot is remembered: a gradient later than this many steps brings no lag."""
+
+
+def pivot_of(step: int, members: Sequence[int], live: int, cells: np.ndarray) -> Optional[int]:
+    """The member whose fresh gradient the bound of ``step`` ran from: the median live worker's, in
+    arrival order (None when fewer than half of the ``live`` workers brought fresh ones)."""
+    fresh = sorted((int(j) for j in members if cells[j]["read"] == step), key=lambda j: cells[j]["at"])
+    half = max(1, -(-live // 2))
+    return fresh[half - 1] if len(fresh) >= half else None
+
+
+class Deadline:
+    """``optim.deadline`` for one replica's chair: :meth:`bound` before a step closes, :meth:`closed`
+    after."""
+
+    def __init__(self, kind: str, max_wait: float, straggler_wait: float) -> None:
+        self.adaptive = kind == "adaptive"
+        self.max_wait, self.straggler_wait = max_wait, straggler_wait
+        self.late: set[int] = set()
+        """The workers late to the last closed step: missing from it, or joining it late."""
+        self.lags: deque[float] = deque(maxlen=WINDOW)
+        self._pivots: dict[int, tuple[float, float]] = {}
+        self.last = max_wait
+        """The last bound given (metrics.json's ``wait_bound``)."""
+
+    def bound(self, missing: set[int]) -> float:
+        """How long, in the pivot's compute times, the open step waits for the ``missing`` workers."""
+        if not self.adaptive:
+            self.last = self.straggler_wait if missing <= self.late else self.max_wait
+        elif len(self.lags) < MIN_LAGS:
+            self.last = self.max_wait
+        else:
+            med = statistics.median(self.lags)
+            mad = statistics.median(abs(x - med) for x in self.lags)
+            self.last = min(self.max_wait, max(self.straggler_wait, med + MADS * mad))
+        return self.last
+
+    def closed(self, step: int, members: Sequence[int], live: Sequence[int], cells: np.ndarray) -> None:
+        """Step ``step`` closed with ``members`` of the ``live`` workers: who was late, and each
+        member's lag behind the pivot of the step it computed for."""
+        self.late = (set(live) - set(members)) | {j for j in members if cells[j]["read"] < step}
+        pivot = pivot_of(step, members, len(live), cells)
+        if pivot is not None:
+            self._pivots[step] = (float(cells[pivot]["at"]), float(cells[pivot]["compute_s"]))
+            self._pivots.pop(step - PIVOTS_KEPT, None)
+        for j in members:
+            at, s = float(cells[j]["at"]), int(cells[j]["read"])
+            if s not in self._pivots or (s == step and j == pivot):
+                continue
+            start, compute_s = self._pivots[s]
+            if at > start and compute_s > 0:  # those before the median worker are not waited for
+                self.lags.append((at - start) / compute_s)
+
+    def forget(self, worker: int) -> None:
+        """Worker ``worker`` died: its successor is no straggler yet."""
+        self.late.discard(worker)
