@@ -408,13 +408,16 @@ def _leader_time(crew: Crew, sync_stats: SyncStats, cpu_s: float) -> dict[str, f
 def update_report(crew: Crew) -> dict[str, Any]:
     """``metrics.json``'s account of how gradients reached the model: the path, and under the
     barrier the optimizer steps of this replica (its lineage's) and the gradients that came late
-    to their step and joined the next."""
+    to their step and joined the next, and the last bound a step waited under (``optim.deadline``;
+    null with one worker, who waits for nobody)."""
     rep = crew.rep
     if not rep.plan.barrier:
-        return {"update": rep.plan.update, "optimizer_steps": None, "late_gradients": None}
+        return {"update": rep.plan.update, "optimizer_steps": None, "late_gradients": None, "wait_bound": None}
     assert rep.opt_state is not None and rep.meeting is not None
+    chair = crew.pool.chair
     return {"update": rep.plan.update, "optimizer_steps": int(rep.opt_state[STEPS_KEY][0]),
-            "late_gradients": int(rep.meeting.head["closed_late"])}
+            "late_gradients": int(rep.meeting.head["closed_late"]),
+            "wait_bound": chair.deadline.last if chair is not None else None}
 
 
 def input_report(crew: Crew) -> dict[str, Any]:
