@@ -163,24 +163,30 @@ class Pattern:
     ``stalls`` (worker 0 stopped ``stall`` time units every ``every``: 1 s every 3 s at a batch of
     about 0.17 s), ``busy`` (a core shared with a busy process: one worker at a time runs at half speed,
     which one changing at random, each spell ``hold`` units on average, as the scheduler moves the
-    three runnable processes between two cores)."""
+    three runnable processes between two cores), ``shared`` (the same spells, but the slowed worker
+    runs at full speed while the other waits at the barrier: a waiting worker's core goes to the
+    late one, as it does beside a busy process, where ``busy`` counts it lost)."""
 
     def __init__(self, name: str, seed: int, stall: float = 6.0, every: float = 18.0, hold: float = 3.0) -> None:
         self.name, self.stall, self.every = name, stall, every
         rng = random.Random(seed + 3)
         self.spells: list[tuple[float, int]] = []  # (start, the worker slowed from then on)
         t = 0.0
-        while name == "busy" and t < 1e5:
+        while name in ("busy", "shared") and t < 1e5:
             self.spells.append((t, rng.randrange(2)))
             t += rng.expovariate(1.0 / hold)
 
     def speed(self, w: int, t: float) -> float:
         if self.name == "stalls":
             return 0.0 if w == 0 and t % self.every >= self.every - self.stall else 1.0
-        if self.name == "busy":
+        if self.name in ("busy", "shared"):
             i = max(0, min(len(self.spells) - 1, int(self._index(t))))
             return 0.5 if self.spells[i][1] == w else 1.0
         return 1.0
+
+    def speed_beside(self, w: int, t: float, others_computing: bool) -> float:
+        """``shared``: worker ``w``'s speed at ``t``, full when no other worker computes."""
+        return self.speed(w, t) if others_computing else 1.0
 
     def _index(self, t: float) -> int:
         lo, hi = 0, len(self.spells)
@@ -265,8 +271,25 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
         model(x_all[idx], y_all[idx])[1].backward()
         n["computed"] += 1
         d = (slow if w == 0 else 1.0) * sizes[w] / BATCH * math.exp(jitter * clock.gauss(0.0, 1.0))
+        payload = Pending(w, [p.grad.clone() for p in ps], n["version"], sizes[w])
+        if pattern == "shared":  # its speed changes as the other starts and stops: see reschedule
+            inflight[w] = [d, t, 0.0, 0, payload, t]
+            reschedule(t)
+            return
         d = speeds_of.duration(w, t, d)
-        push(t + d, "arrive", (Pending(w, [p.grad.clone() for p in ps], n["version"], sizes[w]), d))
+        push(t + d, "arrive", (payload, d))
+
+    # pattern "shared": worker -> [work left, when last counted, speed since then, generation (an
+    # arrival pushed under an older one is void), its gradient, when it started].
+    inflight: dict[int, list[Any]] = {}
+
+    def reschedule(t: float) -> None:
+        for w, f in inflight.items():
+            f[0] -= f[2] * (t - f[1])
+            f[1] = t
+            f[2] = speeds_of.speed_beside(w, t, len(inflight) > 1)
+            f[3] += 1
+            push(t + max(0.0, f[0]) / f[2], "arrive_shared", (w, f[3]))
 
     def step(pending: list[Pending], opt: torch.optim.Optimizer, t: float) -> None:
         total = sum(q.samples for q in pending)
@@ -282,12 +305,15 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
         n["applied"] += len(pending)
 
     late_before: set[int] = set()
+    missing_before: set[int] = set()  # not in the last step: still computing on older weights
 
     def close(t: float) -> None:
         members = sorted(waiting)
         late_before.clear()
         late_before.update(set(range(workers)) - waiting)  # not in this step: late to it
         late_before.update(q.worker for q in acc if q.version < n["version"])  # came late, joined
+        missing_before.clear()
+        missing_before.update(set(range(workers)) - waiting)
         step(list(acc), opts[0], t)
         acc.clear()
         waiting.clear()
@@ -295,6 +321,9 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
         for w in members:
             start(w, t)
 
+    for at, _ in speeds_of.spells if pattern == "shared" else []:
+        if at < (until_time or math.inf):
+            push(at, "spell", None)
     for w in range(workers):
         start(w, 0.0)
     t = 0.0
@@ -306,6 +335,16 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
             if item == n["step_id"] and acc:
                 close(t)
             continue
+        if what == "spell":
+            reschedule(t)
+            continue
+        if what == "arrive_shared":
+            w, gen = item
+            if w not in inflight or inflight[w][3] != gen:
+                continue
+            f = inflight.pop(w)
+            reschedule(t)  # the others run alone, or beside one fewer
+            item = (f[4], t - f[5])
         item, took = item
         if item.version in pivots and kind == "bound_adaptive":
             at, pc = pivots[item.version]
@@ -335,8 +374,12 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
             missing = set(range(workers)) - waiting - {item.worker}
             short = straggler_bound is not None and missing and missing <= late_before
             if kind == "bound_adaptive":
+                # A worker missing from the last step too brings a stale gradient whenever it comes:
+                # waiting for it gains no freshness (the floor); one that joined the last step late
+                # computes on these weights and gets the adaptive bound.
                 pivots[n["version"]] = (t, took)
-                push(t + adaptive_bound(lags, k, bound, cap) * took, "timer", n["step_id"])
+                wait = bound if missing and missing <= missing_before else adaptive_bound(lags, k, bound, cap)
+                push(t + wait * took, "timer", n["step_id"])
             else:
                 push(t + (straggler_bound if short else wait_bound), "timer", n["step_id"])
         acc.append(item)
@@ -583,7 +626,7 @@ def main() -> None:
                     help="--meet bound_*: the bound runs from the median worker's fresh gradient, not the first")
     ap.add_argument("--jitter", type=float, default=0.1, help="--meet: spread of a gradient's compute time")
     ap.add_argument("--slow", type=float, default=1.0, help="--meet: worker 0 takes this many times as long")
-    ap.add_argument("--pattern", choices=("none", "stalls", "busy"), default="none",
+    ap.add_argument("--pattern", choices=("none", "stalls", "busy", "shared"), default="none",
                     help="--meet: how the workers' speed changes over time (Pattern)")
     ap.add_argument("--k", type=float, default=3.0, help="--meet bound_adaptive: the MADs above the median lag")
     ap.add_argument("--window", type=int, default=16, help="--meet bound_adaptive: the lags remembered")

@@ -5,18 +5,26 @@ The bound is a multiple of the pivot's compute time (the median live worker's fr
 whose arrival it runs), from ``optim.straggler_wait`` to ``optim.max_wait``:
 
 - ``fixed``: ``optim.max_wait``, or ``optim.straggler_wait`` when every missing worker was late to
-  the step before too (a worker on a loaded core is not waited for the whole bound step after step).
+  the step before too or joined it late (a worker on a loaded core is not waited for the whole bound
+  step after step).
 - ``adaptive``: the median plus :data:`MADS` median absolute deviations of the last :data:`WINDOW`
   lags, each a gradient's arrival behind the pivot of the step it was computed for, late ones
-  included (hivemind #676's deadline, from the recent arrival offsets instead of a constant).
+  included (hivemind #676's deadline, from the recent arrival offsets instead of a constant);
+  ``optim.straggler_wait`` when every missing worker was missing from the step before too: it is
+  still computing on older weights, and its gradient is stale whenever it comes.
 
-Why adaptive: a fixed fraction of a step is wrong both ways. Two workers that share a core with a busy
-process finish a time slice or a scheduler's spell apart, a third of a step and more; a worker cut
-from one step starts the next that much behind and is cut again, so a quarter of the gradients came
-one update late, which AdamW pays for (BENCHMARKS.md §22: waiting for every gradient ended 0.08
-lower). A worker stopped for a second is an outlier among its lags, so a step does not wait for it,
-where waiting for every gradient held each step for the stop (0.07 worse). The lags are in units of
-the pivot's compute time, so a step that is a part of a batch (``optim.balance``) waits a part's time.
+Why adaptive: a fixed fraction of a step is wrong both ways. Two workers that share a core with a
+busy process take turns at being the slower one for spells of several steps, a third of a step
+behind and more. Under ``fixed`` a worker cut once joins the next step late, is counted late, and
+gets the straggler's tenth of a step at the step after, though it computes that one on fresh weights
+like the others: it is cut again, and in a slow spell every other step has its gradient one update
+old, which AdamW pays for (BENCHMARKS.md §22: a quarter of the gradients late; waiting for every
+gradient ended 0.08 lower). Here a worker that joined the step before late gets the adaptive bound,
+which a spell's lags have raised. A worker stopped for a second is an outlier among its lags, so the
+step it misses does not wait for it, and the steps after, while it still computes on old weights,
+wait only the floor, where waiting for every gradient held each step for the stop (0.07 worse). The
+lags are in units of the pivot's compute time, so a step that is a part of a batch
+(``optim.balance``) waits a part's time.
 """
 
 from __future__ import annotations
@@ -57,7 +65,8 @@ class Deadline:
         self.adaptive = kind == "adaptive"
         self.max_wait, self.straggler_wait = max_wait, straggler_wait
         self.late: set[int] = set()
-        """The workers late to the last closed step: missing from it, or joining it late."""
+        """fixed: the workers late to the last closed step, missing from it or joining it late;
+        adaptive: those missing from it (still computing on older weights)."""
         self.lags: deque[float] = deque(maxlen=WINDOW)
         self._pivots: dict[int, tuple[float, float]] = {}
         self.last = max_wait
@@ -67,6 +76,8 @@ class Deadline:
         """How long, in the pivot's compute times, the open step waits for the ``missing`` workers."""
         if not self.adaptive:
             self.last = self.straggler_wait if missing <= self.late else self.max_wait
+        elif missing and missing <= self.late:
+            self.last = self.straggler_wait
         elif len(self.lags) < MIN_LAGS:
             self.last = self.max_wait
         else:
@@ -78,7 +89,9 @@ class Deadline:
     def closed(self, step: int, members: Sequence[int], live: Sequence[int], cells: np.ndarray) -> None:
         """Step ``step`` closed with ``members`` of the ``live`` workers: who was late, and each
         member's lag behind the pivot of the step it computed for."""
-        self.late = (set(live) - set(members)) | {j for j in members if cells[j]["read"] < step}
+        self.late = set(live) - set(members)
+        if not self.adaptive:
+            self.late |= {j for j in members if cells[j]["read"] < step}
         pivot = pivot_of(step, members, len(live), cells)
         if pivot is not None:
             self._pivots[step] = (float(cells[pivot]["at"]), float(cells[pivot]["compute_s"]))

@@ -118,3 +118,27 @@ def test_the_adaptive_bound_stays_within_its_floor_and_ceiling() -> None:
 def test_a_bad_deadline_is_one_line_naming_the_key() -> None:
     with pytest.raises(ConfigError, match="optim.deadline"):
         OptimConfig(deadline="sometimes")
+
+
+def test_a_worker_still_on_older_weights_is_waited_for_only_the_floor() -> None:
+    """A worker missing from the step before too computes on older weights, and its gradient is
+    stale whenever it comes: the step waits only optim.straggler_wait for it, however late the
+    recent gradients came; one that joined the step before late computes on fresh weights and gets
+    the adaptive bound."""
+    chair, m = _chair("adaptive")
+    made = _steps(chair, m, [0.4, 0.45, 0.35, 0.42, 0.38, 0.4])
+    assert all(made)
+    d = chair.deadline
+    assert d.bound({1}) > 0.4
+    k = int(m.head["open"])
+    _arrive(m, 0, 100.0, k)
+    chair.tick(100.0 + d.bound({1}) + 0.01)  # worker 1 stopped: the step closes without it
+    assert m.members(k) == [0]
+    assert d.bound({1}) == 0.1  # the next step, while its gradient of step k is still on its way
+    m.cells["done"][0] = k
+    chair.tick(101.0)
+    _arrive(m, 1, 101.2, k)  # it joins step k + 1 late
+    _arrive(m, 0, 101.5, k + 1)
+    chair.tick(101.5)
+    assert m.members(k + 1) == [0, 1]
+    assert d.bound({1}) > 0.4  # it computes step k + 2 on fresh weights
