@@ -48,8 +48,10 @@ class OptimConfig:
     the next step. adaptive: the median plus three median deviations of the last 16 gradients' lags
     behind their step's pivot (a worker stopped now and then is an outlier and not waited for; two
     workers sharing a core with a busy process a steady third of a step apart are), from
-    optim.straggler_wait to optim.max_wait. fixed: optim.max_wait, or optim.straggler_wait when
-    every missing worker was late to the step before too."""
+    optim.straggler_wait to optim.max_wait; optim.straggler_wait when every missing worker was
+    missing from the step before too (it computes on older weights: its gradient is stale whenever
+    it comes). fixed: optim.max_wait, or optim.straggler_wait when every missing worker was late to
+    the step before too (missing, or joining it late)."""
     max_wait: float = MAX_WAIT_DEFAULT
     """barrier: the most a step waits for its last workers, in the pivot's compute times (with 2
     workers the pivot is the first; 0: never wait); under optim.deadline=fixed, the bound (0.5
