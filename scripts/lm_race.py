@@ -65,7 +65,8 @@ def hogwild_result(workload: str, run_dir: Path, replicas: int, sent: float = 0.
             "sync_mode": m.get("sync_mode"), "sync_wire": m.get("sync_wire"),
             "sync_wire_climbs": m.get("sync_wire_climbs"), "time_s": m.get("time_s"),
             "barrier_wait_fraction": m.get("barrier_wait_fraction"), "samples": m.get("samples"),
-            "batch_parts": m.get("batch_parts")}
+            "batch_parts": m.get("batch_parts"), "late_gradients": m.get("late_gradients"),
+            "wait_bound": m.get("wait_bound")}
 
 
 def arm_run(args: argparse.Namespace, arm: str, seed: int) -> dict[str, Any]:
