@@ -209,9 +209,9 @@ class Pattern:
 def adaptive_bound(lags: list[float], k: float, floor: float, cap: float) -> float:
     """The median plus ``k`` times the median absolute deviation of the recent lags (each a late
     arrival's distance behind its step's pivot, in the pivot's compute times), within [floor, cap]
-    (hivemind #676); ``cap`` until there are a few."""
+    (hivemind #676); ``floor`` until there are a few."""
     if len(lags) < 4:
-        return cap
+        return floor
     q = sorted(lags)
     med = q[len(q) // 2]
     mad = sorted(abs(x - med) for x in q)[len(q) // 2]
@@ -227,7 +227,8 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
     :class:`Pattern`). Stops once ``gradients`` have been computed, or at virtual time ``until_time``
     (a wall-clock budget: the schedule's cosine then follows the clock and warm-up is 100 steps, as in
     the §15 race). ``bound_adaptive``: the bound is :func:`adaptive_bound` of the last ``window`` lags
-    (``bound`` its floor, ``cap`` its ceiling)."""
+    (``bound`` its floor, ``cap`` its ceiling; ``straggler_bound`` for a worker missing from the step
+    before too, hogwild's rule)."""
     x_all, y_all, x_test, y_test = _data()
     model = _gpt(seed)
     ps = list(model.parameters())
@@ -378,7 +379,8 @@ def meet(kind: str, workers: int, gradients: int, lr: float, seed: int, *, bound
                 # waiting for it gains no freshness (the floor); one that joined the last step late
                 # computes on these weights and gets the adaptive bound.
                 pivots[n["version"]] = (t, took)
-                wait = bound if missing and missing <= missing_before else adaptive_bound(lags, k, bound, cap)
+                stale = missing and missing <= missing_before and straggler_bound is not None
+                wait = straggler_bound if stale else adaptive_bound(lags, k, bound, cap)
                 push(t + wait * took, "timer", n["step_id"])
             else:
                 push(t + (straggler_bound if short else wait_bound), "timer", n["step_id"])

@@ -18,11 +18,9 @@ COMPILE_MODES = ("off", "auto", "default", "reduce-overhead", "max-autotune", "m
 COMPILE_BOOLEANS = {"true": "default", "false": "off"}
 OPTIM_STATES = ("auto", "worker", "shared")
 UPDATES = ("auto", "hogwild", "barrier")
-DEADLINES = ("adaptive", "fixed")
 # A step's wait for its late workers is bounded by this many times a gradient's compute time: more
 # would let one stuck worker hold every step of its replica for longer than it takes to compute.
 MAX_WAIT_BOUND = 10.0
-MAX_WAIT_DEFAULT = 2.0
 TARGET_MODES = ("auto", "max", "min")
 
 
@@ -42,24 +40,20 @@ class OptimConfig:
     SGD (optim=sgd, or a _target_ class named SGD) and SparseAdam, barrier for every other optimizer,
     whose adaptive steps a stale gradient costs most (docs/models.md has the figures). auto is
     decided once, when the config is composed: the run's .hydra/config.yaml names the path taken."""
-    deadline: str = "adaptive"
-    """barrier: how long a step waits for its last workers once half of them (the pivot: the last
-    of that half) have brought fresh gradients, in the pivot's compute times; a later gradient joins
-    the next step. adaptive: the median plus three median deviations of the last 16 gradients' lags
-    behind their step's pivot (a worker stopped now and then is an outlier and not waited for; two
-    workers sharing a core with a busy process a steady third of a step apart are), from
-    optim.straggler_wait to optim.max_wait; optim.straggler_wait when every missing worker was
-    missing from the step before too (it computes on older weights: its gradient is stale whenever
-    it comes). fixed: optim.max_wait, or optim.straggler_wait when every missing worker was late to
-    the step before too (missing, or joining it late)."""
-    max_wait: float = MAX_WAIT_DEFAULT
-    """barrier: the most a step waits for its last workers, in the pivot's compute times (with 2
-    workers the pivot is the first; 0: never wait); under optim.deadline=fixed, the bound (0.5
-    there was the default before the adaptive deadline)."""
+    min_wait: float = 0.5
+    """barrier: the least a step waits for its last workers once half of them have brought fresh
+    gradients, in the compute times of the last of that half (the pivot; with 2 workers, the first);
+    a later gradient joins the next step. The step waits longer, up to optim.max_wait, when the
+    recent gradients habitually came later: the median plus three median deviations of the last 16
+    gradients' lags behind their step's pivot (two workers sharing a core with a busy process take
+    turns at a third of a step behind and more), while a worker stopped now and then is an outlier
+    among its lags and is not waited for past optim.min_wait."""
+    max_wait: float = 2.0
+    """barrier: the most a step waits for its last workers, in the pivot's compute times (0: never
+    wait; optim.min_wait=X optim.max_wait=X: always X, the rule before 2026-11-28 at 0.5)."""
     straggler_wait: float = 0.1
-    """barrier: the least a step waits under optim.deadline=adaptive; under fixed, the bound of a step
-    whose missing workers were all late to the step before (a worker on a loaded core is not waited
-    for the whole bound step after step)."""
+    """barrier: how long a step waits for a worker missing from the step before too (at most
+    optim.max_wait): it still computes on older weights, so its gradient is stale whenever it comes."""
     balance: bool = True
     """barrier: true: a worker whose whole batch takes more than 1.15 times the median worker's computes
     each batch in equal parts (at most four), one part a step, sized to its speed, so
@@ -108,10 +102,12 @@ class OptimConfig:
         positive(self.eps, "optim.eps")
         choice(self.state, "optim.state", OPTIM_STATES)
         choice(self.update, "optim.update", UPDATES)
-        choice(self.deadline, "optim.deadline", DEADLINES)
-        for key, wait in (("max_wait", self.max_wait), ("straggler_wait", self.straggler_wait)):
+        for key, wait in (("min_wait", self.min_wait), ("max_wait", self.max_wait),
+                          ("straggler_wait", self.straggler_wait)):
             require(0.0 <= wait <= MAX_WAIT_BOUND, f"optim.{key}",
                     f"must be in [0, {MAX_WAIT_BOUND:g}] (times a gradient's compute time), got {wait}")
+        require(self.min_wait <= self.max_wait, "optim.min_wait",
+                f"must not exceed optim.max_wait ({self.max_wait:g}), got {self.min_wait:g}")
         require(not self.rowwise or (self.name == "adagrad" and not self._target_), "optim.rowwise",
                 "row-wise state is Adagrad's: set optim=adagrad (without optim._target_), or optim.rowwise=false")
         require(not (self.rowwise and self.update == "barrier"), "optim.rowwise",

@@ -408,7 +408,7 @@ def _leader_time(crew: Crew, sync_stats: SyncStats, cpu_s: float) -> dict[str, f
 def update_report(crew: Crew) -> dict[str, Any]:
     """``metrics.json``'s account of how gradients reached the model: the path, and under the
     barrier the optimizer steps of this replica (its lineage's) and the gradients that came late
-    to their step and joined the next, and the last bound a step waited under (``optim.deadline``;
+    to their step and joined the next, and the last bound a step waited under (replica/deadline.py;
     null with one worker, who waits for nobody)."""
     rep = crew.rep
     if not rep.plan.barrier:

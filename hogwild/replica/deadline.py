@@ -1,30 +1,27 @@
-"""How long a barrier step waits for its last workers once its pivot's gradient is in
-(``optim.deadline``; the chair, replica/meeting.py, asks before each step and tells after it).
+"""How long a barrier step waits for its last workers once its pivot's gradient is in (the chair,
+replica/meeting.py, asks before each step and tells after it).
 
 The bound is a multiple of the pivot's compute time (the median live worker's fresh gradient, from
-whose arrival it runs), from ``optim.straggler_wait`` to ``optim.max_wait``:
+whose arrival it runs; a step that is a part of a batch, ``optim.balance``, waits a part's time):
 
-- ``fixed``: ``optim.max_wait``, or ``optim.straggler_wait`` when every missing worker was late to
-  the step before too or joined it late (a worker on a loaded core is not waited for the whole bound
-  step after step).
-- ``adaptive``: the median plus :data:`MADS` median absolute deviations of the last :data:`WINDOW`
-  lags, each a gradient's arrival behind the pivot of the step it was computed for, late ones
-  included (hivemind #676's deadline, from the recent arrival offsets instead of a constant);
-  ``optim.straggler_wait`` when every missing worker was missing from the step before too: it is
-  still computing on older weights, and its gradient is stale whenever it comes.
+- for workers that compute on the step's weights, the median plus :data:`MADS` median absolute
+  deviations of the last :data:`WINDOW` lags, each a gradient's arrival behind the pivot of the step
+  it was computed for, late ones included (hivemind #676's deadline, from the recent arrival offsets
+  instead of a constant), within ``optim.min_wait`` and ``optim.max_wait``;
+- ``optim.straggler_wait`` when every missing worker was missing from the step before too: it still
+  computes on older weights, and its gradient is stale whenever it comes.
 
-Why adaptive: a fixed fraction of a step is wrong both ways. Two workers that share a core with a
-busy process take turns at being the slower one for spells of several steps, a third of a step
-behind and more. Under ``fixed`` a worker cut once joins the next step late, is counted late, and
-gets the straggler's tenth of a step at the step after, though it computes that one on fresh weights
-like the others: it is cut again, and in a slow spell every other step has its gradient one update
-old, which AdamW pays for (BENCHMARKS.md §22: a quarter of the gradients late; waiting for every
-gradient ended 0.08 lower). Here a worker that joined the step before late gets the adaptive bound,
-which a spell's lags have raised. A worker stopped for a second is an outlier among its lags, so the
-step it misses does not wait for it, and the steps after, while it still computes on old weights,
-wait only the floor, where waiting for every gradient held each step for the stop (0.07 worse). The
-lags are in units of the pivot's compute time, so a step that is a part of a batch
-(``optim.balance``) waits a part's time.
+Why: a fixed fraction of a step is wrong both ways. Two workers that share a core with a busy process
+take turns at being the slower one for spells of several steps, a third of a step behind and more,
+and half a step cut a quarter of their gradients, each then one update old, which AdamW pays for
+(BENCHMARKS.md §22: waiting for every gradient ended 0.08 lower). The rule before this one also gave
+a worker that had joined a step late the straggler's tenth of a step at the next, though it computed
+that one on fresh weights like the others, so in a slow spell it was cut every other step. A worker
+stopped for a second is an outlier among its lags: the step it misses waits ``optim.min_wait`` for
+it and the steps after, while it still computes on older weights, the floor, where waiting for
+every gradient held each step for the stop (0.07 worse). The least wait stays at the rule's old
+bound, half a step: in the model of balanced workers (BENCHMARKS.md §22, one seed) a bound that
+could fall under it ended 0.02 higher.
 """
 
 from __future__ import annotations
@@ -44,7 +41,7 @@ within half of it."""
 MADS = 3.0
 """The bound's distance above the median lag, in median absolute deviations (a robust three sigmas)."""
 MIN_LAGS = 4
-"""Until this many lags are known the bound is ``optim.max_wait``."""
+"""Until this many lags are known the bound is ``optim.min_wait``."""
 PIVOTS_KEPT = 32
 """Steps whose pivot is remembered: a gradient later than this many steps brings no lag."""
 
@@ -58,40 +55,35 @@ def pivot_of(step: int, members: Sequence[int], live: int, cells: np.ndarray) ->
 
 
 class Deadline:
-    """``optim.deadline`` for one replica's chair: :meth:`bound` before a step closes, :meth:`closed`
-    after."""
+    """One replica chair's bound (the module's text): :meth:`bound` before a step closes,
+    :meth:`closed` after."""
 
-    def __init__(self, kind: str, max_wait: float, straggler_wait: float) -> None:
-        self.adaptive = kind == "adaptive"
-        self.max_wait, self.straggler_wait = max_wait, straggler_wait
-        self.late: set[int] = set()
-        """fixed: the workers late to the last closed step, missing from it or joining it late;
-        adaptive: those missing from it (still computing on older weights)."""
+    def __init__(self, min_wait: float, max_wait: float, straggler_wait: float) -> None:
+        self.min_wait, self.max_wait, self.straggler_wait = min_wait, max_wait, straggler_wait
+        self.behind: set[int] = set()
+        """The workers missing from the last closed step: still computing on older weights."""
         self.lags: deque[float] = deque(maxlen=WINDOW)
         self._pivots: dict[int, tuple[float, float]] = {}
-        self.last = max_wait
+        self.last = min(min_wait, max_wait)
         """The last bound given (metrics.json's ``wait_bound``)."""
 
     def bound(self, missing: set[int]) -> float:
         """How long, in the pivot's compute times, the open step waits for the ``missing`` workers."""
-        if not self.adaptive:
-            self.last = self.straggler_wait if missing <= self.late else self.max_wait
-        elif missing and missing <= self.late:
-            self.last = self.straggler_wait
+        if missing and missing <= self.behind:
+            wait = self.straggler_wait
         elif len(self.lags) < MIN_LAGS:
-            self.last = self.max_wait
+            wait = self.min_wait
         else:
             med = statistics.median(self.lags)
             mad = statistics.median(abs(x - med) for x in self.lags)
-            self.last = min(self.max_wait, max(self.straggler_wait, med + MADS * mad))
+            wait = max(self.min_wait, med + MADS * mad)
+        self.last = min(self.max_wait, wait)
         return self.last
 
     def closed(self, step: int, members: Sequence[int], live: Sequence[int], cells: np.ndarray) -> None:
-        """Step ``step`` closed with ``members`` of the ``live`` workers: who was late, and each
+        """Step ``step`` closed with ``members`` of the ``live`` workers: who is behind, and each
         member's lag behind the pivot of the step it computed for."""
-        self.late = set(live) - set(members)
-        if not self.adaptive:
-            self.late |= {j for j in members if cells[j]["read"] < step}
+        self.behind = set(live) - set(members)
         pivot = pivot_of(step, members, len(live), cells)
         if pivot is not None:
             self._pivots[step] = (float(cells[pivot]["at"]), float(cells[pivot]["compute_s"]))
@@ -105,5 +97,5 @@ class Deadline:
                 self.lags.append((at - start) / compute_s)
 
     def forget(self, worker: int) -> None:
-        """Worker ``worker`` died: its successor is no straggler yet."""
-        self.late.discard(worker)
+        """Worker ``worker`` died: its successor starts on fresh weights."""
+        self.behind.discard(worker)

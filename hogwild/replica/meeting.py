@@ -6,10 +6,10 @@ rule 20): one AdamW fed gradients one update old lost 0.78 in test loss on the G
 workers' gradients are about one update old. Here every gradient of a step is computed on the
 weights that step moves, as DDP's are, and no worker waits long for a late one (Chen et al. 2016's
 backup workers): once the fresh gradients of half its live workers have arrived, the step waits for
-the others a bound times the compute time of the last of that half, the pivot (``optim.deadline``,
-replica/deadline.py: by default the recent lags' median plus three deviations, within
-``optim.straggler_wait`` and ``optim.max_wait``), and a gradient later than that joins the next
-step. A worker much slower than the median one computes each batch in parts instead, one a step
+the others a bound times the compute time of the last of that half, the pivot (replica/deadline.py:
+the recent lags' median plus three deviations, within ``optim.min_wait`` and ``optim.max_wait``;
+``optim.straggler_wait`` for a worker still on older weights), and a gradient later than that joins
+the next step. A worker much slower than the median one computes each batch in parts instead, one a step
 (``optim.balance``, :func:`balanced_share`), so that its gradient comes with the others'; a step's
 mean weighs each gradient by its samples. No allreduce
 and no copy of the model per worker: the gradients meet where they are.
@@ -223,7 +223,7 @@ class Chair:
 
     def __init__(self, meeting: Meeting, deadline: Deadline, steps: Tensor, kick: Callable[[], None],
                  notices: Connection, tell: Connection) -> None:
-        """``deadline``: how long a step waits for its last workers (``optim.deadline``);
+        """``deadline``: how long a step waits for its last workers (replica/deadline.py);
         ``notices``: where workers say they arrived or finished a shard; ``tell``: its other end,
         for the leader's own notices (a worker died)."""
         self.m, self.deadline, self.steps, self.kick = meeting, deadline, steps, kick

@@ -93,7 +93,7 @@ class WorkerPool:
         if rep.plan.barrier and rep.plan.workers > 1:
             assert rep.opt_state is not None and rep.meeting is not None
             self._notices = self._ctx.Pipe(duplex=False)
-            deadline = Deadline(cfg.optim.deadline, cfg.optim.max_wait, cfg.optim.straggler_wait)
+            deadline = Deadline(cfg.optim.min_wait, cfg.optim.max_wait, cfg.optim.straggler_wait)
             self.chair = Chair(rep.meeting, deadline, rep.opt_state[STEPS_KEY], self.release, *self._notices)
 
     def _spawn(self, i: int) -> None:

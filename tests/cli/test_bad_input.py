@@ -234,7 +234,7 @@ IN_PROCESS: list[tuple[str, Setup, str]] = [
     ("accumulating a fraction of a batch", _args("train.accumulate=1.5"), "train.accumulate"),
     ("unknown update path", _args("optim.update=async"), "optim.update"),
     ("a negative bound on waiting", _args("optim.max_wait=-1"), "optim.max_wait"),
-    ("an unknown deadline", _args("optim.deadline=sometimes"), "optim.deadline"),
+    ("a least wait over the most", _args("optim.min_wait=3", "optim.max_wait=2"), "optim.min_wait"),
     ("balance that is not a boolean", _args("optim.balance=maybe"), "optim.balance"),
     ("per-worker state at the barrier", _args("optim=adamw", "optim.update=barrier", "optim.state=worker"),
      "optim.state"),

@@ -42,12 +42,10 @@ def _replica(cfg: OptimConfig, workers: int, seed: int = 0) -> tuple[nn.Module, 
     return model, flat, Meeting(workers, param_slots(model), [False] * len(params), "cpu", alloc), state
 
 
-def _chair(meeting: Meeting, max_wait: float, kicks: list[int], deadline: str = "fixed",
-           straggler_wait: float | None = None) -> Chair:
-    """A chair whose bound is ``max_wait`` (``deadline=fixed``, ``straggler_wait`` as ``max_wait``
-    unless given)."""
+def _chair(meeting: Meeting, max_wait: float, kicks: list[int]) -> Chair:
+    """A chair whose bound is always ``max_wait`` (tests/replica/test_deadline.py varies it)."""
     r, w = mp.get_context("spawn").Pipe(duplex=False)
-    bound = Deadline(deadline, max_wait, max_wait if straggler_wait is None else straggler_wait)
+    bound = Deadline(max_wait, max_wait, max_wait)
     return Chair(meeting, bound, torch.zeros(1, dtype=torch.float64), lambda: kicks.append(1), r, w)
 
 
@@ -96,32 +94,6 @@ def test_a_late_worker_does_not_hold_the_step_past_the_bound() -> None:
     _arrive(m, 0, at=99.5, read=1)
     chair.tick(99.5)
     assert m.head["open"] == 2 and m.members(1) == [0, 1] and m.head["closed_late"] == 1
-
-
-def test_a_worker_late_twice_running_is_waited_for_less() -> None:
-    """A straggler (a loaded core) is not waited for the whole bound step after step: once it was
-    late to a step, the next step waits for it only optim.straggler_wait."""
-    _, _, m, _ = _replica(OptimConfig(name="adamw"), 2)
-    chair = _chair(m, 0.5, [], straggler_wait=0.1)
-    m.cells["live"] = 1.0
-    _arrive(m, 0, at=10.0)
-    chair.tick(10.45)
-    assert m.head["open"] == 0  # the whole bound, 0.5 s, for a worker that was not late before
-    chair.tick(10.5)
-    assert m.members(0) == [0]
-    m.cells["done"][0] = 0
-    chair.tick(10.5)
-    _arrive(m, 1, at=10.7, read=0)  # worker 1's gradient of step 0 joins step 1
-    _arrive(m, 0, at=11.6, read=1)
-    chair.tick(11.6)
-    assert m.members(1) == [0, 1]
-    m.cells["done"][[0, 1]] = 1
-    chair.tick(11.6)
-    _arrive(m, 0, at=12.7, read=2)  # step 2: worker 1, late to step 1, is waited for 0.1 s only
-    chair.tick(12.75)
-    assert m.head["open"] == 2
-    chair.tick(12.8)
-    assert m.head["open"] == 3 and m.members(2) == [0]
 
 
 def test_with_many_workers_the_bound_runs_from_the_median_workers_arrival() -> None:
@@ -273,7 +245,7 @@ def test_every_gradient_reaches_the_model_once_however_the_steps_fall() -> None:
     counts = torch.zeros(3, UPDATES, dtype=torch.float64).share_memory_()
     notices_r, notices_w = ctx.Pipe(duplex=False)
     kicks = [ctx.Pipe(duplex=False) for _ in range(3)]
-    chair = Chair(m, Deadline("fixed", 0.2, 0.2), state[STEPS_KEY], lambda: [w.send_bytes(b"k") for _, w in kicks],
+    chair = Chair(m, Deadline(0.2, 0.2, 0.2), state[STEPS_KEY], lambda: [w.send_bytes(b"k") for _, w in kicks],
                   notices_r, notices_w)
     chair.start()
     procs = [ctx.Process(target=_racing_worker, args=(j, m, flat, state, notices_w, kicks[j][0], counts, 7))
