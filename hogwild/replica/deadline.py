@@ -63,20 +63,16 @@ class Deadline:
         self.behind: set[int] = set()
         """The workers missing from the last closed step: still computing on older weights."""
         self.lags: deque[float] = deque(maxlen=WINDOW)
+        self._usual = min_wait
+        """The lags' median plus MADS deviations, at least min_wait: set as a step closes, read by
+        every look of the chair at the open one."""
         self._pivots: dict[int, tuple[float, float]] = {}
         self.last = min(min_wait, max_wait)
         """The last bound given (metrics.json's ``wait_bound``)."""
 
     def bound(self, missing: set[int]) -> float:
         """How long, in the pivot's compute times, the open step waits for the ``missing`` workers."""
-        if missing and missing <= self.behind:
-            wait = self.straggler_wait
-        elif len(self.lags) < MIN_LAGS:
-            wait = self.min_wait
-        else:
-            med = statistics.median(self.lags)
-            mad = statistics.median(abs(x - med) for x in self.lags)
-            wait = max(self.min_wait, med + MADS * mad)
+        wait = self.straggler_wait if missing and missing <= self.behind else self._usual
         self.last = min(self.max_wait, wait)
         return self.last
 
@@ -88,13 +84,24 @@ class Deadline:
         if pivot is not None:
             self._pivots[step] = (float(cells[pivot]["at"]), float(cells[pivot]["compute_s"]))
             self._pivots.pop(step - PIVOTS_KEPT, None)
+        lags: list[float] = []
         for j in members:
             at, s = float(cells[j]["at"]), int(cells[j]["read"])
-            if s not in self._pivots or (s == step and j == pivot):
+            if s not in self._pivots:
                 continue
             start, compute_s = self._pivots[s]
-            if at > start and compute_s > 0:  # those before the median worker are not waited for
-                self.lags.append((at - start) / compute_s)
+            # Only those after the pivot (the pivot itself, and those before it, are not waited for).
+            if at > start and compute_s > 0:
+                lags.append((at - start) / compute_s)
+        self.heard(lags)
+
+    def heard(self, lags: Sequence[float]) -> None:
+        """New lags, in pivots' compute times: the bound for workers on a step's weights follows."""
+        self.lags.extend(lags)
+        if lags and len(self.lags) >= MIN_LAGS:
+            med = statistics.median(self.lags)
+            mad = statistics.median(abs(x - med) for x in self.lags)
+            self._usual = max(self.min_wait, med + MADS * mad)
 
     def forget(self, worker: int) -> None:
         """Worker ``worker`` died: its successor starts on fresh weights."""

@@ -108,9 +108,9 @@ def test_a_stopped_worker_is_not_waited_for_past_the_least_bound() -> None:
 def test_the_bound_stays_within_its_floor_and_ceiling() -> None:
     d = Deadline(0.5, 2.0, 0.1)
     assert d.bound({1}) == 0.5  # no lags known yet: the least
-    d.lags.extend([0.0] * 8)
+    d.heard([0.0] * 8)
     assert d.bound({1}) == 0.5  # never under optim.min_wait for a worker on the step's weights
-    d.lags.extend([3.0, 3.5, 2.5, 3.0] * 4)
+    d.heard([3.0, 3.5, 2.5, 3.0] * 4)
     assert d.bound({1}) == 2.0  # never over optim.max_wait
     d.behind = {1}
     assert d.bound({1}) == 0.1  # a worker still on older weights: optim.straggler_wait
