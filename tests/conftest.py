@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any, Optional
 
 import pytest
+
+from tests.zygote import Zygote
 
 REPO = Path(__file__).resolve().parent.parent
 FAST = ["train.epochs=40", "eval.every_s=1", "train.log_every_s=1"]
@@ -49,26 +54,26 @@ def pytest_configure(config: pytest.Config) -> None:
 # stale figure only costs balance. Tests that share a module fixture keep one key, so they stay
 # together (test_wheel.py builds its wheel and venv once per test process).
 LONG = {
-    "tests/test_bench.py::test_bench_sections": 48,
-    "tests/elastic/test_elastic.py::test_kills_at_random": 42,
-    "tests/elastic/test_elastic.py::test_every_replica_restarted": 34,
-    "tests/cli/test_examples.py::test_resnet18": 31,
-    "tests/elastic/test_elastic.py::test_a_restarted_writer": 29,
-    "tests/elastic/test_elastic.py::test_a_coordinator_killed": 27,
-    "tests/cli/test_clients.py::test_hugging_face_models": 24,
-    "tests/data/test_streams.py::test_a_2_by_2_stream": 23,
-    "tests/elastic/test_elastic.py::test_a_coordinator_that_stays_away": 22,
-    "tests/leader/test_distributed.py::test_max_lag_bounds": 22,
-    "tests/leader/test_distributed.py::test_drift_grows": 22,
-    "tests/replica/test_barrier.py::test_a_dead_worker_holds": 19,
-    "tests/test_wheel.py::": 18,
-    "tests/leader/test_faults.py::test_torchrun_restart": 18,
-    "tests/elastic/test_elastic.py::test_a_stream_restored": 17,
-    "tests/elastic/test_elastic.py::test_a_writer_stopped": 17,
-    "tests/elastic/test_elastic.py::test_a_minority_waits": 15,
-    "tests/leader/test_distributed.py::test_target_drift": 15,
-    "tests/cli/test_examples.py::test_regression_with_mse": 15,
-    "tests/replica/test_compile.py::test_the_cli_trains": 14,
+    "tests/elastic/test_elastic.py::test_kills_at_random": 40,
+    "tests/cli/test_examples.py::test_resnet18": 33,
+    "tests/test_bench.py::test_bench_sections": 31,
+    "tests/leader/test_faults.py::test_torchrun_restart": 23,
+    "tests/replica/test_barrier.py::test_a_dead_worker_holds": 20,
+    "tests/elastic/test_elastic.py::test_a_restarted_writer": 20,
+    "tests/elastic/test_elastic.py::test_every_replica_restarted": 20,
+    "tests/elastic/test_elastic.py::test_a_coordinator_killed": 20,
+    "tests/data/test_streams.py::test_a_2_by_2_stream": 20,
+    "tests/cli/test_clients.py::test_hugging_face_models": 17,
+    "tests/elastic/test_elastic.py::test_a_coordinator_that_stays_away": 16,
+    "tests/replica/test_compile.py::test_the_cli_trains": 15,
+    "tests/elastic/test_elastic.py::test_a_stream_restored": 15,
+    "tests/leader/test_distributed.py::test_drift_grows": 13,
+    "tests/test_wheel.py::": 13,
+    "tests/replica/test_barrier.py::test_a_slow_worker_computes": 12,
+    "tests/elastic/test_elastic.py::test_a_writer_stopped": 12,
+    "tests/replica/test_compile.py::test_a_compiled_worker": 11,
+    "tests/leader/test_distributed.py::test_max_lag_bounds": 11,
+    "tests/cli/test_user_model.py::test_image_folder": 11,
 }
 
 
@@ -90,10 +95,31 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+_ZYGOTE: list[Zygote] = []
+
+
+def zygote_of_this_process() -> Zygote:
+    """This test process's zygote (tests/zygote.py), started at its first use."""
+    if not _ZYGOTE:
+        home = Path(tempfile.mkdtemp(prefix="hogwild-zygote-"))
+        _ZYGOTE.append(Zygote(home, clean_env(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))))
+        atexit.register(_ZYGOTE[0].close)
+    return _ZYGOTE[0]
+
+
+@pytest.fixture(scope="session")
+def zygote() -> Zygote:
+    return zygote_of_this_process()
+
+
 def run_cli(args: list[str], cwd: Path, timeout: float = 180, module: str = "hogwild.cli.train",
-            env: Optional[dict[str, str]] = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env=env or clean_env())
+            env: Optional[dict[str, str]] = None, fresh: bool = False) -> subprocess.CompletedProcess[str]:
+    """``python -m module *args``, forked from the zygote (``fresh``: a new interpreter, where what a
+    test sets in ``env`` is read as torch is imported)."""
+    if fresh:
+        return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True,
+                              text=True, timeout=timeout, env=env or clean_env())
+    return zygote_of_this_process().run(module, args, cwd, env or clean_env(), timeout)
 
 
 def torchrun(nproc: int, args: list[str], cwd: Path, timeout: float = 240,
@@ -111,26 +137,28 @@ def ranks(nproc: int, args: list[str], cwd: Path, env: dict[str, str], timeout: 
     """``nproc`` leaders started as torchrun starts them (the same environment variables), minus
     the launcher: one process and one ``import torch`` less per job, where the launcher itself
     is not what a test is about. The first non-zero exit code, and every rank's stderr."""
-    port, procs = free_port(), []
+    port, zygote = free_port(), zygote_of_this_process()
+    logs = Path(tempfile.mkdtemp(dir=zygote.exits.parent))
+    procs = []
     for rank in range(nproc):
         rank_env = {**env, "RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank),
                     "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", *args], cwd=cwd, env=rank_env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(zygote.start("hogwild.cli.train", args, cwd, rank_env, logs / f"{rank}.err",
+                                  stdout=logs / f"{rank}.out"))
     try:
-        outs = [p.communicate(timeout=timeout) for p in procs]
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            p.wait(max(0.0, deadline - time.monotonic()))
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.kill()
+            p.kill()  # none that is still running outlives the call
     code = next((p.returncode for p in procs if p.returncode != 0), 0)
-    return subprocess.CompletedProcess(procs[0].args, code, "".join(o for o, _ in outs), "".join(e for _, e in outs))
+    read = [((logs / f"{r}.out").read_text(), (logs / f"{r}.err").read_text()) for r in range(nproc)]
+    return subprocess.CompletedProcess(procs[0].args, code, "".join(o for o, _ in read), "".join(e for _, e in read))
 
 
 def wait_training(run_dir: Path, proc: subprocess.Popen, timeout: float = 120, rank: int = 0) -> None:
     """Until replica ``rank`` has applied an update (its board file says so)."""
-    import time
-
     from hogwild.replica.board import previous_attempt
 
     deadline = time.monotonic() + timeout

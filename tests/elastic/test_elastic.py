@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional, Union
 
 import pytest
 
@@ -21,18 +21,18 @@ from hogwild.checkpoint import store as checkpoint
 from hogwild.elastic.coordinator import serve
 from hogwild.replica.board import previous_attempt
 from hogwild.sync.digest import digest, hex_of
-from tests.conftest import REPO, assert_replicas_agree, clean_env, free_port, metrics, run_cli, tb_scalars
+from tests.conftest import REPO, assert_replicas_agree, clean_env, free_port, metrics, tb_scalars
+from tests.zygote import Forked, Zygote
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 SLOTS = 3
 PEER_TIMEOUT_S = 2.0
 
-
 class Job:
-    def __init__(self, tmp_path: Path, *args: str, fault: str = "", coordinator_process: bool = False,
+    def __init__(self, tmp_path: Path, zygote: Zygote, *args: str, fault: str = "", coordinator_process: bool = False,
                  leader_fault: str = "") -> None:
-        self.fault, self.leader_fault = fault, leader_fault
+        self.zygote, self.fault, self.leader_fault = zygote, fault, leader_fault
         self.tmp, self.run_dir = tmp_path, tmp_path / "run"
         # The slow fault holds while this file exists (hurry() removes it): a test's faults need
         # live training around them, the steps after the last fault need only to be done.
@@ -40,7 +40,7 @@ class Job:
         self.slow_while.touch()
         self.port = free_port()
         self.stop = threading.Event()
-        self.coordinator_proc: subprocess.Popen[str] | None = None
+        self.coordinator_proc: Forked | None = None
         if coordinator_process:  # one that can be killed and started again
             self.start_coordinator()
         else:
@@ -50,14 +50,13 @@ class Job:
         self.args = [f"sync.coordinator=127.0.0.1:{self.port}", f"sync.replicas={SLOTS}", "workers=1",
                      f"run_dir={self.run_dir}", f"sync.peer_timeout_s={PEER_TIMEOUT_S}", "sync.interval=20",
                      "train.log_every_s=1", *args]
-        self.procs: dict[int, subprocess.Popen[str]] = {}
+        self.procs: dict[int, Union[subprocess.Popen[str], Forked]] = {}
         self.logs: dict[int, list[Path]] = {s: [] for s in range(SLOTS)}
 
     def start_coordinator(self) -> None:
-        log = (self.tmp / "coordinator.log").open("a")
-        self.coordinator_proc = subprocess.Popen(
-            [sys.executable, "-m", "hogwild.cli.coordinator", "--host", "127.0.0.1", "--port", str(self.port)],
-            env=clean_env(), stdout=log, stderr=subprocess.STDOUT, text=True)
+        self.coordinator_proc = self.zygote.start("hogwild.cli.coordinator",
+                                                  ["--host", "127.0.0.1", "--port", str(self.port)], cwd=self.tmp,
+                                                  env=clean_env(), log=self.tmp / "coordinator.log", append=True)
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -82,7 +81,9 @@ class Job:
 
         return int(dist.TCPStore("127.0.0.1", self.port, is_master=False).add("epoch", 0))
 
-    def start(self, slot: int, *extra: str) -> None:
+    def start(self, slot: int, *extra: str, fresh: Optional[bool] = None) -> None:
+        """Start the slot's leader, forked from the zygote; a restart (unless not ``fresh``: no
+        replica trains beside it) as a fresh interpreter (ZYGOTE says why)."""
         log = self.tmp / f"slot{slot}_{len(self.logs[slot])}.log"
         self.logs[slot].append(log)
         # LOCAL_WORLD_SIZE: the replicas share this host's cores, as torchrun would tell them.
@@ -90,10 +91,12 @@ class Job:
                         HOGWILD_LEADER_FAULT=self.leader_fault,
                         HOGWILD_SLOW_WHILE=str(self.slow_while), LOCAL_WORLD_SIZE=str(SLOTS),
                         PYTHONPATH=str(REPO))  # a test's own data and models (tests.stream_helpers) import
-        self.procs[slot] = subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", f"sync.slot={slot}", *self.args,
-                                             *extra],
-                                            cwd=self.tmp, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                                            text=True)
+        args = [f"sync.slot={slot}", *self.args, *extra]
+        if not (len(self.logs[slot]) > 1 if fresh is None else fresh):
+            self.procs[slot] = self.zygote.start("hogwild.cli.train", args, cwd=self.tmp, env=env, log=log)
+        else:
+            self.procs[slot] = subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", *args], cwd=self.tmp,
+                                                env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
 
     def applied(self, slot: int) -> float:
         seen = previous_attempt(self.run_dir / "progress" / f"rank{slot}.board")
@@ -146,11 +149,11 @@ class Job:
 
 
 @pytest.fixture
-def job_factory(tmp_path: Path):  # type: ignore[no-untyped-def]
+def job_factory(tmp_path: Path, zygote: Zygote):  # type: ignore[no-untyped-def]
     jobs: list[Job] = []
 
     def make(*args: str, fault: str = "", coordinator_process: bool = False, leader_fault: str = "") -> Job:
-        jobs.append(Job(tmp_path, *args, fault=fault, coordinator_process=coordinator_process,
+        jobs.append(Job(tmp_path, zygote, *args, fault=fault, coordinator_process=coordinator_process,
                         leader_fault=leader_fault))
         return jobs[-1]
     yield make
@@ -236,12 +239,15 @@ def test_a_minority_waits_writes_nothing_and_stops_at_once_on_sigterm(job_factor
     assert len(errors) == 1 and "Traceback" not in job.log(0), job.tail(0)
 
 
-def test_an_unreachable_coordinator_fails_in_one_line(tmp_path: Path) -> None:
+def test_an_unreachable_coordinator_fails_in_one_line(tmp_path: Path, zygote: Zygote) -> None:
     port = free_port()
-    proc = run_cli([f"sync.coordinator=127.0.0.1:{port}", "sync.replicas=2", "sync.slot=0", "sync.timeout_s=2",
-                    f"run_dir={tmp_path / 'r'}"], cwd=tmp_path, timeout=120)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert f"127.0.0.1:{port}" in proc.stderr and "Traceback" not in proc.stderr
+    proc = zygote.start("hogwild.cli.train", [f"sync.coordinator=127.0.0.1:{port}", "sync.replicas=2", "sync.slot=0",
+                                              "sync.timeout_s=2", f"run_dir={tmp_path / 'r'}"],
+                        cwd=tmp_path, env=clean_env(), log=tmp_path / "stderr.log",
+                        stdout=tmp_path / "stdout.log")
+    code, stderr = proc.wait(120), (tmp_path / "stderr.log").read_text()
+    assert code == 2, stderr[-2000:]
+    assert f"127.0.0.1:{port}" in stderr and "Traceback" not in stderr
     assert not (tmp_path / "r" / "metrics.json").exists()
 
 
@@ -403,16 +409,17 @@ def test_every_replica_restarted_starts_from_one_restore_point(job_factory) -> N
     # it then joins a live group and takes its positions and totals from the coordinator, where
     # its killed process had left those of the lineage the group went back on. It used to
     # resume from them, skipping its data past the checkpoint and counting its steps before it
-    # twice (CI: 1,947 steps for 1,800 read).
-    job.start(0)
-    job.start(1, f"resume={older}")
+    # twice (CI: 1,947 steps for 1,800 read). No replica trains on while they come back: they fork
+    # from the zygote, as first starts do.
+    job.start(0, fresh=False)
+    job.start(1, f"resume={older}", fresh=False)
     job.wait_healed(1)
-    job.start(2)
+    job.start(2, fresh=False)
     job.wait_healed(2)
     finish_in_consensus(job)
 
 
-def test_a_stream_restored_in_elastic_mode_reads_on_from_its_saved_state(tmp_path: Path) -> None:
+def test_a_stream_restored_in_elastic_mode_reads_on_from_its_saved_state(tmp_path: Path, zygote: Zygote) -> None:
     # Elastic mode's restore passed no stream records, so its workers found their place in a stream
     # by skipping to it, where a torchrun job's read on from the state its checkpoint holds
     # (docs/data.md). A job of 2 slots runs to its end, then on from its final checkpoint, whose
@@ -424,20 +431,25 @@ def test_a_stream_restored_in_elastic_mode_reads_on_from_its_saved_state(tmp_pat
             "data._target_=tests.stream_helpers.numbered", "+data.n=64", "+data.stateful=true",
             "model._target_=tests.stream_helpers.Net", "train.batch_size=4", "eval.every_s=1000"]
     env = clean_env(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    jobs = iter(range(2))
 
     def job(*extra: str) -> str:
         """Both slots, at a coordinator of their own (one that saw a job finish refuses its slots)."""
         port, stop, ready = free_port(), threading.Event(), threading.Event()
         threading.Thread(target=serve, args=("127.0.0.1", port, ready, stop), daemon=True).start()
         assert ready.wait(30)
+        n = next(jobs)
+        logs = [tmp_path / f"job{n}_slot{s}.log" for s in range(2)]
+        procs = [zygote.start("hogwild.cli.train", [f"sync.slot={s}", f"sync.coordinator=127.0.0.1:{port}", *args,
+                                                    *extra], cwd=tmp_path, env=env, log=logs[s]) for s in range(2)]
         try:
-            procs = [subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", f"sync.slot={s}",
-                                       f"sync.coordinator=127.0.0.1:{port}", *args, *extra], cwd=tmp_path, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for s in range(2)]
-            outs = [p.communicate(timeout=240)[0] for p in procs]
+            codes = [p.wait(240) for p in procs]
         finally:
+            for p in procs:
+                p.kill()
             stop.set()
-        assert [p.returncode for p in procs] == [0, 0], [o[-3000:] for o in outs]
+        outs = [log.read_text() for log in logs]
+        assert codes == [0, 0], [o[-3000:] for o in outs]
         return outs[0]
 
     job("train.max_steps=12")
@@ -460,24 +472,29 @@ def test_a_restarted_writer_and_refused_replicas_never_touch_what_the_job_wrote(
     # data positions went back to zero and its shard was read again. Slot 1 is never restarted, so
     # the checks below (its positions only grow, every shard read once) see any such reset.
     # A replica of another job (another model) is refused by the job's identity.
-    # 80 epochs (1,200 steps of 20 ms a slot; 60 alone): the two refused processes start beside the
-    # writer's restart on the same core, and the survivors must still train when it is back.
+    # 80 epochs (1,200 steps of 20 ms a slot; 60 alone): beside the two refused processes and the
+    # writer's restart (a fresh interpreter) on the same core, the survivors must still train when it is back.
     job = job_factory("train.epochs=80", "sync.interval=60", "checkpoint.every_s=0.3", "checkpoint.keep=1000",
                       fault="slow:0:20,slow:1:20,slow:2:20")
     for s in range(SLOTS):
         job.start(s)
     job.wait_applied(1, 100)  # the job is agreed at the coordinator and slot 1 is live
     before = job.applied(1)
-    # Both run beside the writer's restart (slot 1 is live all along): waited for one after the
-    # other, they would add their start-up (an import of torch each) to the job's slow steps.
-    refused = {what: subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", *job.args, *extra], cwd=tmp_path,
-                                      env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-               for what, extra in (("duplicate", ["sync.slot=1"]), ("other job", ["sync.slot=1", "model.hidden=64"]))}
+    # Both at once, forked from the zygote (tests/zygote.py) while slot 1 is live all along: fresh
+    # interpreters waited for one after the other added their start-up (an import of torch each) to
+    # the job's slow steps.
+    cases = {"duplicate": ["sync.slot=1"], "other job": ["sync.slot=1", "model.hidden=64"]}
+    stderr = {what: tmp_path / f"refused_{what.replace(' ', '_')}.log" for what in cases}
+    refused = {what: job.zygote.start("hogwild.cli.train", [*job.args, *extra], cwd=tmp_path, env=clean_env(),
+                                      log=stderr[what], stdout=stderr[what].with_suffix(".out"))
+               for what, extra in cases.items()}
     try:
         job.wait_applied(0, 150)
         job.restart(0)
         job.wait_applied(0, 100)  # checkpoint.every_s passes a few times before and between its rounds
-        errs = {what: p.communicate(timeout=120)[1] for what, p in refused.items()}
+        for p in refused.values():
+            p.wait(120)
+        errs = {what: log.read_text() for what, log in stderr.items()}
     finally:
         for p in refused.values():  # one that was let in would train on: it must not outlive the test
             if p.poll() is None:

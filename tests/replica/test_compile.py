@@ -129,7 +129,7 @@ def _digits(run: Path, *extra: str) -> list[str]:
 def test_the_cli_trains_the_digits_mlp_compiled(tmp_path: Path) -> None:
     run = tmp_path / "run"
     out = run_cli(_digits(run, "train.max_steps=300", "train.compile=default"), cwd=REPO, timeout=230,
-                  env=clean_env(TORCH_LOGS="dynamo"))
+                  env=clean_env(TORCH_LOGS="dynamo"), fresh=True)
     assert out.returncode == 0, out.stderr[-3000:]
     m = metrics(run)
     assert m["status"] == "ok" and m["test_accuracy"] > 0.7, m
@@ -146,7 +146,7 @@ def test_the_cli_trains_the_digits_mlp_compiled(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_an_explicit_mode_on_a_broken_compiler_is_one_line_and_exit_2(tmp_path: Path) -> None:
     out = run_cli(_digits(tmp_path / "run", "train.max_steps=50", "train.compile=default"), cwd=REPO, timeout=110,
-                  env=clean_env(**NO_CXX))
+                  env=clean_env(**NO_CXX), fresh=True)
     errors = [ln for ln in out.stderr.splitlines() if ln.startswith("hogwild: error:")]
     assert out.returncode == 2 and len(errors) == 1, out.stderr[-3000:]
     assert errors[0].startswith("hogwild: error: train.compile: torch.compile does not work here (")
@@ -159,7 +159,7 @@ def test_an_explicit_mode_on_a_broken_compiler_is_one_line_and_exit_2(tmp_path: 
 def test_auto_on_a_broken_compiler_warns_once_and_trains_eager(tmp_path: Path) -> None:
     run = tmp_path / "run"
     out = run_cli(_digits(run, "train.max_steps=200", "train.compile=auto"), cwd=REPO, timeout=110,
-                  env=clean_env(**NO_CXX))
+                  env=clean_env(**NO_CXX), fresh=True)
     assert out.returncode == 0, out.stderr[-3000:]
     warned = [ln for ln in (out.stdout + out.stderr).splitlines() if "[WARNING]" in ln]
     assert len(warned) == 1 and "train.compile=auto: torch.compile does not work here" in warned[0], out.stdout
