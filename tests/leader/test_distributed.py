@@ -4,7 +4,9 @@ restart test go through torchrun itself."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -25,23 +27,30 @@ def _job(tmp_path: Path, name: str, *args: str, workers: int = 2, fault: str = "
     return m
 
 
+def _side_by_side(*jobs: Callable[[], dict]) -> list[dict]:
+    """The jobs run at once, their metrics.json in order: where each mostly waits on a slowed
+    worker's sleep, one job's wait is the other's compute."""
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        return [f.result() for f in [pool.submit(job) for job in jobs]]
+
+
 def test_two_replicas_reach_bar_and_agree_bit_for_bit(tmp_path: Path) -> None:
-    """The default rule (slowmo) with 2 replicas x 2 workers. Replica 1 also comes 4 s late to the
+    """The default rule (slowmo) with 2 replicas x 2 workers. Replica 1 also comes 3 s late to the
     final round, as a large round over a slow link does, past the 2 s a stopping leader allows
     (``fault.shutdown_timeout_s``): a job that ended (not stopped) waits for its final round as
     long as for any round (that bound failed such jobs at their end with exit 3). The late round
     rides on this job rather than a job of its own: the fault touches the final round only."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    m = _job(tmp_path, "avg", "sync.interval=20", "fault.shutdown_timeout_s=2", leader_fault="late:1:4")
+    m = _job(tmp_path, "avg", "sync.interval=20", "fault.shutdown_timeout_s=2", leader_fault="late:1:3")
     assert m["status"] == "ok", f"a final round later than fault.shutdown_timeout_s ended the job as {m['status']}"
     assert m["sync_mode"] == "slowmo"
     assert m["replicas"] == 2 and m["workers"] == 2
     assert m["test_accuracy"] >= 0.95
     assert m["syncs"] > 0 and m["max_drift"] > 0  # and both replicas end on one model (_job)
-    # The fault fired: replica 1's rounds took at least the 4 s it came late to the final one, so the
+    # The fault fired: replica 1's rounds took at least the 3 s it came late to the final one, so the
     # replicas' mean time in rounds is at least half that (each round's few ms add far less).
-    assert m["mean_sync_s"] * m["syncs"] >= 2, m
+    assert m["mean_sync_s"] * m["syncs"] >= 1.5, m
     # Each replica's leader measured its own tree (a leader and 2 workers, each with torch loaded).
     per = m["peak_memory_mb_per_replica"]
     assert len(per) == 2 and all(v is not None and 50 < v < 8192 for v in per), per
@@ -85,10 +94,14 @@ def test_max_lag_bounds_the_real_interval_when_a_replica_is_slow(tmp_path: Path)
     interval by default) past a pending round; without the bound it runs far ahead. Enough
     epochs that the fast replica cannot finish its quota inside one slow interval: 15 epochs are
     690 steps, and unbounded it ran about 100 ahead of a round (2.5x the bound), with the bound
-    at most 25; more epochs only lengthen the slowed replica's sleeping."""
+    at most 25; more epochs only lengthen the slowed replica's sleeping. The two jobs run side by
+    side: each is mostly its slowed worker's sleep, and the other's load only slows a fast replica
+    that the bound holds back anyway (on one core beside each other and a CPU hog, the free job's
+    longest interval was 99-108 steps, the bounded one's at most 25, when measured)."""
     common = ("sync.interval=20", "train.epochs=15")
-    bounded = _job(tmp_path, "bounded", *common, workers=1, fault="slow:1:10")
-    free = _job(tmp_path, "free", *common, "sync.max_lag=inf", workers=1, fault="slow:1:10")
+    bounded, free = _side_by_side(
+        lambda: _job(tmp_path, "bounded", *common, workers=1, fault="slow:1:10"),
+        lambda: _job(tmp_path, "free", *common, "sync.max_lag=inf", workers=1, fault="slow:1:10"))
     assert bounded["max_steps_per_sync"] <= 20 + 20, bounded
     assert bounded["lag_wait_s"] > 0 and bounded["steps_per_sync"] >= 20
     assert free["max_steps_per_sync"] > 20 + 20 and free["lag_wait_s"] == 0, free
@@ -203,8 +216,9 @@ def test_a_slower_replica_rounds_after_fewer_steps_when_intervals_follow_speed(t
     steps of replica 0's (which keeps the whole interval and does not wait at sync.max_lag for it);
     weighted by steps, the job still ends on one model that learned. A time budget, so that both
     replicas train to the end (a replica done with its quota makes no steps, and the other's share
-    goes back to the whole interval)."""
-    m = _job(tmp_path, "speed", "sync.interval=20", "train.epochs=1000", "train.max_time=6",
+    goes back to the whole interval): 3 s of it, some 60 rounds (beside a CPU hog on one core,
+    the fast replica's rounds came after 21 steps and the slow one's after 2.7, when measured)."""
+    m = _job(tmp_path, "speed", "sync.interval=20", "train.epochs=1000", "train.max_time=3",
              "sync.interval_by_speed=true", "sync.weighting=steps", workers=1, fault="slow:1:10")
     fast, slow = m["steps_per_sync_per_replica"]
     assert slow < 0.7 * fast and fast >= 15, m["steps_per_sync_per_replica"]
