@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -144,6 +145,8 @@ class Zygote:
                                            (out / "stdout").read_text(), (out / "stderr").read_text())
 
     def close(self) -> None:
+        """Stop it and remove its directory (its children's exit codes, ``run``'s captured output)."""
         assert self.proc.stdin is not None
         self.proc.stdin.close()
         self.proc.wait(30)
+        shutil.rmtree(self.exits.parent, ignore_errors=True)
