@@ -15,12 +15,16 @@
 # checkpoints left out), with the log beside it as $OUT/device.log.
 # The machine reaches no package index: Hydra, OmegaConf and ANTLR travel in .whl/site (copied from
 # this host's virtual environment; `carry: [".whl"]`), the project is installed without its deps.
+# Its image has no iproute2: where .whl/net/bin holds this host's `ip` and `tc` (their libraries in
+# .whl/net/lib, found through an RPATH set with patchelf, so nothing they start inherits them), the
+# namespaces of scripts/link.py are made with those.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench_results/device}"
 WORK="${WORK:-/tmp/hogwild_device}"
 mkdir -p "$OUT" "$WORK"
 export PYTHONPATH="$PWD/.whl/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+if [ -x .whl/net/bin/ip ] && ! command -v ip > /dev/null; then export PATH="$PWD/.whl/net/bin:$PATH"; fi
 LOG="$OUT/device.log"
 say() { echo "[device $(date +%T)] $*" | tee -a "$LOG"; }
 pack() { tar -czf "$OUT/device.tgz" --exclude='runs' -C "$WORK" . 2>>"$LOG"; }
@@ -45,17 +49,17 @@ for job in ${JOBS:-gpu lm16 slow16}; do
   say "start $job"
   case $job in
     gpu)
-      timeout 100 python3 -m pytest -q -p no:cacheprovider -n 4 tests/replica/test_barrier.py \
+      timeout "${GPU_TIMEOUT:-100}" python3 -m pytest -q -p no:cacheprovider -n 4 tests/replica/test_barrier.py \
           tests/replica/test_replica.py -k "cuda or gpu" > "$WORK/gpu_tests.txt" 2>&1
       say "gpu tests rc=$? $(tail -1 "$WORK/gpu_tests.txt")" ;;
     lm16)
-      timeout 260 python3 scripts/link.py --workload gpt_large --machines 4 --cores-per-machine 4 "${LINK[@]}" \
-          --methods hogwild,ddp --budget "${BUDGET_LM:-75}" --eval-every-s 10 --repeats 1 --out "$WORK/lm16" \
+      timeout $(( ${BUDGET_LM:-75} * 2 + 110 )) python3 scripts/link.py --workload gpt_large --machines 4 --cores-per-machine 4 "${LINK[@]}" \
+          --methods hogwild,ddp --lr "${LR_DDP:-0.006}" --budget "${BUDGET_LM:-75}" --eval-every-s 10 --repeats 1 --out "$WORK/lm16" \
           --run-timeout-s 200 > "$WORK/lm16.log" 2>&1
       say "lm16 rc=$?"; tail -6 "$WORK/lm16.log" >> "$LOG" ;;
     slow16)
-      timeout 220 python3 scripts/straggler_race.py --workers 16 --stragglers 2 --slow throttle:0.5 \
-          --budget "${BUDGET_SLOW:-60}" --eval-every-s 10 --repeats 1 --out "$WORK/slow16" > "$WORK/slow16.log" 2>&1
+      timeout $(( ${BUDGET_SLOW:-60} * 2 + 100 )) python3 scripts/straggler_race.py --workers 16 --stragglers 2 --slow throttle:0.5 \
+          --lr "${LR_DDP:-0.006}" --budget "${BUDGET_SLOW:-60}" --eval-every-s 10 --repeats 1 --out "$WORK/slow16" > "$WORK/slow16.log" 2>&1
       say "slow16 rc=$?"; tail -6 "$WORK/slow16.log" >> "$LOG" ;;
     tables)
       for w in ${WIDTHS:-16 8 4}; do
