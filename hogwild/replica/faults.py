@@ -52,10 +52,11 @@ class Computed(NamedTuple):
 
 
 class StepFn(Protocol):
-    def __call__(self, index: int, share: float = 1.0) -> Computed:
+    def __call__(self, index: int, share: float = 1.0, summed: bool = False) -> Computed:
         """Computes batch ``index``'s gradients into the parameters' ``.grad``: on the whole batch,
-        or (``share`` < 1, optim.balance) on its next ``share`` of samples, the batch computed in
-        parts over as many calls."""
+        or (``share`` < 1, optim.balance and optim.chunks) on its next ``share`` of samples, the batch
+        computed in parts over as many calls. ``summed``: the gradient of the loss times the samples
+        (chunks add up, and the caller divides by all of their samples)."""
 
 
 def planned_faults(index: int, spec: str) -> dict[str, set[int]]:
@@ -94,21 +95,21 @@ class Faults:
         delay_s = sum(faults.get("slow", set())) / 1000.0
         slow_while, warmed, last = self.slow_while, [False], [-1]
 
-        def faulty(step: int, share: float = 1.0) -> Computed:
+        def faulty(step: int, share: float = 1.0, summed: bool = False) -> Computed:
             nonlocal delay_s
             if not warmed[0]:
                 warmed[0] = True
                 _startup(faults, global_index, leader_pid)
-                return step_fn(step, share)
+                return step_fn(step, share, summed)
             if delay_s and slow_while and not os.path.exists(slow_while):
                 delay_s = 0.0  # for good: the test is done with its faults
             if delay_s:
                 time.sleep(delay_s)
-            first = step != last[0]  # a batch computed in parts (optim.balance) meets its faults once
+            first = step != last[0]  # a batch computed in parts (optim.balance, chunks) meets its faults once
             last[0] = step
             if first and step in crash_at:
                 raise RuntimeError(f"injected crash at step {step}")
-            out = step_fn(step, share)
+            out = step_fn(step, share, summed)
             if first and step in nan_at:
                 g = params[0].grad
                 assert g is not None

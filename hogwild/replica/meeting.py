@@ -10,8 +10,11 @@ the others a bound times the compute time of the last of that half, the pivot (r
 the recent lags' median plus three deviations, within ``optim.min_wait`` and ``optim.max_wait``;
 ``optim.straggler_wait`` for a worker still on older weights), and a gradient later than that joins
 the next step. A worker much slower than the median one computes each batch in parts instead, one a
-step (``optim.balance``, :func:`balanced_share`), so that its gradient comes with the others'; a
-step's mean weighs each gradient by its samples. No allreduce and no copy of the model per worker:
+step (``optim.balance``, :func:`balanced_share`), so that its gradient comes with the others'; or,
+with ``optim.chunks``, every worker computes each batch in chunks and hands in those it has once
+the step's pivot is in and its rest would come after the bound (``BarrierUpdate.hand_in``: no pace
+estimated, so a slowness that moves between workers is followed at once). A step's mean weighs
+each gradient by its samples. No allreduce and no copy of the model per worker:
 the gradients meet where they are.
 
 What lives in shared memory, and who writes what (every cell has one writer at a time, as on

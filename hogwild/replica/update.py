@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Callable, Optional, Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from hogwild.config.schema import OptimConfig
 from hogwild.errors import UserError
+from hogwild.replica.deadline import pivot_of
 from hogwild.replica.meeting import PACE_WINDOW, STEPS_KEY, Meeting, Piece, balanced_share, mean_into, wait_until
 from hogwild.replica.optim import (FlatOptimizer, Optimizer, TorchOptimizer, bind_views, decays, rebound_state,
                                    state_views, torch_optimizer)
@@ -39,6 +41,8 @@ class Updater(Protocol):
     """Batches one optimizer step takes (the learning-rate schedule counts steps)."""
     wait_s: float
     """Seconds spent waiting for the other workers (none under Hogwild)."""
+    chunks: int
+    """Chunks each batch is computed in (optim.chunks; 1: whole, or the parts :meth:`share` says)."""
 
     def ready(self) -> None:
         """The worker's loop starts: steps may count on it from now."""
@@ -48,6 +52,10 @@ class Updater(Protocol):
 
     def share(self) -> float:
         """The share of each batch the next gradient is computed on (1: the whole batch)."""
+
+    def hand_in(self, chunk_s: float, chunks_left: int) -> bool:
+        """Whether to hand in the chunks computed so far rather than compute the ``chunks_left``
+        others (about ``chunk_s`` seconds each) first."""
 
     def apply(self, grads: list[Optional[Tensor]], ok: bool, rate: Optional[Rate], pos: int,
               samples: int = 0, fraction: float = 1.0) -> int:
@@ -65,6 +73,7 @@ class HogwildUpdate:
         self.opt, self.params = opt, params
         self.batches_per_step = batches_per_step
         self.wait_s = 0.0
+        self.chunks = 1
 
     def ready(self) -> None:
         pass
@@ -79,6 +88,9 @@ class HogwildUpdate:
 
     def share(self) -> float:
         return 1.0  # nobody waits for anybody: no batch is cut
+
+    def hand_in(self, chunk_s: float, chunks_left: int) -> bool:
+        return False
 
     def apply(self, grads: list[Optional[Tensor]], ok: bool, rate: Optional[Rate], pos: int,
               samples: int = 0, fraction: float = 1.0) -> int:
@@ -124,7 +136,10 @@ class BarrierUpdate:
         self.slots: list[Slot] = meeting.slots
         self.state, self.direct = seat.opt_state, direct
         self.notify, self.kick, self.stopping = signals.notify, signals.kick, signals.stopping
-        self.balance = bool(cfg.balance) and meeting.workers > 1
+        # optim.chunks decides a batch's parts as it is computed, so the pace's split is not asked for.
+        # A sparse table's rows are written as each gradient is applied: never in chunks.
+        self.chunks = cfg.chunks if meeting.workers > 1 and not meeting.tables else 1
+        self.balance = bool(cfg.balance) and meeting.workers > 1 and self.chunks == 1
         self._share = 1.0
         self._paces: deque[float] = deque(maxlen=PACE_WINDOW)
         self.wait_s = 0.0
@@ -169,6 +184,23 @@ class BarrierUpdate:
 
     def share(self) -> float:
         return self._share
+
+    def hand_in(self, chunk_s: float, chunks_left: int) -> bool:
+        """optim.chunks: yes once the open step's pivot has brought its fresh gradient and the rest
+        would come after ``optim.min_wait`` of the pivot's compute time, the least the chair waits
+        from it; yes too when the step closed without this worker (the gradient is late however
+        much more it holds, and the sooner it comes the sooner it reads fresh weights)."""
+        head, cells = self.m.head, self.m.cells
+        step = int(head["open"])
+        if step != self._read:
+            return True
+        live = np.flatnonzero(cells["live"] > 0)
+        arrived = [int(j) for j in live if j != self.i and cells[j]["arrived"] == step]
+        pivot = pivot_of(step, arrived, len(live), cells)
+        if pivot is None:
+            return False
+        deadline = float(cells[pivot]["at"]) + self.cfg.min_wait * float(cells[pivot]["compute_s"])
+        return time.monotonic() + chunks_left * chunk_s > deadline
 
     def apply(self, grads: list[Optional[Tensor]], ok: bool, rate: Optional[Rate], pos: int,
               samples: int = 0, fraction: float = 1.0) -> int:

@@ -8,6 +8,7 @@ to wake the leader; they never import the leader.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import time
@@ -264,7 +265,7 @@ def make_step_fn(model: torch.nn.Module, ds: Dataset, sampler: Union[ShardSample
     """The batch being computed in parts (optim.balance): its index, inputs, labels, and where the
     next part starts. Read once: a stream's batch cannot be read twice."""
 
-    def step_fn(index: int, share: float = 1.0) -> Computed:
+    def step_fn(index: int, share: float = 1.0, summed: bool = False) -> Computed:
         """Adds the gradient of batch ``index``, or of its next ``share`` (replica/faults.py's
         StepFn), into each ``.grad`` (the updater has set them)."""
         _phase[0] = DATA
@@ -283,11 +284,28 @@ def make_step_fn(model: torch.nn.Module, ds: Dataset, sampler: Union[ShardSample
         _phase[0] = FORWARD
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss, _ = step.run(model, inputs, y)
-        loss.float().backward()
+        (loss.float() * (end - start) if summed else loss.float()).backward()
         _spent["data"] += t1 - t0
         _spent["compute"] += time.perf_counter() - t1
         return Computed(loss, end - start, whole - end, whole)
     return step_fn
+
+
+def in_chunks(step_fn: StepFn, index: int, updater: Updater, params: list[Tensor]) -> Computed:
+    """Batch ``index`` (or its rest) in ``updater.chunks`` equal chunks, until it is done or the
+    updater says to hand in what is done (optim.chunks): one Computed over the chunks computed,
+    each ``.grad`` the mean over their samples, as if they were one batch."""
+    done: list[Computed] = []
+    t0 = time.perf_counter()
+    while True:
+        done.append(step_fn(index, 1.0 / updater.chunks, summed=True))
+        left, took = done[-1].left, done[-1].samples
+        if left == 0 or updater.hand_in((time.perf_counter() - t0) / len(done), math.ceil(left / max(took, 1))):
+            break
+    samples = sum(c.samples for c in done)
+    torch._foreach_mul_([p.grad for p in params if p.grad is not None], 1.0 / max(samples, 1))
+    loss = sum(c.loss.detach().float() * c.samples for c in done) / max(samples, 1)
+    return Computed(loss, samples, done[-1].left, done[-1].whole)
 
 
 def wait_for_round(stats: np.ndarray, ctrl: np.void, kick: Connection,
@@ -370,9 +388,12 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
             break  # the run stops while a step is applied
         # train.accumulate batches make one update; the last of a quota that does not divide may be short.
         n = min(accumulate, spec.quota - step)
-        # A slower worker's batch in parts (optim.balance); accumulated batches are always whole.
-        share = updater.share() if n == 1 else 1.0
-        parts = [step_fn(step + i, share) for i in range(n)]
+        # A slower worker's batch in parts (optim.balance, optim.chunks); accumulated batches are always whole.
+        if n == 1 and updater.chunks > 1:
+            parts = [in_chunks(step_fn, step, updater, params)]
+        else:
+            share = updater.share() if n == 1 else 1.0
+            parts = [step_fn(step + i, share) for i in range(n)]
         batch, left = sum(c.samples for c in parts), parts[-1].left
         fraction = batch / sum(c.whole for c in parts)  # of the batch (or the accumulated batches) it computed
         grads = [p.grad for p in params]

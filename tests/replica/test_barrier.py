@@ -118,6 +118,24 @@ def test_a_slow_worker_computes_on_part_of_each_batch(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_a_slow_worker_in_chunks_hands_in_what_it_has_when_the_other_is_in(tmp_path: Path) -> None:
+    """optim.chunks=4: worker 0 takes 10 ms a chunk and worker 1 30 ms (a fixed delay a call, so
+    40 ms and 120 ms a batch). Once worker 0's gradient is in and worker 1's rest would come after
+    the bound, worker 1 hands in the chunks it has; the rest of its batch is its next part. Every
+    sample is trained on once, as by workers of equal speed in whole batches."""
+    def job(chunks: int, fault: str) -> dict[str, Any]:
+        out = tmp_path / str(chunks)
+        proc = run_cli(["optim=adamw", "workers=2", "train.max_steps=60", "train.batch_size=32", *QUIET,
+                        f"optim.chunks={chunks}", f"run_dir={out}"], cwd=tmp_path, env=clean_env(HOGWILD_FAULT=fault))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return metrics(out)
+
+    on, off = job(4, "slow:0:10,slow:1:30"), job(1, "")
+    assert on["steps"] == off["steps"] == 60 and on["samples"] == off["samples"] and off["batch_parts"] == 0
+    assert on["batch_parts"] >= 5, on["batch_parts"]  # about one of worker 1's batches in two goes in parts
+
+
+@pytest.mark.slow
 def test_a_dead_worker_holds_no_step_while_it_is_respawned(tmp_path: Path) -> None:
     """A worker killed with SIGKILL mid-run is respawned, which takes over 10 s here (a respawn's
     warm-up is slowed, the first start's is not): its peer's steps go on without it meanwhile, and

@@ -340,3 +340,30 @@ def test_a_barrier_worker_measures_its_pace_and_cuts_its_next_batch_to_it() -> N
     off = BarrierUpdate(OptimConfig(name="adamw", balance=False), Seat(m, 1, flat, state), params,
                         Signals(lambda: True))
     assert off.begin() and off.share() == 1.0  # optim.balance=false: whole batches whatever the paces
+
+
+def test_a_worker_in_chunks_hands_in_once_the_pivot_is_in_and_its_rest_would_come_after_the_bound() -> None:
+    """optim.chunks: no pivot yet, computing on; the pivot in and the batch's rest due within
+    optim.min_wait of its compute time, computing on; due after it, handing in; the step closed
+    without this worker, handing in at once. Chunks replace the pace's split, and a replica of one
+    worker computes whole batches."""
+    cfg = OptimConfig(name="adamw", chunks=4, min_wait=0.5)
+    model, flat, m, state = _replica(cfg, 3)
+    params = list(model.parameters())
+    up = BarrierUpdate(cfg, Seat(m, 2, flat, state), params, Signals(lambda: True))
+    m.cells["live"] = 1.0
+    m.cells["pace"] = [0.01, 0.01, 0.04]
+    assert up.chunks == 4 and up.begin() and up.share() == 1.0  # the pace's split is not asked for
+    now = time.monotonic()  # seconds of margin below: a loaded machine may pause this test
+    assert not up.hand_in(1.0, 9)  # nobody has arrived
+    _arrive(m, 0, now - 4.0, compute_s=10.0)  # one of two others: the pivot of three live workers is the second
+    assert not up.hand_in(1.0, 9)
+    _arrive(m, 1, now - 2.0, compute_s=10.0)  # the pivot: the chair waits for this worker until 3 s from now
+    assert not up.hand_in(1.0, 2)  # the rest in 2 s: on time
+    assert up.hand_in(1.0, 4)  # the rest in 4 s: late, so what is done goes now
+    m.cells[1]["read"] = -1  # a stale gradient is no pivot
+    assert not up.hand_in(1.0, 4)
+    m.head["open"] = 1  # the step closed without this worker: whatever it holds is late already
+    assert up.hand_in(0.0, 1)
+    _, flat1, alone, state1 = _replica(cfg, 1)
+    assert BarrierUpdate(cfg, Seat(alone, 0, flat1, state1), params, Signals(lambda: True)).chunks == 1

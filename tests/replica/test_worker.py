@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 from multiprocessing import Pipe
 
 import pytest
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from hogwild.config.plan import Plan
 from hogwild.config.schema import OptimConfig
@@ -274,6 +274,57 @@ def test_a_batch_in_parts_is_computed_part_by_part_and_read_once() -> None:
         assert all(torch.allclose(a, p.grad) for a, p in zip(got, params)), start
     assert len(reads) == 1
     assert step_fn(2)[1:] == (16, 0, 16) and len(reads) == 2  # done with it: the index reads afresh
+
+
+class _Handing:
+    """An updater's face for in_chunks: hands in after ``after`` chunks (never: None)."""
+
+    def __init__(self, chunks: int, after: Optional[int]) -> None:
+        self.chunks, self.after, self.asked = chunks, after, []  # type: list[tuple[float, int]]
+
+    def hand_in(self, chunk_s: float, chunks_left: int) -> bool:
+        self.asked.append((chunk_s, chunks_left))
+        return self.after is not None and len(self.asked) >= self.after
+
+
+def test_a_batch_in_chunks_hands_in_the_mean_of_the_chunks_done_and_keeps_the_rest_for_later() -> None:
+    """optim.chunks: a batch of 16 in 4 chunks of 4. Handed in after one chunk, the gradient is the
+    mean over those 4 samples and 12 are left; the rest, in one call, is the mean over the other 12;
+    never handed in, the 4 chunks make the whole batch's gradient, as one batch computed at once.
+    The batch is read once, and the updater hears how many chunks are left each time."""
+    from hogwild.replica.worker import in_chunks
+
+    step_fn, _, params, _, _, _, ds, model = tiny_worker(quota=1)
+    reads = []
+    original = ds.train.batch
+    ds.train.batch = lambda rows: reads.append(1) or original(rows)  # type: ignore[method-assign]
+    rows = ShardSampler(torch.arange(256), 16, 0).batch(3)
+
+    def reference(part: Tensor) -> tuple[list[Tensor], float]:
+        for p in params:
+            p.grad = None
+        loss = nn.functional.cross_entropy(model(ds.train.inputs[0][part]), ds.train.targets[part])
+        loss.backward()
+        return [p.grad.clone() for p in params], float(loss.detach())
+
+    for (start, end), after, asked in [((0, 4), 1, [3]), ((4, 16), None, [2, 1])]:
+        want, want_loss = reference(rows[start:end])
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        handing = _Handing(4, after)
+        got = in_chunks(step_fn, 3, handing, params)  # type: ignore[arg-type]
+        assert (got.samples, got.left, got.whole) == (end - start, 16 - end, 16)
+        assert [left for _, left in handing.asked] == asked and all(s > 0 for s, _ in handing.asked)
+        assert float(got.loss) == pytest.approx(want_loss, rel=1e-5)
+        for a, p in zip(want, params):
+            torch.testing.assert_close(p.grad, a, rtol=1e-5, atol=1e-6)
+    assert len(reads) == 1
+    whole, _ = reference(rows)
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    assert in_chunks(step_fn, 3, _Handing(4, None), params).samples == 16  # type: ignore[arg-type]
+    for a, p in zip(whole, params):
+        torch.testing.assert_close(p.grad, a, rtol=1e-5, atol=1e-6)
 
 
 def test_a_batch_slice_cuts_every_tensor_of_the_batch_and_nothing_else() -> None:
