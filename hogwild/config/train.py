@@ -63,13 +63,15 @@ class OptimConfig:
     gradient by its samples (LB-BSP). Every sample is still trained on once (metrics.json:
     batch_parts). A worker's pace is the median of its last 5 gradients, so one that stalls now and
     then (stopped 1 s every 3 s) is not read as slow after each stall (BENCHMARKS.md §22)."""
-    chunks: int = 1
+    chunks: Any = "auto"
     """barrier: compute each batch in this many equal chunks and hand in what is done once the
     step's pivot has arrived and the batch's rest would come after optim.min_wait: a worker slowed
-    for a while (a core shared with a busy process) brings the samples it computed with the others'
-    instead of a late gradient, and the rest of its batch is its next part, so every sample is still
-    trained on once. No pace is estimated, so a slowness that moves between workers is followed at
-    once. 1: whole batches (optim.balance decides the parts). Not with sparse tables."""
+    for a while (a core shared with a busy process, a quota) brings the samples it computed with the
+    others' instead of a late gradient, and the rest of its batch is its next part, so every sample
+    is still trained on once. No pace is estimated, so a slowness that moves between workers is
+    followed at once. auto: 4 chunks of at least 8 samples once a whole batch takes over 20 ms, and
+    whole batches for a model with batch-norm layers (their statistics are a batch's) or sparse
+    tables; 1: whole batches (optim.balance then cuts a slow worker's)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """The optimizer _target_'s keyword arguments, gathered from the keys under optim."""
     lr: float = 0.1
@@ -115,8 +117,9 @@ class OptimConfig:
                           ("straggler_wait", self.straggler_wait)):
             require(0.0 <= wait <= MAX_WAIT_BOUND, f"optim.{key}",
                     f"must be in [0, {MAX_WAIT_BOUND:g}] (times a gradient's compute time), got {wait}")
-        require(isinstance(self.chunks, int) and not isinstance(self.chunks, bool) and 1 <= self.chunks <= MAX_CHUNKS,
-                "optim.chunks", f"must be a whole number from 1 to {MAX_CHUNKS}, got {self.chunks!r}")
+        require(self.chunks == "auto" or (isinstance(self.chunks, int) and not isinstance(self.chunks, bool)
+                                          and 1 <= self.chunks <= MAX_CHUNKS),
+                "optim.chunks", f"must be 'auto' or a whole number from 1 to {MAX_CHUNKS}, got {self.chunks!r}")
         require(self.min_wait <= self.max_wait, "optim.min_wait",
                 f"must not exceed optim.max_wait ({self.max_wait:g}), got {self.min_wait:g}")
         require(not self.rowwise or (self.name == "adagrad" and not self._target_), "optim.rowwise",

@@ -7,7 +7,8 @@ leader's nor a worker's production path carries test code.
 
 ``HOGWILD_FAULT`` plans a worker's faults (kind:worker:step, e.g. ``nan:0:20,crash:1:50``):
 ``nan`` poisons the first gradient of that step, ``crash`` raises in that step,
-``slow:W:MS`` makes every step of worker W MS milliseconds longer (a slow or loaded machine),
+``slow:W:MS`` makes every step of worker W MS milliseconds longer (a slow or loaded machine; a
+part of a batch, optim.balance or optim.chunks, that part's share of MS),
 ``start:W:0`` kills worker W's first start during its warm-up, before it is ready,
 ``warm:W:MS`` makes that warm-up MS milliseconds longer (a signal that lands in it), and
 ``rewarm:W:MS`` makes only a respawned worker's warm-up MS milliseconds longer (a slow respawn).
@@ -103,8 +104,8 @@ class Faults:
                 return step_fn(step, share, summed)
             if delay_s and slow_while and not os.path.exists(slow_while):
                 delay_s = 0.0  # for good: the test is done with its faults
-            if delay_s:
-                time.sleep(delay_s)
+            if delay_s:  # slower by the sample, as a slow machine is: a batch in parts is slowed once in all
+                time.sleep(delay_s * min(1.0, share))
             first = step != last[0]  # a batch computed in parts (optim.balance, chunks) meets its faults once
             last[0] = step
             if first and step in crash_at:

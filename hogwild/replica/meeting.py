@@ -103,6 +103,12 @@ MAX_PARTS = 4
 MIN_PACE_S = 0.005
 """Below this a batch's time is jitter, and a meeting per part would cost more than it saves."""
 PACE_WINDOW = 5
+# optim.chunks=auto: a batch in this many chunks of at least this many samples, once a whole one
+# takes this long (below it each chunk's own overhead shows: a batch of a few milliseconds is mostly
+# Python and kernel launches). Four chunks of the GPT of BENCHMARKS.md §15 took what one batch did.
+AUTO_CHUNKS = 4
+MIN_CHUNK_SAMPLES = 8
+MIN_CHUNK_S = 0.02
 
 
 @dataclass(frozen=True)

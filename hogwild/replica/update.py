@@ -27,7 +27,8 @@ from torch import Tensor
 from hogwild.config.schema import OptimConfig
 from hogwild.errors import UserError
 from hogwild.replica.deadline import pivot_of
-from hogwild.replica.meeting import PACE_WINDOW, STEPS_KEY, Meeting, Piece, balanced_share, mean_into, wait_until
+from hogwild.replica.meeting import (AUTO_CHUNKS, MIN_CHUNK_S, MIN_CHUNK_SAMPLES, PACE_WINDOW, STEPS_KEY, Meeting,
+                                     Piece, balanced_share, mean_into, wait_until)
 from hogwild.replica.optim import (FlatOptimizer, Optimizer, TorchOptimizer, bind_views, decays, rebound_state,
                                    state_views, torch_optimizer)
 from hogwild.replica.shared import Slot
@@ -41,8 +42,6 @@ class Updater(Protocol):
     """Batches one optimizer step takes (the learning-rate schedule counts steps)."""
     wait_s: float
     """Seconds spent waiting for the other workers (none under Hogwild)."""
-    chunks: int
-    """Chunks each batch is computed in (optim.chunks; 1: whole, or the parts :meth:`share` says)."""
 
     def ready(self) -> None:
         """The worker's loop starts: steps may count on it from now."""
@@ -52,6 +51,9 @@ class Updater(Protocol):
 
     def share(self) -> float:
         """The share of each batch the next gradient is computed on (1: the whole batch)."""
+
+    def chunks(self) -> int:
+        """The chunks the next batch is computed in (optim.chunks; 1: whole, or the share :meth:`share` says)."""
 
     def hand_in(self, chunk_s: float, chunks_left: int) -> bool:
         """Whether to hand in the chunks computed so far rather than compute the ``chunks_left``
@@ -73,7 +75,6 @@ class HogwildUpdate:
         self.opt, self.params = opt, params
         self.batches_per_step = batches_per_step
         self.wait_s = 0.0
-        self.chunks = 1
 
     def ready(self) -> None:
         pass
@@ -88,6 +89,9 @@ class HogwildUpdate:
 
     def share(self) -> float:
         return 1.0  # nobody waits for anybody: no batch is cut
+
+    def chunks(self) -> int:
+        return 1
 
     def hand_in(self, chunk_s: float, chunks_left: int) -> bool:
         return False
@@ -128,18 +132,19 @@ class BarrierUpdate:
     """One worker's side of the meeting (replica/meeting.py has the protocol)."""
 
     def __init__(self, cfg: OptimConfig, seat: Seat, params: list[Tensor], signals: Signals,
-                 direct: Optional[Optimizer] = None) -> None:
+                 direct: Optional[Optimizer] = None, chunks: tuple[int, float] = (1, 0.0)) -> None:
         """``direct``: the optimizer of the sparse tables' rows, which this worker writes itself.
-        ``cfg.balance``: a slower worker computes on a share of its batch (:func:`balanced_share`)."""
+        ``cfg.balance``: a slower worker computes on a share of its batch (:func:`balanced_share`).
+        ``chunks``: each batch in this many chunks once a whole one takes this many seconds
+        (:func:`chunks_for`)."""
         meeting = seat.meeting
         self.cfg, self.m, self.i, self.flat, self.params = cfg, meeting, seat.index, seat.flat, params
         self.slots: list[Slot] = meeting.slots
         self.state, self.direct = seat.opt_state, direct
         self.notify, self.kick, self.stopping = signals.notify, signals.kick, signals.stopping
-        # optim.chunks decides a batch's parts as it is computed, so the pace's split is not asked for.
         # A sparse table's rows are written as each gradient is applied: never in chunks.
-        self.chunks = cfg.chunks if meeting.workers > 1 and not meeting.tables else 1
-        self.balance = bool(cfg.balance) and meeting.workers > 1 and self.chunks == 1
+        self._chunks, self._chunk_s = (chunks[0] if meeting.workers > 1 and not meeting.tables else 1), chunks[1]
+        self.balance = bool(cfg.balance) and meeting.workers > 1
         self._share = 1.0
         self._paces: deque[float] = deque(maxlen=PACE_WINDOW)
         self.wait_s = 0.0
@@ -171,7 +176,9 @@ class BarrierUpdate:
         if not whole:
             return False
         self._read, self._t0 = int(head["applied"]), time.perf_counter()
-        if self.balance:  # the others' paces as they are now, each written with its last gradient
+        # Chunks decide a batch's parts as it is computed: the pace's split is not asked for. The others'
+        # paces as they are now, each written with its last gradient.
+        if self.balance and self.chunks() == 1:
             cells = self.m.cells
             # A part may come half the straggler bound after the pivot and still be waited for.
             self._share = balanced_share(float(cells[self.i]["pace"]), cells["pace"][cells["live"] > 0].tolist(),
@@ -184,6 +191,9 @@ class BarrierUpdate:
 
     def share(self) -> float:
         return self._share
+
+    def chunks(self) -> int:
+        return self._chunks if float(self.m.cells[self.i]["pace"]) >= self._chunk_s else 1
 
     def hand_in(self, chunk_s: float, chunks_left: int) -> bool:
         """optim.chunks: yes once the open step's pivot has brought its fresh gradient and the rest
@@ -327,3 +337,15 @@ class BarrierUpdate:
         if self._torch_views is None:
             self._torch_views = state_views(self.cfg, self.params, self.slots, self.state)
         return self._torch_views
+
+
+def chunks_for(setting: object, model: torch.nn.Module, batch_size: int) -> tuple[int, float]:
+    """optim.chunks as a barrier worker runs it: (chunks, the seconds a whole batch must take before
+    it is cut). An explicit number is kept as it is; auto (:data:`AUTO_CHUNKS` of at least
+    :data:`MIN_CHUNK_SAMPLES` samples once a batch takes :data:`MIN_CHUNK_S`) keeps whole batches for a
+    model with batch-norm layers, whose statistics would be a chunk's instead of the batch's."""
+    if setting != "auto":
+        return int(setting), 0.0  # type: ignore[call-overload]
+    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        return 1, 0.0
+    return max(1, min(AUTO_CHUNKS, batch_size // MIN_CHUNK_SAMPLES)), MIN_CHUNK_S

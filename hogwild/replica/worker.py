@@ -39,7 +39,7 @@ from hogwild.replica.optim import (FlatOptimizer, Optimizer, bind_views, clip_gr
                                    row_tables, state_numel, state_views, torch_optimizer)
 from hogwild.replica.rows import RowMarks
 from hogwild.replica.shared import param_slots
-from hogwild.replica.update import BarrierUpdate, HogwildUpdate, Seat, Signals, Updater
+from hogwild.replica.update import BarrierUpdate, HogwildUpdate, Seat, Signals, Updater, chunks_for
 from hogwild.replica.start import adopt_environment, leader_watch
 from hogwild.config.train import StepConfig
 from hogwild.replica.step import Step, batch_len, batch_slice, make_step, to_device
@@ -242,7 +242,8 @@ def make_updater(cfg: Config, spec: WorkerSpec, shared: ReplicaShared, model: to
         else:  # every worker writes rows of the one state: racing, as optim.state=shared under hogwild
             direct = FlatOptimizer(cfg.optim, flat, slots, opt_state, racing=True)
     return BarrierUpdate(cfg.optim, Seat(meeting, spec.local_index, flat, opt_state), params,
-                         Signals(stopping, channels.notices, channels.kick), direct)
+                         Signals(stopping, channels.notices, channels.kick), direct,
+                         chunks_for(cfg.optim.chunks, model, cfg.train.batch_size))
 
 
 def make_step_fn(model: torch.nn.Module, ds: Dataset, sampler: Union[ShardSampler, StreamReader],
@@ -291,16 +292,18 @@ def make_step_fn(model: torch.nn.Module, ds: Dataset, sampler: Union[ShardSample
     return step_fn
 
 
-def in_chunks(step_fn: StepFn, index: int, updater: Updater, params: list[Tensor]) -> Computed:
-    """Batch ``index`` (or its rest) in ``updater.chunks`` equal chunks, until it is done or the
-    updater says to hand in what is done (optim.chunks): one Computed over the chunks computed,
-    each ``.grad`` the mean over their samples, as if they were one batch."""
+def in_chunks(step_fn: StepFn, index: int, chunks: int, hand_in: Callable[[float, int], bool],
+              params: list[Tensor]) -> Computed:
+    """Batch ``index`` (or its rest) in chunks of a ``chunks``-th of it, until it is done or
+    ``hand_in(seconds a chunk, chunks left)`` says to hand in what is done (optim.chunks): one
+    Computed over the chunks computed, each ``.grad`` the mean over their samples, as if they were
+    one batch."""
     done: list[Computed] = []
     t0 = time.perf_counter()
     while True:
-        done.append(step_fn(index, 1.0 / updater.chunks, summed=True))
+        done.append(step_fn(index, 1.0 / chunks, summed=True))
         left, took = done[-1].left, done[-1].samples
-        if left == 0 or updater.hand_in((time.perf_counter() - t0) / len(done), math.ceil(left / max(took, 1))):
+        if left == 0 or hand_in((time.perf_counter() - t0) / len(done), math.ceil(left / max(took, 1))):
             break
     samples = sum(c.samples for c in done)
     torch._foreach_mul_([p.grad for p in params if p.grad is not None], 1.0 / max(samples, 1))
@@ -389,8 +392,9 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
         # train.accumulate batches make one update; the last of a quota that does not divide may be short.
         n = min(accumulate, spec.quota - step)
         # A slower worker's batch in parts (optim.balance, optim.chunks); accumulated batches are always whole.
-        if n == 1 and updater.chunks > 1:
-            parts = [in_chunks(step_fn, step, updater, params)]
+        chunks = updater.chunks() if n == 1 else 1
+        if chunks > 1:
+            parts = [in_chunks(step_fn, step, chunks, updater.hand_in, params)]
         else:
             share = updater.share() if n == 1 else 1.0
             parts = [step_fn(step + i, share) for i in range(n)]

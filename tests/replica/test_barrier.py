@@ -86,10 +86,9 @@ def test_a_slow_worker_holds_no_step_past_the_bound(tmp_path: Path) -> None:
     """Worker 1 takes 400 ms a step, worker 0 a few: worker 0's steps wait for it at most
     optim.max_wait times worker 0's own gradient's time, so worker 0 makes its steps alone instead
     of one per 400 ms, and the workers' waits stay far below the 20 x 400 ms that waiting would take.
-    optim.balance=false: the bound alone (a fixed delay does not shrink with a part of the batch, so
-    optim.balance would cut worker 1's batches into quarters of 400 ms each)."""
+    optim.balance=false optim.chunks=1: the bound alone, whole batches."""
     out = tmp_path / "run"
-    proc = run_cli(["optim=adamw", "workers=2", "train.max_steps=40", "optim.balance=false", *QUIET,
+    proc = run_cli(["optim=adamw", "workers=2", "train.max_steps=40", "optim.balance=false", "optim.chunks=1", *QUIET,
                     f"run_dir={out}"], cwd=tmp_path, env=clean_env(HOGWILD_FAULT="slow:1:400"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = metrics(out)
@@ -99,15 +98,15 @@ def test_a_slow_worker_holds_no_step_past_the_bound(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_slow_worker_computes_on_part_of_each_batch(tmp_path: Path) -> None:
-    """optim.balance: worker 0 takes 40 ms a step and worker 1 120 ms, so worker 1 computes its
-    batches in parts (quarters: a fixed delay does not shrink with the batch) while both run; every
+    """optim.balance (optim.chunks=1): worker 0 takes 40 ms a step and worker 1 120 ms, so worker 1
+    computes its batches in parts (thirds, each a third as slow) while both run; every
     sample is trained on once, as by workers of equal speed with optim.balance=false (that job runs
     at full speed: which samples a worker reads does not depend on its pace), and metrics.json counts
     the parts."""
     def job(balance: bool, fault: str) -> dict[str, Any]:
         out = tmp_path / str(balance)
         proc = run_cli(["optim=adamw", "workers=2", "train.max_steps=80", "train.batch_size=32", *QUIET,
-                        f"optim.balance={str(balance).lower()}", f"run_dir={out}"], cwd=tmp_path,
+                        f"optim.balance={str(balance).lower()}", "optim.chunks=1", f"run_dir={out}"], cwd=tmp_path,
                        env=clean_env(HOGWILD_FAULT=fault))
         assert proc.returncode == 0, proc.stderr[-3000:]
         return metrics(out)
@@ -119,10 +118,10 @@ def test_a_slow_worker_computes_on_part_of_each_batch(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_slow_worker_in_chunks_hands_in_what_it_has_when_the_other_is_in(tmp_path: Path) -> None:
-    """optim.chunks=4: worker 0 takes 10 ms a chunk and worker 1 30 ms (a fixed delay a call, so
-    40 ms and 120 ms a batch). Once worker 0's gradient is in and worker 1's rest would come after
-    the bound, worker 1 hands in the chunks it has; the rest of its batch is its next part. Every
-    sample is trained on once, as by workers of equal speed in whole batches."""
+    """optim.chunks=4: worker 0 takes 40 ms a batch and worker 1 120 ms (30 ms a chunk). Once worker
+    0's gradient is in and worker 1's rest would come after the bound, worker 1 hands in the chunks
+    it has; the rest of its batch is its next part. Every sample is trained on once, as by workers of
+    equal speed in whole batches."""
     def job(chunks: int, fault: str) -> dict[str, Any]:
         out = tmp_path / str(chunks)
         proc = run_cli(["optim=adamw", "workers=2", "train.max_steps=60", "train.batch_size=32", *QUIET,
@@ -130,7 +129,7 @@ def test_a_slow_worker_in_chunks_hands_in_what_it_has_when_the_other_is_in(tmp_p
         assert proc.returncode == 0, proc.stderr[-3000:]
         return metrics(out)
 
-    on, off = job(4, "slow:0:10,slow:1:30"), job(1, "")
+    on, off = job(4, "slow:0:40,slow:1:120"), job(1, "")
     assert on["steps"] == off["steps"] == 60 and on["samples"] == off["samples"] and off["batch_parts"] == 0
     assert on["batch_parts"] >= 5, on["batch_parts"]  # about one of worker 1's batches in two goes in parts
 

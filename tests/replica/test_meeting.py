@@ -347,13 +347,15 @@ def test_a_worker_in_chunks_hands_in_once_the_pivot_is_in_and_its_rest_would_com
     optim.min_wait of its compute time, computing on; due after it, handing in; the step closed
     without this worker, handing in at once. Chunks replace the pace's split, and a replica of one
     worker computes whole batches."""
-    cfg = OptimConfig(name="adamw", chunks=4, min_wait=0.5)
+    cfg = OptimConfig(name="adamw", min_wait=0.5)
     model, flat, m, state = _replica(cfg, 3)
     params = list(model.parameters())
-    up = BarrierUpdate(cfg, Seat(m, 2, flat, state), params, Signals(lambda: True))
+    up = BarrierUpdate(cfg, Seat(m, 2, flat, state), params, Signals(lambda: True), chunks=(4, 0.02))
     m.cells["live"] = 1.0
+    m.cells["pace"] = [0.01, 0.01, 0.015]
+    assert up.chunks() == 1  # a batch of 15 ms: whole (each chunk's overhead would show)
     m.cells["pace"] = [0.01, 0.01, 0.04]
-    assert up.chunks == 4 and up.begin() and up.share() == 1.0  # the pace's split is not asked for
+    assert up.chunks() == 4 and up.begin() and up.share() == 1.0  # the pace's split is not asked for
     now = time.monotonic()  # seconds of margin below: a loaded machine may pause this test
     assert not up.hand_in(1.0, 9)  # nobody has arrived
     _arrive(m, 0, now - 4.0, compute_s=10.0)  # one of two others: the pivot of three live workers is the second
@@ -366,4 +368,15 @@ def test_a_worker_in_chunks_hands_in_once_the_pivot_is_in_and_its_rest_would_com
     m.head["open"] = 1  # the step closed without this worker: whatever it holds is late already
     assert up.hand_in(0.0, 1)
     _, flat1, alone, state1 = _replica(cfg, 1)
-    assert BarrierUpdate(cfg, Seat(alone, 0, flat1, state1), params, Signals(lambda: True)).chunks == 1
+    lone = BarrierUpdate(cfg, Seat(alone, 0, flat1, state1), params, Signals(lambda: True), chunks=(4, 0.0))
+    assert lone.chunks() == 1
+
+
+def test_auto_chunks_are_four_of_at_least_eight_samples_and_none_for_batch_norm() -> None:
+    from hogwild.replica.update import chunks_for
+
+    net = _net()
+    assert chunks_for("auto", net, 32) == (4, 0.02)
+    assert chunks_for("auto", net, 16) == (2, 0.02) and chunks_for("auto", net, 12) == (1, 0.02)
+    assert chunks_for("auto", nn.Sequential(nn.Linear(5, 7), nn.BatchNorm1d(7)), 64) == (1, 0.0)
+    assert chunks_for(3, net, 4) == (3, 0.0)  # a number set by hand is kept, whatever the batch

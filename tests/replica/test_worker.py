@@ -277,10 +277,10 @@ def test_a_batch_in_parts_is_computed_part_by_part_and_read_once() -> None:
 
 
 class _Handing:
-    """An updater's face for in_chunks: hands in after ``after`` chunks (never: None)."""
+    """An updater's hand_in for in_chunks: yes after ``after`` chunks (never: None)."""
 
-    def __init__(self, chunks: int, after: Optional[int]) -> None:
-        self.chunks, self.after, self.asked = chunks, after, []  # type: list[tuple[float, int]]
+    def __init__(self, after: Optional[int]) -> None:
+        self.after, self.asked = after, []  # type: list[tuple[float, int]]
 
     def hand_in(self, chunk_s: float, chunks_left: int) -> bool:
         self.asked.append((chunk_s, chunks_left))
@@ -311,8 +311,8 @@ def test_a_batch_in_chunks_hands_in_the_mean_of_the_chunks_done_and_keeps_the_re
         want, want_loss = reference(rows[start:end])
         for p in params:
             p.grad = torch.zeros_like(p)
-        handing = _Handing(4, after)
-        got = in_chunks(step_fn, 3, handing, params)  # type: ignore[arg-type]
+        handing = _Handing(after)
+        got = in_chunks(step_fn, 3, 4, handing.hand_in, params)
         assert (got.samples, got.left, got.whole) == (end - start, 16 - end, 16)
         assert [left for _, left in handing.asked] == asked and all(s > 0 for s, _ in handing.asked)
         assert float(got.loss) == pytest.approx(want_loss, rel=1e-5)
@@ -322,7 +322,7 @@ def test_a_batch_in_chunks_hands_in_the_mean_of_the_chunks_done_and_keeps_the_re
     whole, _ = reference(rows)
     for p in params:
         p.grad = torch.zeros_like(p)
-    assert in_chunks(step_fn, 3, _Handing(4, None), params).samples == 16  # type: ignore[arg-type]
+    assert in_chunks(step_fn, 3, 4, _Handing(None).hand_in, params).samples == 16
     for a, p in zip(whole, params):
         torch.testing.assert_close(p.grad, a, rtol=1e-5, atol=1e-6)
 
