@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import socket
@@ -95,16 +96,13 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-_ZYGOTE: list[Zygote] = []
-
-
+@functools.cache
 def zygote_of_this_process() -> Zygote:
     """This test process's zygote (tests/zygote.py), started at its first use."""
-    if not _ZYGOTE:
-        home = Path(tempfile.mkdtemp(prefix="hogwild-zygote-"))
-        _ZYGOTE.append(Zygote(home, clean_env(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))))
-        atexit.register(_ZYGOTE[0].close)
-    return _ZYGOTE[0]
+    home = Path(tempfile.mkdtemp(prefix="hogwild-zygote-"))
+    zygote = Zygote(home, clean_env(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO)))
+    atexit.register(zygote.close)
+    return zygote
 
 
 @pytest.fixture(scope="session")
@@ -137,24 +135,14 @@ def ranks(nproc: int, args: list[str], cwd: Path, env: dict[str, str], timeout: 
     """``nproc`` leaders started as torchrun starts them (the same environment variables), minus
     the launcher: one process and one ``import torch`` less per job, where the launcher itself
     is not what a test is about. The first non-zero exit code, and every rank's stderr."""
-    port, zygote = free_port(), zygote_of_this_process()
-    logs = Path(tempfile.mkdtemp(dir=zygote.exits.parent))
-    procs = []
-    for rank in range(nproc):
-        rank_env = {**env, "RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank),
-                    "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        procs.append(zygote.start("hogwild.cli.train", args, cwd, rank_env, logs / f"{rank}.err",
-                                  stdout=logs / f"{rank}.out"))
-    try:
-        deadline = time.monotonic() + timeout
-        for p in procs:
-            p.wait(max(0.0, deadline - time.monotonic()))
-    finally:
-        for p in procs:
-            p.kill()  # none that is still running outlives the call
-    code = next((p.returncode for p in procs if p.returncode != 0), 0)
-    read = [((logs / f"{r}.out").read_text(), (logs / f"{r}.err").read_text()) for r in range(nproc)]
-    return subprocess.CompletedProcess(procs[0].args, code, "".join(o for o, _ in read), "".join(e for _, e in read))
+    port = free_port()
+    jobs = [(args, {**env, "RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank),
+                    "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+            for rank in range(nproc)]
+    done = zygote_of_this_process().run_many("hogwild.cli.train", jobs, cwd, timeout)
+    code = next((d.returncode for d in done if d.returncode != 0), 0)
+    return subprocess.CompletedProcess(done[0].args, code, "".join(d.stdout for d in done),
+                                       "".join(d.stderr for d in done))
 
 
 def wait_training(run_dir: Path, proc: subprocess.Popen, timeout: float = 120, rank: int = 0) -> None:

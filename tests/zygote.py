@@ -132,17 +132,29 @@ class Zygote:
         assert reply, f"the zygote is gone: {(self.exits.parent / 'zygote.log').read_text()[-3000:]}"
         return Forked(int(reply), self.exits / reply.decode().strip(), [module, *args])
 
+    def run_many(self, module: str, jobs: list[tuple[list[str], dict[str, str]]], cwd: Path,
+                 timeout: float) -> list[subprocess.CompletedProcess[str]]:
+        """``python -m module`` once per job (its args and env), all started at once, each as
+        ``subprocess.run(..., capture_output=True, text=True)``, within one ``timeout`` for all:
+        ``subprocess.TimeoutExpired`` if any is still running then, and none outlives the call."""
+        out = Path(tempfile.mkdtemp(dir=self.exits.parent))
+        procs = [self.start(module, args, cwd, env, out / f"{i}.err", stdout=out / f"{i}.out")
+                 for i, (args, env) in enumerate(jobs)]
+        try:
+            deadline = time.monotonic() + timeout
+            for proc in procs:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+        finally:
+            for proc in procs:
+                proc.kill()
+        return [subprocess.CompletedProcess([sys.executable, "-m", module, *args], proc.returncode,
+                                            (out / f"{i}.out").read_text(), (out / f"{i}.err").read_text())
+                for i, (proc, (args, _)) in enumerate(zip(procs, jobs))]
+
     def run(self, module: str, args: list[str], cwd: Path, env: dict[str, str],
             timeout: float) -> subprocess.CompletedProcess[str]:
         """As ``subprocess.run(..., capture_output=True, text=True, timeout=timeout)``."""
-        out = Path(tempfile.mkdtemp(dir=self.exits.parent))
-        proc = self.start(module, args, cwd, env, out / "stderr", stdout=out / "stdout")
-        try:
-            code = proc.wait(timeout)
-        finally:
-            proc.kill()  # nothing of it outlives the call, as with subprocess.run
-        return subprocess.CompletedProcess([sys.executable, "-m", module, *args], code,
-                                           (out / "stdout").read_text(), (out / "stderr").read_text())
+        return self.run_many(module, [(args, env)], cwd, timeout)[0]
 
     def close(self) -> None:
         """Stop it and remove its directory (its children's exit codes, ``run``'s captured output)."""
