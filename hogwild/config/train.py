@@ -57,7 +57,8 @@ class OptimConfig:
     """barrier: how long a step waits for a worker missing from the step before too (at most
     optim.max_wait): it still computes on older weights, so its gradient is stale whenever it comes."""
     balance: bool = True
-    """barrier: true: a worker whose whole batch takes more than 1.15 times the median worker's computes
+    """barrier, where a batch is not computed in chunks (optim.chunks): true: a worker whose whole
+    batch takes more than 1.15 times the median worker's computes
     each batch in equal parts (at most four), one part a step, sized to its speed, so
     its gradients arrive with the others' and not one update late; a step's mean weighs each
     gradient by its samples (LB-BSP). Every sample is still trained on once (metrics.json:

@@ -174,12 +174,16 @@ def test_workers_wait_at_the_lag_limit_until_the_round_completes() -> None:
 def test_slow_fault_delays_every_step_after_the_warm_up() -> None:
     import time
 
-    fn = Faults(workers="slow:0:30").step(lambda step, share=1.0: (torch.tensor(0.0), 1, 0), [], 0, 0)
+    fn = Faults(workers="slow:0:200").step(lambda step, share=1.0, summed=False: (torch.tensor(0.0), 1, 0), [], 0, 0)
     fn(0)  # the warm-up
     t0 = time.perf_counter()
     fn(0)
     fn(1)
-    assert time.perf_counter() - t0 >= 0.06
+    assert time.perf_counter() - t0 >= 0.4
+    t0 = time.perf_counter()
+    for _ in range(4):  # a batch in quarters (optim.chunks) is slowed by the sample: 200 ms in all, not 800
+        fn(2, 0.25)
+    assert 0.2 <= time.perf_counter() - t0 < 0.5
 
 
 @pytest.mark.timeout(60)
@@ -361,6 +365,12 @@ def test_under_a_time_budget_the_schedule_follows_the_steps_made_not_the_batches
 
         def share(self) -> float:
             return 1.0
+
+        def chunks(self) -> int:
+            return 1
+
+        def hand_in(self, chunk_s: float, chunks_left: int) -> bool:
+            return False
 
         def apply(self, grads: list, ok: bool, rate: Any, pos: int, samples: int = 0, fraction: float = 1.0) -> int:
             self.rates.append(rate(3 * (pos + 1)))
