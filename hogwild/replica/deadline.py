@@ -54,6 +54,12 @@ def pivot_of(step: int, members: Sequence[int], live: int, cells: np.ndarray) ->
     return fresh[half - 1] if len(fresh) >= half else None
 
 
+def due(cells: np.ndarray, pivot: int, wait: float) -> float:
+    """When a step whose pivot is ``pivot`` stops waiting ``wait`` of the pivot's compute times
+    (``time.monotonic()``): the chair closes it then, and a worker in chunks hands in before it."""
+    return float(cells[pivot]["at"]) + wait * float(cells[pivot]["compute_s"])
+
+
 class Deadline:
     """One replica chair's bound (the module's text): :meth:`bound` before a step closes,
     :meth:`closed` after."""

@@ -60,7 +60,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from hogwild.replica.deadline import Deadline, pivot_of
+from hogwild.replica.deadline import Deadline, due, pivot_of
 from hogwild.replica.shared import Slot
 
 logger = logging.getLogger(__name__)
@@ -306,7 +306,7 @@ class Chair:
         if pivot is None:
             return POLL_S
         wait = self.deadline.bound(set(live.tolist()) - set(arrived.tolist()))
-        deadline = cells[pivot]["at"] + wait * cells[pivot]["compute_s"]
+        deadline = due(cells, pivot, wait)
         if now >= deadline:
             self._close(k, arrived, live)
             return POLL_S

@@ -18,7 +18,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Callable, Optional, Protocol
+from typing import Callable, Optional, Protocol, Union
 
 import numpy as np
 import torch
@@ -26,7 +26,7 @@ from torch import Tensor
 
 from hogwild.config.schema import OptimConfig
 from hogwild.errors import UserError
-from hogwild.replica.deadline import pivot_of
+from hogwild.replica.deadline import due, pivot_of
 from hogwild.replica.meeting import (AUTO_CHUNKS, MIN_CHUNK_S, MIN_CHUNK_SAMPLES, PACE_WINDOW, STEPS_KEY, Meeting,
                                      Piece, balanced_share, mean_into, wait_until)
 from hogwild.replica.optim import (FlatOptimizer, Optimizer, TorchOptimizer, bind_views, decays, rebound_state,
@@ -209,8 +209,7 @@ class BarrierUpdate:
         pivot = pivot_of(step, arrived, len(live), cells)
         if pivot is None:
             return False
-        deadline = float(cells[pivot]["at"]) + self.cfg.min_wait * float(cells[pivot]["compute_s"])
-        return time.monotonic() + chunks_left * chunk_s > deadline
+        return time.monotonic() + chunks_left * chunk_s > due(cells, pivot, self.cfg.min_wait)
 
     def apply(self, grads: list[Optional[Tensor]], ok: bool, rate: Optional[Rate], pos: int,
               samples: int = 0, fraction: float = 1.0) -> int:
@@ -339,13 +338,13 @@ class BarrierUpdate:
         return self._torch_views
 
 
-def chunks_for(setting: object, model: torch.nn.Module, batch_size: int) -> tuple[int, float]:
+def chunks_for(setting: Union[int, str], model: torch.nn.Module, batch_size: int) -> tuple[int, float]:
     """optim.chunks as a barrier worker runs it: (chunks, the seconds a whole batch must take before
     it is cut). An explicit number is kept as it is; auto (:data:`AUTO_CHUNKS` of at least
     :data:`MIN_CHUNK_SAMPLES` samples once a batch takes :data:`MIN_CHUNK_S`) keeps whole batches for a
     model with batch-norm layers, whose statistics would be a chunk's instead of the batch's."""
     if setting != "auto":
-        return int(setting), 0.0  # type: ignore[call-overload]
+        return int(setting), 0.0
     if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         return 1, 0.0
     return max(1, min(AUTO_CHUNKS, batch_size // MIN_CHUNK_SAMPLES)), MIN_CHUNK_S
