@@ -16,8 +16,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def test_bench_sections_train_every_method_and_measure_the_sync_round(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--tiny", "--only", "final,sync",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=280,
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "races" / "bench.py"), "--tiny", "--only",
+                           "final,sync", "--out", str(tmp_path)], capture_output=True, text=True, timeout=280,
                           env=clean_env(), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((tmp_path / "results.json").read_text())
@@ -35,13 +35,13 @@ def test_bench_sections_train_every_method_and_measure_the_sync_round(tmp_path: 
 
 
 def test_bench_rejects_an_unknown_section(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench.py"), "--only", "nope",
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "races" / "bench.py"), "--only", "nope",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=60, env=clean_env())
     assert proc.returncode == 2 and "unknown section(s) nope" in proc.stderr
 
 
 def test_gpu_bench_checks_its_sections_then_says_when_there_is_no_gpu(tmp_path: Path) -> None:
-    script = [sys.executable, str(REPO / "scripts" / "gpu.py")]
+    script = [sys.executable, str(REPO / "scripts" / "device" / "gpu.py")]
     bad = subprocess.run([*script, "--only", "sync,nope", "--out", str(tmp_path)], capture_output=True, text=True,
                          timeout=60, env=clean_env())
     assert bad.returncode == 2 and "unknown section(s) nope" in bad.stderr
@@ -57,15 +57,14 @@ def test_gpu_bench_checks_its_sections_then_says_when_there_is_no_gpu(tmp_path: 
 
 
 def _script(name: str) -> object:
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        return __import__(name)
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    """A script as a module, by its package path (``races.link``: scripts/races/link.py)."""
+    import importlib
+
+    return importlib.import_module(f"scripts.{name}")
 
 
 def test_link_median_counts_a_missed_run_as_slower_than_every_run_that_reached_the_target() -> None:
-    link = _script("link")
+    link = _script("races.link")
 
     def run(t: object) -> dict[str, object]:
         return {"time_to_target_s": t, "test_accuracy": 0.96, "bytes_per_step": 1.0, "tx_bytes_per_step": 1.0}
@@ -77,7 +76,7 @@ def test_link_median_counts_a_missed_run_as_slower_than_every_run_that_reached_t
 
 
 def test_outer_rules_reports_each_seed_and_refuses_an_unknown_rule(tmp_path: Path) -> None:
-    script = [sys.executable, str(REPO / "scripts" / "outer_rules.py")]
+    script = [sys.executable, str(REPO / "scripts" / "models" / "outer_rules.py")]
     bad = subprocess.run([*script, "--rules", "slowmo,nope"], capture_output=True, text=True, timeout=60,
                          env=clean_env())
     assert bad.returncode == 2 and "--rules: unknown nope" in bad.stderr

@@ -1,6 +1,8 @@
 """The benchmark scripts stand on a short surface: ``import hogwild`` (the public API) and
 ``hogwild.bench``, plus the command line they run as processes; and each one still imports and
-parses its arguments, so a change inside a package cannot break a benchmark unnoticed (fast tier)."""
+parses its arguments, so a change inside a package cannot break a benchmark unnoticed. Among
+themselves they import by package path (``scripts.harness.common``), the harness imports no other
+script, and no script imports one that imports it back (fast tier)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 
 from tests.conftest import REPO
 
-SCRIPTS = sorted((REPO / "scripts").glob("*.py"))
+SCRIPTS = sorted((REPO / "scripts").rglob("*.py"))
 ALLOWED = {"hogwild", "hogwild.bench"}
 
 
@@ -75,7 +77,8 @@ def test_hogwild_bench_is_short_and_says_what_scripts_may_rely_on() -> None:
     assert len(bench.__all__) <= 16, bench.__all__
 
 
-@pytest.mark.parametrize("script", [p for p in SCRIPTS if "__main__" in p.read_text()], ids=lambda p: p.name)
+@pytest.mark.parametrize("script", [p for p in SCRIPTS if "__main__" in p.read_text()],
+                         ids=lambda p: str(p.relative_to(REPO / "scripts")))
 def test_each_script_imports_and_parses_its_arguments(script: Path, monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(sys, "argv", [str(script), "--help"])
@@ -84,3 +87,78 @@ def test_each_script_imports_and_parses_its_arguments(script: Path, monkeypatch:
         runpy.run_path(str(script), run_name="__main__")
     assert done.value.code == 0
     assert "usage:" in capsys.readouterr().out
+
+
+def _script_module(path: Path, root: Path) -> str:
+    """``scripts.races.link`` for scripts/races/link.py (``root`` holds ``scripts/``)."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _script_graph(root: Path = REPO) -> dict[str, set[str]]:
+    """Which script modules each script module imports (at any depth, ``import_module`` aside):
+    ``from scripts.harness import links`` is an import of scripts.harness.links."""
+    files = {_script_module(p, root): p for p in sorted((root / "scripts").rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name in files}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                subs = {f"{node.module}.{a.name}" for a in node.names} & files.keys()
+                deps |= subs or ({node.module} & files.keys())
+        graph[mod] = deps - {mod}
+    return graph
+
+
+def _on_a_cycle(graph: dict[str, set[str]]) -> list[str]:
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for dep in graph.get(todo.pop(), set()):
+                if dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+        return seen
+
+    return sorted(m for m in graph if m in reach(m))
+
+
+def test_no_script_imports_one_that_imports_it_back() -> None:
+    cyclic = _on_a_cycle(_script_graph())
+    assert not cyclic, f"scripts on an import cycle: {cyclic}"
+
+
+def test_the_harness_imports_no_script_outside_it() -> None:
+    """races/, models/, measures/, chaos/ and device/ stand on scripts/harness, never the other way."""
+    graph = _script_graph()
+    up = {m: sorted(d for d in deps if not d.startswith("scripts.harness")) for m, deps in graph.items()
+          if m.startswith("scripts.harness")}
+    assert not any(up.values()), {m: d for m, d in up.items() if d}
+
+
+def test_scripts_import_each_other_by_package_path() -> None:
+    """``import link`` would find scripts/races/link.py only when its folder is on sys.path, and a
+    second copy of it when it is also imported as scripts.races.link: scripts say ``scripts.…``."""
+    stems = {p.stem for p in SCRIPTS if p.stem != "__init__"}
+    bare = []
+    for path in SCRIPTS:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+            bare += [f"{path.relative_to(REPO)}:{node.lineno} imports {n}" for n in names if n in stems]
+    assert not bare, "import scripts by their package path (scripts.harness.common):\n" + "\n".join(bare)
+
+
+def test_the_cycle_check_sees_a_cycle(tmp_path: Path) -> None:
+    (tmp_path / "scripts" / "races").mkdir(parents=True)
+    (tmp_path / "scripts" / "harness").mkdir()
+    (tmp_path / "scripts" / "races" / "link.py").write_text("from scripts.races import lm_race\n")
+    (tmp_path / "scripts" / "races" / "lm_race.py").write_text("def f():\n    import scripts.races.link\n")
+    (tmp_path / "scripts" / "harness" / "common.py").write_text("import os\n")
+    (tmp_path / "scripts" / "races" / "rows.py").write_text("from scripts.harness.common import REPO\n")
+    graph = _script_graph(tmp_path)
+    assert graph["scripts.races.link"] == {"scripts.races.lm_race"}
+    assert graph["scripts.races.rows"] == {"scripts.harness.common"}
+    assert _on_a_cycle(graph) == ["scripts.races.link", "scripts.races.lm_race"]

@@ -1,4 +1,4 @@
-"""The benchmarks' reproducible stragglers (scripts/stragglers.py), on a fake /proc and cgroup tree:
+"""The benchmarks' reproducible stragglers (scripts/harness/stragglers.py), on a fake /proc and cgroup tree:
 the right worker is picked, the quota written where the host's cgroup version reads it, and the
 process sent home afterwards (fast tier)."""
 
@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import REPO
 
-_spec = importlib.util.spec_from_file_location("stragglers", REPO / "scripts" / "stragglers.py")
+_spec = importlib.util.spec_from_file_location("stragglers", REPO / "scripts" / "harness" / "stragglers.py")
 assert _spec is not None and _spec.loader is not None
 stragglers = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(stragglers)

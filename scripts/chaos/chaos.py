@@ -1,9 +1,9 @@
 """A seeded chaos campaign against elastic mode: random faults across long elastic runs on this
 host, and the job's invariants checked after every run.
 
-    python scripts/chaos.py --faults 500 --seed 1 --out bench_results/chaos   # BENCHMARKS.md §10
-    python scripts/chaos.py --faults 8 --per-run 4 --out /tmp/chaos            # a quick look
-    python scripts/chaos.py --faults 500 --seed 1 --first-run 17                # go on after run 16
+    python scripts/chaos/chaos.py --faults 500 --seed 1 --out bench_results/chaos   # BENCHMARKS.md §10
+    python scripts/chaos/chaos.py --faults 8 --per-run 4 --out /tmp/chaos            # a quick look
+    python scripts/chaos/chaos.py --faults 500 --seed 1 --first-run 17                # go on after run 16
 
 Each run: a coordinator process and 3 replicas x 1 worker (mlp on digits, every step slowed
 20 ms so training outlasts the faults, ``sync.peer_timeout_s=2``), then ``--per-run`` faults
@@ -41,9 +41,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
 import numpy as np  # noqa: E402
-from common import clean_env, free_port, write_results  # noqa: E402
+from scripts.harness.common import clean_env, free_port, write_results  # noqa: E402
 
 from hogwild.bench import Coordinator, checkpoints, last_checkpoint, read_board  # noqa: E402
 

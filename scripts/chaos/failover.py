@@ -1,8 +1,8 @@
 """Losing a replica: elastic mode (survivors go on, the replica heals on restart) against a
 torchrun job (everyone restarts from the last checkpoint), side by side in one run.
 
-    python scripts/failover.py --repeats 3 --out bench_results     # the run behind BENCHMARKS.md §8
-    python scripts/failover.py --repeats 1 --out /tmp/f            # quick look
+    python scripts/chaos/failover.py --repeats 3 --out bench_results     # the run behind BENCHMARKS.md §8
+    python scripts/chaos/failover.py --repeats 1 --out /tmp/f            # quick look
 
 3 replicas x 1 worker on this host (Gloo on loopback), mlp on digits, every worker slowed 10 ms a
 step so a run lasts long enough to kill one leader (SIGKILL) at a chosen step. Per scenario: job
@@ -23,9 +23,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import free_port, metrics, table_head, train_cmd, write_results  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
+from scripts.harness.common import free_port, metrics, table_head, train_cmd, write_results  # noqa: E402
 
 from hogwild.bench import Coordinator, read_board, serve_coordinator  # noqa: E402
 

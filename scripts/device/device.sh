@@ -17,9 +17,9 @@
 # this host's virtual environment; `carry: [".whl"]`), the project is installed without its deps.
 # Its image has no iproute2: where .whl/net/bin holds this host's `ip` and `tc` (their libraries in
 # .whl/net/lib, found through an RPATH set with patchelf, so nothing they start inherits them), the
-# namespaces of scripts/link.py are made with those.
+# namespaces of scripts/races/link.py are made with those.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT="${OUT:-bench_results/device}"
 WORK="${WORK:-/tmp/hogwild_device}"
 mkdir -p "$OUT" "$WORK"
@@ -35,7 +35,7 @@ import os, torch
 print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")
 print("cores", len(os.sched_getaffinity(0)), "memory GiB", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
 PY
-# Can this kernel make the machines of scripts/link.py: a namespace, a veth, a bridge, tbf?
+# Can this kernel make the machines of scripts/races/link.py: a namespace, a veth, a bridge, tbf?
 probe() {
   ip netns add hwprobe && ip link add hwprobe0 type veth peer name hwprobe1 && ip link set hwprobe1 netns hwprobe \
     && ip link add hwprobebr type bridge \
@@ -53,17 +53,17 @@ for job in ${JOBS:-gpu lm16 slow16}; do
           tests/replica/test_replica.py -k "cuda or gpu" > "$WORK/gpu_tests.txt" 2>&1
       say "gpu tests rc=$? $(tail -1 "$WORK/gpu_tests.txt")" ;;
     lm16)
-      timeout $(( ${BUDGET_LM:-75} * 2 + 110 )) python3 scripts/link.py --workload gpt_large --machines 4 --cores-per-machine 4 "${LINK[@]}" \
+      timeout $(( ${BUDGET_LM:-75} * 2 + 110 )) python3 scripts/races/link.py --workload gpt_large --machines 4 --cores-per-machine 4 "${LINK[@]}" \
           --methods hogwild,ddp --lr "${LR_DDP:-0.006}" --budget "${BUDGET_LM:-75}" --eval-every-s 10 --repeats 1 --out "$WORK/lm16" \
           --run-timeout-s 200 > "$WORK/lm16.log" 2>&1
       say "lm16 rc=$?"; tail -6 "$WORK/lm16.log" >> "$LOG" ;;
     slow16)
-      timeout $(( ${BUDGET_SLOW:-60} * 2 + 100 )) python3 scripts/straggler_race.py --workers 16 --stragglers 2 --slow throttle:0.5 \
+      timeout $(( ${BUDGET_SLOW:-60} * 2 + 100 )) python3 scripts/races/straggler_race.py --workers 16 --stragglers 2 --slow throttle:0.5 \
           --lr "${LR_DDP:-0.006}" --budget "${BUDGET_SLOW:-60}" --eval-every-s 10 --repeats 1 --out "$WORK/slow16" > "$WORK/slow16.log" 2>&1
       say "slow16 rc=$?"; tail -6 "$WORK/slow16.log" >> "$LOG" ;;
     tables)
       for w in ${WIDTHS:-16 8 4}; do
-        timeout $((150 * ${REPEATS:-1})) python3 scripts/tables.py --workers "$w" --rows 10000000 --tables 1 \
+        timeout $((150 * ${REPEATS:-1})) python3 scripts/races/tables.py --workers "$w" --rows 10000000 --tables 1 \
             --target 0.586 --repeats "${REPEATS:-1}" --methods hogwild,ddp_sparse --out "$WORK/tables" \
             --name "tables_w$w" > "$WORK/tables_w$w.log" 2>&1
         say "tables w=$w rc=$?"

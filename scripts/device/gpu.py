@@ -2,8 +2,8 @@
 buffer on the GPU, samples/s of one replica on the GPU against the same replica on the CPU, and a
 2-replica job whose models live on the GPU.
 
-    python scripts/gpu.py --out bench_results/gpu               # everything (a machine with a GPU)
-    python scripts/gpu.py --only sync --sizes 1000000 --reps 20 --out /tmp/g
+    python scripts/device/gpu.py --out bench_results/gpu               # everything (a machine with a GPU)
+    python scripts/device/gpu.py --only sync --sizes 1000000 --reps 20 --out /tmp/g
 
 NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so on a one-GPU machine the NCCL
 rows have one rank (the round's own passes and a world-1 collective), and the two-rank rows use
@@ -27,12 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from baselines import MLP, RESNET, Workload, spawn_ranks, time_bare_and_round  # noqa: E402
-from common import free_port, metrics, names, table_head, train_cmd  # noqa: E402
+from scripts.harness.baselines import MLP, RESNET, Workload, spawn_ranks, time_bare_and_round  # noqa: E402
+from scripts.harness.common import free_port, metrics, names, table_head, train_cmd  # noqa: E402
 
 from hogwild.bench import sync_rule  # noqa: E402
 

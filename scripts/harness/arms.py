@@ -1,4 +1,4 @@
-"""The outside arms of the language-model race (``scripts/link.py --workload gpt|gpt_large``): one
+"""The outside arms of the language-model race (``scripts/races/link.py --workload gpt|gpt_large``): one
 rank of DDP (plain, with torch's fp16 compression hook, or with its PowerSGD hook) or of torchft's
 DiLoCo, on the GPT of ``examples/gpt.py`` with hogwild's ``+experiment=gpt`` recipe: AdamW with
 decay on matrices only, warm-up, then a cosine over the wall-clock budget, clipping at 1.0,
@@ -8,7 +8,7 @@ Every arm of a race is evaluated the same way as hogwild's leader evaluates (``-
 the clock, on the race's small test split, by rank 0), and its final model on the whole test split
 off the clock. Prints one ``RESULT {json}`` line (rank 0) with the curve.
 
-    python scripts/lm_arms.py --arm ddp_powersgd --powersgd-rank 2 --rank 0 --world 2 --port 29600 \\
+    python scripts/harness/arms.py --arm ddp_powersgd --powersgd-rank 2 --rank 0 --world 2 --port 29600 \\
         --size gpt_large --budget 120
 """
 
@@ -24,12 +24,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from common import put_result  # noqa: E402
+from scripts.harness.common import put_result  # noqa: E402
 
 WD, WARMUP, CLIP, BATCH, CONTEXT = 0.05, 100, 1.0, 32, 64
 LR = 3e-3
@@ -44,6 +42,12 @@ EVAL_BLOCKS = 128
 """What every arm scores during training: the test split's first 128 blocks (hogwild: one batch of
 ``eval.batch_size=128``); the final model is scored on these and on the whole split."""
 ARMS = ("ddp", "ddp_fp16", "ddp_powersgd", "torchft_diloco")
+SCRIPT = Path(__file__).resolve()
+"""This module, which a race runs once per rank of an outside arm."""
+LM_ARMS = ("hogwild", "ddp", "ddp_fp16", "ddp_powersgd1", "ddp_powersgd2", "ddp_powersgd4", "torchft_diloco")
+"""The language-model race's arms (scripts/races/lm_race.py): hogwild on its defaults, and what a user on
+a slow link would pick instead."""
+LM_DEFAULT = ("hogwild", "ddp", "ddp_fp16", "ddp_powersgd2", "torchft_diloco")
 
 
 def hogwild_overrides(size: str, budget: float, eval_every_s: float) -> list[str]:
@@ -271,7 +275,7 @@ def main() -> None:
     if out is not None:
         put_result(out)
     sys.stdout.flush()
-    # torch's exit after a Gloo run sometimes aborts in a C++ destructor (see link.py): the result is out.
+    # torch's exit after a Gloo run sometimes aborts in a C++ destructor (see races/link.py): the result is out.
     os._exit(0)
 
 

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from common import free_port
+from scripts.harness.common import free_port
 
 from hogwild.bench import build_model, digits, evaluate, shard_sampler, sync_round, sync_rule
 

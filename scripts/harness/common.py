@@ -1,11 +1,12 @@
 """What the benchmark scripts share: a free port, a clean environment for the processes they start,
-the training command line, its results, and the files a script writes."""
+the training command line, its results, the files a script writes, and its plots."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -13,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
+logger = logging.getLogger(__name__)
 LAUNCHERS = ("RANK", "WORLD_", "LOCAL_", "MASTER_", "TORCHELASTIC", "HOGWILD_")
 """Variables a launcher (torchrun, a hogwild job) sets, which a process started afresh must not inherit."""
 
@@ -101,3 +103,21 @@ def write_results(out: Path, name: str, data: Any, text: str, indent: int = 2) -
     (out / f"{name}.json").write_text(json.dumps(data, indent=indent, default=str) + "\n")
     (out / f"{name}.md").write_text(text)
     sys.stdout.write(text)
+
+
+def reached(value: Any) -> bool:
+    """A time to the target exists: metrics.json has null when it was missed, the baselines NaN."""
+    return value is not None and value == value
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend, or None (with a warning) where it is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        logger.warning("matplotlib not installed (pip install -e '.[bench]'): no PNG")
+        return None
+    return plt

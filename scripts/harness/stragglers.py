@@ -5,7 +5,7 @@
   as on a host where ``/sys/fs/cgroup/cpu`` is writable by root). It says which one ran.
 - :func:`stalled`: a process stopped (SIGSTOP) for ``stop_s`` every ``every_s``, as a page-out, a
   noisy neighbour's burst or a preempted VM stops one.
-- :func:`busy_core` (scripts/common.py): a core shared with a spinning process.
+- :func:`busy_core` (scripts/harness/common.py): a core shared with a spinning process.
 - :func:`worker_pids`: the spawned workers of a hogwild leader, so one of them can be picked.
 
 Needs root for the cgroup; :func:`throttled` raises ``PermissionError`` with the path it could not

@@ -18,8 +18,8 @@ Before the timed runs each workload runs compiled once, briefly and untimed, so 
 on-disk cache is warm as on any run after a machine's first (``--cold`` skips it: the first
 compiled run then pays the cold cache, tens of seconds).
 
-    python scripts/compile_bench.py --repeats 3 --out bench_results
-    python scripts/compile_bench.py --workloads digits --steps 100 --repeats 1   # a quick check
+    python scripts/measures/compile_bench.py --repeats 3 --out bench_results
+    python scripts/measures/compile_bench.py --workloads digits --steps 100 --repeats 1   # a quick check
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from common import REPO, metrics, table_head, train_cmd, write_results
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
+from scripts.harness.common import REPO, metrics, table_head, train_cmd, write_results
 
 logger = logging.getLogger("compile_bench")
 

@@ -8,7 +8,7 @@ optim.state=worker``) and with shared moments (``optim.state=shared``), for torc
 (``optim._target_=torch.optim.AdamW``) and the flat rule (``optim=adamw``). Repeats interleave
 the configurations, one seed per repeat, so a change in the machine's load hits each alike.
 
-    python scripts/optim_state.py --repeats 3 --out bench_results
+    python scripts/measures/optim_state.py --repeats 3 --out bench_results
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import train
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
+from scripts.harness.common import train
 
 logger = logging.getLogger("optim_state")
 

@@ -1,8 +1,8 @@
 """What a run costs before it trains: wall time and CPU of a short default run, with every process
 it starts counted (the leader, its fork server, the workers), side by side across versions.
 
-    python scripts/startup.py --repeats 3 --out bench_results/startup        # this checkout
-    python scripts/startup.py --tree spawn=/tmp/a --tree fork=/tmp/b --out /tmp/s   # BENCHMARKS.md §11
+    python scripts/measures/startup.py --repeats 3 --out bench_results/startup        # this checkout
+    python scripts/measures/startup.py --tree spawn=/tmp/a --tree fork=/tmp/b --out /tmp/s   # BENCHMARKS.md §11
 
 A ``--tree NAME=DIR`` is a source tree of hogwild (for instance ``git archive <commit> | tar -x
 -C DIR``) put first on ``PYTHONPATH``; the runs of all trees are interleaved, so a busy machine
@@ -23,7 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from common import table_head, write_results
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
+from scripts.harness.common import table_head, write_results
 
 logger = logging.getLogger("startup")
 PR_SET_CHILD_SUBREAPER = 36

@@ -6,7 +6,7 @@ windows through an ``IterableDataset`` (:func:`streamed`), split round robin bet
 workers, so the only difference is how a worker gets its samples. The two alternate, one pair per
 repeat, so host load affects both alike; the figure is metrics.json's ``samples_per_s``.
 
-    python scripts/stream_bench.py --repeats 3 --steps 400 --out bench_results
+    python scripts/measures/stream_bench.py --repeats 3 --steps 400 --out bench_results
 """
 
 from __future__ import annotations
@@ -20,14 +20,15 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 logger = logging.getLogger("stream_bench")
 
 GPT = ["+experiment=gpt", "eval.every_s=1000", "checkpoint.every_s=1000", "workers=2"]
-MODES = {"map-style": [], "stream": ["data._target_=scripts.stream_bench.streamed"]}
+MODES = {"map-style": [], "stream": ["data._target_=scripts.measures.stream_bench.streamed"]}
 
 
 class Windows(IterableDataset):
@@ -60,7 +61,8 @@ def run(args: list[str], run_dir: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    from common import table_head, write_results  # not at the top: the workers import this module for its data
+    # Not at the top: the workers import this module for its data.
+    from scripts.harness.common import table_head, write_results
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
@@ -69,7 +71,6 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     os.chdir(REPO)  # the experiment's data and this module are imported from the repository root
-    sys.path.insert(0, str(REPO))
     samples: dict[str, list[float]] = {name: [] for name in MODES}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):

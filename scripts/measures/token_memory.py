@@ -12,8 +12,8 @@ memory) is reported. The same run on a file ``--ratio`` times smaller puts the t
 side: if the data were copied per process, the anonymous peaks would differ by the difference of
 the sizes. The files are deleted afterwards.
 
-    python scripts/token_memory.py                    # 1 GB and 0.1 GB: bench_results/token_memory.{json,md}
-    python scripts/token_memory.py --size-gb 4 --name token_memory_4g
+    python scripts/measures/token_memory.py                    # 1 GB and 0.1 GB: bench_results/token_memory.{json,md}
+    python scripts/measures/token_memory.py --size-gb 4 --name token_memory_4g
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
 import numpy as np
 
-from common import REPO, clean_env, write_results
+from scripts.harness.common import REPO, clean_env, write_results
 
 logger = logging.getLogger("token_memory")
 MIB = 1 << 20

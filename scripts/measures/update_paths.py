@@ -16,7 +16,7 @@ the digits MLP under AdamW (lr 0.003, 2 workers, time to 0.95) and ``+experiment
 sparse tables and a small dense MLP, 2 workers, one pass: its seconds and final log-loss), each
 under both paths.
 
-    python scripts/update_paths.py --repeats 3 --out bench_results
+    python scripts/measures/update_paths.py --repeats 3 --out bench_results
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from common import table_head
-from common import train as run
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
+from scripts.harness.common import table_head
+from scripts.harness.common import train as run
 
 logger = logging.getLogger("update_paths")
 

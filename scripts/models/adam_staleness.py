@@ -15,7 +15,7 @@ clipping, decay on matrices), and report the test loss on the first 512 test blo
   it missed (delay compensation, as DC-ASGD, Zheng et al. 2017, scaled by Adam's second moment):
   ``g + λ·g²·(w_now − w_read)/sqrt(v)``. An exploration, not a hogwild option.
 
-    python scripts/adam_staleness.py --steps 600 --lr 3e-3 --out bench_results/adam_staleness.json
+    python scripts/models/adam_staleness.py --steps 600 --lr 3e-3 --out bench_results/adam_staleness.json
 
 ``--meet``: how W workers' gradients meet before one AdamW state steps, in virtual time (each
 gradient takes about one time unit, ``--jitter`` its spread, ``--slow`` a straggler's factor), for
@@ -46,9 +46,9 @@ reaches the model when the way of meeting lets it:
   dynamic local updates, torchft #233's per-replica ``sync_every``), ``scaled_equal`` (the same, an
   equal mean), and ``ddp`` (every step waits for the slow rank; the two batches' mean gradient).
 
-    python scripts/adam_staleness.py --meet ddp bound_join bound_drop async hogwild --workers 2 4 8 \
+    python scripts/models/adam_staleness.py --meet ddp bound_join bound_drop async hogwild --workers 2 4 8 \
         --gradients-per-worker 600 --out bench_results/adam_meet.json
-    python scripts/adam_staleness.py --meet ddp bound_join bound_drop --workers 2 --slow 2 --until-time \
+    python scripts/models/adam_staleness.py --meet ddp bound_join bound_drop --workers 2 --slow 2 --until-time \
         --out bench_results/adam_meet_straggler.json
 """
 
@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402

@@ -3,9 +3,9 @@ varies. R replicas train in one process in lockstep (no lock-free updates, no la
 meet every ``--interval`` steps through hogwild's own rule classes, and the synced model is
 evaluated right after each round, as torchft's DiLoCo script does. Seed s sets the initial
 weights, the shards and the data order as ``train.seed=s`` does in a hogwild job, so seed 0 is
-the run ``scripts/torchft_diloco.py`` makes.
+the run ``scripts/races/torchft_diloco.py`` makes.
 
-    python scripts/outer_rules.py --seeds 16 --target 0.96 --out bench_results/outer_rules
+    python scripts/models/outer_rules.py --seeds 16 --target 0.96 --out bench_results/outer_rules
 
 A run that does not reach the target within ``--rounds`` rounds counts as infinitely slow in the
 median. Results: ``<out>.json`` and ``<out>.md``.
@@ -23,12 +23,10 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
 import torch  # noqa: E402
-from baselines import MLP, Workload, sgd_step  # noqa: E402
-from common import names, table_head, write_results  # noqa: E402
+from scripts.harness.baselines import MLP, Workload, sgd_step  # noqa: E402
+from scripts.harness.common import names, table_head, write_results  # noqa: E402
 from torch.nn.utils import parameters_to_vector, vector_to_parameters  # noqa: E402
 
 from hogwild.bench import sync_round, sync_rule  # noqa: E402

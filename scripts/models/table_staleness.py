@@ -17,7 +17,7 @@ on W cores see). The state then holds all W. Tables are row-wise (``optim.rowwis
 Reported per variant and W over ``--seeds``: the final test log-loss and AUC, and how many runs
 collapsed (AUC under 0.55: the dense layers' ReLUs dead, a constant prediction).
 
-    python scripts/table_staleness.py --workers 2 16 --seeds 3 --out bench_results/table_staleness.json
+    python scripts/models/table_staleness.py --workers 2 16 --seeds 3 --out bench_results/table_staleness.json
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from examples.clicks import DLRM, click_log  # noqa: E402

@@ -1,8 +1,8 @@
 """Side-by-side benchmarks: hogwild vs single process, DDP and an mnist_hogwild-style baseline.
 
-    python scripts/bench.py --repeats 3 --out bench_results      # the full run behind BENCHMARKS.md
-    python scripts/bench.py --tiny --out /tmp/b                  # smoke size
-    python scripts/bench.py --tiny --only final,sync --out /tmp/b  # some sections (the smoke test)
+    python scripts/races/bench.py --repeats 3 --out bench_results      # the full run behind BENCHMARKS.md
+    python scripts/races/bench.py --tiny --out /tmp/b                  # smoke size
+    python scripts/races/bench.py --tiny --only final,sync --out /tmp/b  # some sections (the smoke test)
 
 Every comparison runs in the same invocation, repeated, and is reported as a ratio of
 medians because the machine is shared and noisy. Results: ``<out>/results.json``, the
@@ -24,11 +24,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
 import torch  # noqa: E402
-from baselines import CONVNET, MLP, RESNET, TINY, Workload, ddp, mnist_hogwild, single, sync_cost  # noqa: E402
-from common import names, table_head, train_cmd  # noqa: E402
+
+from scripts.harness.baselines import (  # noqa: E402
+    CONVNET, MLP, RESNET, TINY, Workload, ddp, mnist_hogwild, single, sync_cost)
+from scripts.harness.common import names, pyplot, reached, table_head, train_cmd  # noqa: E402
 
 from hogwild.bench import PeakPss, available_cores  # noqa: E402
 
@@ -65,11 +66,6 @@ def hogwild_torchrun(replicas: int, workers: int, w: Workload, run_root: Path, e
     args = [f"workers={workers}", *w.hydra(), *extra]
     args += [f"train.target_accuracy={target}"] if target is not None else []
     return _run(train_cmd(args, replicas), run_root, env=env, measure_memory=measure_memory)
-
-
-def reached(value: Any) -> bool:
-    """A time to the target exists: metrics.json has null when it was missed, the baselines NaN."""
-    return value is not None and value == value
 
 
 def median_of(fn: Callable[[], dict[str, Any]], repeats: int, key: str) -> dict[str, Any]:
@@ -256,19 +252,6 @@ def table(res: dict[str, Any]) -> str:
               f"| hogwild (leader + workers) | {m['hogwild_peak_pss_mib']:.0f} |",
               f"| DDP (launcher + ranks) | {m['ddp_peak_pss_mib']:.0f} |", ""]
     return "\n".join(lines)
-
-
-def pyplot() -> Any:
-    """matplotlib.pyplot on the Agg backend, or None (with a warning) where it is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        logger.warning("matplotlib not installed (pip install -e '.[bench]'): no PNG")
-        return None
-    return plt
 
 
 def plot(res: dict[str, Any], out: Path) -> None:

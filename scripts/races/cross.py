@@ -1,8 +1,8 @@
 """Cross-machine benchmarks: time to accuracy for R replicas x 1 worker against 1 x R workers,
 per sync rule, and drift against the sync interval with and without a slow replica.
 
-    python scripts/cross.py --repeats 3 --out bench_results     # the run behind BENCHMARKS.md
-    python scripts/cross.py --tiny --out /tmp/c                 # smoke size
+    python scripts/races/cross.py --repeats 3 --out bench_results     # the run behind BENCHMARKS.md
+    python scripts/races/cross.py --tiny --out /tmp/c                 # smoke size
 
 Replicas are simulated machines: torchrun processes on this one host, Gloo over loopback.
 Every configuration runs in the same invocation, its repeats interleaved with the others',
@@ -20,12 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from baselines import CONVNET, MLP, TINY, Workload  # noqa: E402
-from bench import hogwild, hogwild_torchrun, pyplot  # noqa: E402
-from bench import reached as target_reached  # noqa: E402
-from common import names, write_results  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
+from scripts.harness.baselines import CONVNET, MLP, TINY, Workload  # noqa: E402
+from scripts.harness.common import names, pyplot, write_results  # noqa: E402
+from scripts.harness.common import reached as target_reached  # noqa: E402
+from scripts.races.bench import hogwild, hogwild_torchrun  # noqa: E402
 
 logger = logging.getLogger("cross")
 SECTIONS = ("scaling", "drift")

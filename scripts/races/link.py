@@ -6,10 +6,10 @@ than cores, each gets an equal CFS share of them instead), each with one
 veth into a bridge (a switch) and its egress shaped with ``tbf`` to the rate, plus ``netem``
 delay where the kernel has it. Needs root and iproute2; anywhere else it says why and exits 0.
 
-    python scripts/link.py --machines 2 --rate 100mbit --workload resnet --repeats 3 \
+    python scripts/races/link.py --machines 2 --rate 100mbit --workload resnet --repeats 3 \
         --out bench_results/link
-    python scripts/link.py --machines 2 --rate 1gbit --workload mlp --methods ddp,fp32,int8
-    python scripts/link.py --loopback --workload mlp --target 0.96 --repeats 11 --vary-seed
+    python scripts/races/link.py --machines 2 --rate 1gbit --workload mlp --methods ddp,fp32,int8
+    python scripts/races/link.py --loopback --workload mlp --target 0.96 --repeats 11 --vary-seed
 
 ``--vary-seed`` gives repeat i seed i in every method (initial weights, shards, data order):
 torchft's script and DDP are deterministic, so without it their repeats are one run, one draw of
@@ -31,30 +31,25 @@ import json
 import logging
 import math
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # scripts.harness, examples
 
-from baselines import WORKLOADS, Workload, workload_from_args  # noqa: E402
-from bench import pyplot, reached  # noqa: E402
-from common import metrics, put_result, result_line, train_cmd  # noqa: E402
-from lm_arms import SIZES as LM_SIZES  # noqa: E402
+from scripts.harness import links  # noqa: E402
+from scripts.harness.arms import LM_ARMS, LM_DEFAULT  # noqa: E402
+from scripts.harness.arms import SIZES as LM_SIZES  # noqa: E402
+from scripts.harness.baselines import WORKLOADS, Workload, workload_from_args  # noqa: E402
+from scripts.harness.common import metrics, put_result, pyplot, reached, result_line, train_cmd  # noqa: E402
 
 from hogwild.bench import ring_all_reduce_bytes  # noqa: E402
 
 logger = logging.getLogger("link")
-# Run as a script, this module is __main__; lm_race.py's ``import link`` must find this one and the
-# settings main() makes (LOOPBACK, RUN_TIMEOUT_S), not a fresh copy.
-sys.modules.setdefault("link", sys.modules[__name__])
-BRIDGE = "hwlinkbr"
 # Each method: hogwild's overrides on top of the defaults (None: not a hogwild run). The wires and
 # fragments run under the default rule, which is what a user gets; `diloco` is the rule torchft has.
 METHODS: dict[str, Optional[list[str]]] = {
@@ -67,209 +62,18 @@ METHODS: dict[str, Optional[list[str]]] = {
     "diloco": ["sync.mode=diloco"],
     "torchft_diloco": None,
 }
-LM_ARMS = ("hogwild", "ddp", "ddp_fp16", "ddp_powersgd1", "ddp_powersgd2", "ddp_powersgd4", "torchft_diloco")
-"""The language-model race's arms (scripts/lm_race.py): hogwild on its defaults, and what a user on a
-slow link would pick instead."""
-LM_DEFAULT = ("hogwild", "ddp", "ddp_fp16", "ddp_powersgd2", "torchft_diloco")
-
-
-def chosen_methods(names: str, variants: list[str], table: dict[str, Optional[list[str]]]) -> list[str]:
-    """``--methods`` (comma-separated) and each ``--variant NAME=OVERRIDE[,OVERRIDE...]``, which
-    becomes a hogwild method of ``table`` with those overrides, in that order."""
-    for v in variants:
-        name, _, overrides = v.partition("=")
-        table[name] = [o for o in overrides.split(",") if o]
-    return [m for m in names.split(",") if m] + [v.partition("=")[0] for v in variants]
-
-
-def ns(i: int) -> str:
-    return f"hwlink{i}"
-
-
-def iface(i: int) -> str:
-    return f"hwl{i}"
-
-
-LOOPBACK = False
-"""--loopback: the machines are processes on 127.0.0.1, no namespaces, no shaping."""
-RUN_TIMEOUT_S = 3600.0
-CORES = 1
-"""Cores per machine (``--cores-per-machine``): machine i holds cores i*CORES .. i*CORES + CORES - 1."""
-"""--run-timeout-s: a run past it counts as missed, its time unknown."""
-
-
-def addr(i: int) -> str:
-    return "127.0.0.1" if LOOPBACK else f"192.168.78.{i + 1}"  # only ever inside the namespaces made here
-
-
-def _sh(*cmd: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, check=True, capture_output=True, text=True)
-
-
-def teardown(machines: int = 8) -> None:
-    for i in range(machines):
-        subprocess.run(["ip", "netns", "del", ns(i)], capture_output=True)
-        subprocess.run(["ip", "link", "del", f"{iface(i)}b"], capture_output=True)
-    subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
-
-
-def setup(machines: int, rate: str, delay_ms: int) -> str:
-    """Make the machines and the switch, shape each machine's egress; returns what was applied."""
-    teardown()
-    _sh("ip", "link", "add", BRIDGE, "type", "bridge")
-    _sh("ip", "link", "set", BRIDGE, "up")
-    shaping = f"tbf {rate}" + (f" + netem {delay_ms} ms" if delay_ms else "")
-    for i in range(machines):
-        _sh("ip", "netns", "add", ns(i))
-        _sh("ip", "link", "add", iface(i), "type", "veth", "peer", "name", f"{iface(i)}b")
-        _sh("ip", "link", "set", iface(i), "netns", ns(i))
-        _sh("ip", "link", "set", f"{iface(i)}b", "master", BRIDGE)
-        _sh("ip", "link", "set", f"{iface(i)}b", "up")
-        _sh("ip", "-n", ns(i), "addr", "add", f"{addr(i)}/24", "dev", iface(i))
-        _sh("ip", "-n", ns(i), "link", "set", iface(i), "up")
-        _sh("ip", "-n", ns(i), "link", "set", "lo", "up")
-        if delay_ms:
-            netem = subprocess.run(["tc", "-n", ns(i), "qdisc", "add", "dev", iface(i), "root", "netem",
-                                    "delay", f"{delay_ms}ms", "rate", rate], capture_output=True, text=True)
-            if netem.returncode == 0:
-                continue
-            shaping = f"tbf {rate}, no added delay (this kernel lacks sch_netem: {netem.stderr.strip()})"
-        _sh("tc", "-n", ns(i), "qdisc", "add", "dev", iface(i), "root", "tbf", "rate", rate,
-            "burst", "256kb", "latency", "400ms")
-    logger.info("%d machines, link shaping: %s", machines, shaping)
-    return shaping
-
-
-def available() -> Optional[str]:
-    """None when namespaces can be made here, else the reason they cannot."""
-    if os.geteuid() != 0:
-        return "needs root for ip netns"
-    if not shutil.which("ip") or not shutil.which("tc"):
-        return "needs iproute2 (ip, tc)"
-    probe = subprocess.run(["ip", "netns", "add", "hwlinkprobe"], capture_output=True, text=True)
-    subprocess.run(["ip", "netns", "del", "hwlinkprobe"], capture_output=True)
-    return None if probe.returncode == 0 else f"ip netns add failed: {probe.stderr.strip()}"
-
-
-def tx_bytes(i: int) -> float:
-    if LOOPBACK:  # every process shares lo: no per-machine count
-        return float("nan")
-    out = _sh("ip", "netns", "exec", ns(i), "cat", f"/sys/class/net/{iface(i)}/statistics/tx_bytes")
-    return float(out.stdout.strip())
-
-
-def own_tx_bytes(i: int) -> float:
-    """What machine i has sent, read from inside it: ``/proc/self/net/dev`` is the reading
-    process's network namespace (its ``/sys`` is the host's, under ``nsenter --net``)."""
-    if LOOPBACK:
-        return float("nan")
-    for line in Path("/proc/self/net/dev").read_text().splitlines():
-        name, _, counters = line.partition(":")
-        if name.strip() == iface(i):
-            return float(counters.split()[8])  # 8 receive counters, then transmitted bytes
-    return float("nan")
-
-
-def _env(i: int) -> dict[str, str]:
-    return {**os.environ, "GLOO_SOCKET_IFNAME": "lo" if LOOPBACK else iface(i), "OMP_NUM_THREADS": "1",
-            "PYTHONUNBUFFERED": "1", "RUST_LOG": "error"}
-
-
-CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
-"""cgroup v1's cpu controller: where the machines get equal shares when there are more of them
-than cores."""
-
-
-CFS_PERIOD_US = 10_000
-"""A short period: a machine that spends its quota early waits at most ~3 ms, not ~33 ms, so it
-behaves more like a slower core than like a core that stops now and then."""
-
-
-def cpu_shares(machines: int) -> Optional[str]:
-    """With more machines than cores, give each machine a cgroup whose CFS quota is an equal share
-    of the host's cores (3 machines on 2 cores: 2/3 of a core each, however the scheduler places
-    them); pinning them instead would put two machines on one core and leave the third one alone.
-    Returns what was applied, or None where every machine has a core of its own."""
-    cores = os.cpu_count() or 1
-    if machines <= cores:
-        return None
-    period = CFS_PERIOD_US
-    try:
-        for i in range(machines):
-            d = CGROUP_CPU / ns(i)
-            d.mkdir(exist_ok=True)
-            (d / "cpu.cfs_period_us").write_text(f"{period}\n")
-            (d / "cpu.cfs_quota_us").write_text(f"{period * cores // machines}\n")
-    except OSError as e:
-        raise SystemExit(f"--machines {machines}: more machines than this host's {cores} cores needs "
-                         f"cgroup v1's cpu controller at {CGROUP_CPU} to share them evenly ({e})") from None
-    return f"{cores}/{machines} of a core each (CFS quota, {cores} cores shared)"
-
-
-def drop_cpu_shares(machines: int = 8) -> None:
-    for i in range(machines):
-        try:
-            (CGROUP_CPU / ns(i)).rmdir()
-        except OSError:  # not made, or a process of a killed run still in it: the next run reuses it
-            pass
-
-
-def _placement(i: int, machines: int) -> list[str]:
-    """The prefix that puts machine i's processes on its CPU: its cgroup (entered before the
-    namespace, whose /sys hides the host's cgroup mount) or a core of its own."""
-    cores = os.cpu_count() or 1
-    if machines > cores:
-        procs = CGROUP_CPU / ns(i) / "cgroup.procs"
-        return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh"]
-    return ["taskset", "-c", f"{i * CORES}-{i * CORES + CORES - 1}" if CORES > 1 else str(i)]
-
-
-def _enter(i: int) -> list[str]:
-    """Into machine i's network namespace only: ``ip netns exec`` also remounts /sys, which
-    hides the cgroup mount, and hogwild reads its CPU quota there (replica/resources.py)."""
-    if shutil.which("nsenter"):
-        return ["nsenter", f"--net=/var/run/netns/{ns(i)}"]
-    return ["ip", "netns", "exec", ns(i)]
-
-
-def on_machines(cmds: list[list[str]], timeout: float,
-                machine_of: Optional[list[int]] = None) -> tuple[list[str], float]:
-    """Run ``cmds[j]`` on machine ``machine_of[j]`` (default: machine j), on cores of its own where
-    there are enough, else on an equal share of the cores (:func:`cpu_shares`); returns their logs
-    and the mean bytes a machine sent on its link."""
-    where = machine_of if machine_of is not None else list(range(len(cmds)))
-    machines = max(where) + 1
-    before = [tx_bytes(i) for i in range(machines)]
-    enter = (lambda i: []) if LOOPBACK else _enter
-    procs = [subprocess.Popen([*_placement(i, machines), *enter(i), *cmd],
-                              env=_env(i), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for i, cmd in zip(where, cmds)]
-    try:
-        logs = [p.communicate(timeout=timeout)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    for p, log in zip(procs, logs):
-        if p.returncode != 0:
-            raise RuntimeError(log[-3000:])
-    sent = [tx_bytes(i) - b for i, b in enumerate(before)]
-    return logs, sum(sent) / len(sent)
-
-
-def _port() -> int:
-    return 29500 + int(time.time() * 1000) % 2000
 
 
 def hogwild(w: Workload, machines: int, interval: int, extra: list[str], root: Path) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(dir=root))
-    port = _port()
+    port = links.port()
     # A method may set its own interval (fragments with a shorter one), which Hydra would refuse twice.
     interval_arg = [] if any(o.startswith("sync.interval=") for o in extra) else [f"sync.interval={interval}"]
     cmds = [[sys.executable, "-m", "torch.distributed.run", f"--nnodes={machines}", "--nproc-per-node=1",
-             f"--node-rank={i}", f"--master-addr={addr(0)}", f"--master-port={port}",
+             f"--node-rank={i}", f"--master-addr={links.addr(0)}", f"--master-port={port}",
              *train_cmd([*w.hydra(), "workers=1", f"train.target_accuracy={w.target}", *interval_arg,
                          f"run_dir={run_dir}", "checkpoint.every_s=3600", *extra])[1:]] for i in range(machines)]
-    _, sent = on_machines(cmds, RUN_TIMEOUT_S)
+    _, sent = links.on_machines(cmds, links.RUN_TIMEOUT_S)
     m = metrics(run_dir)
     steps = max(m["steps"], 1) / machines
     return {"time_to_target_s": m["time_to_target_s"], "test_accuracy": m["test_accuracy"],
@@ -280,27 +84,27 @@ def hogwild(w: Workload, machines: int, interval: int, extra: list[str], root: P
 
 def _baseline(cmds: list[list[str]], bytes_per_step: float) -> dict[str, Any]:
     """A baseline's ranks, one a machine: rank 0's ``RESULT`` and the bytes a replica step sent."""
-    logs, sent = on_machines(cmds, RUN_TIMEOUT_S)
+    logs, sent = links.on_machines(cmds, links.RUN_TIMEOUT_S)
     r = result_line(logs[0])
     steps = r["steps"] / len(cmds)
     return {**r, "bytes_per_step": bytes_per_step, "tx_bytes_per_step": sent / steps, "steps_per_replica": steps}
 
 
 def ddp(w: Workload, machines: int, params: int) -> dict[str, Any]:
-    port = _port()
+    port = links.port()
     cmds = [[sys.executable, str(Path(__file__).resolve()), "--ddp-rank", str(i), "--machines", str(machines),
              "--port", str(port), "--workload", key(w), "--target", str(w.target),
              "--epochs", str(w.max_epochs), "--seed", str(w.seed), "--split-seed", str(w.split_seed),
-             *(["--loopback"] if LOOPBACK else [])]
+             *(["--loopback"] if links.LOOPBACK else [])]
             for i in range(machines)]
     return _baseline(cmds, ring_all_reduce_bytes(4 * params, machines))  # every step's gradients
 
 
 def torchft(w: Workload, machines: int, interval: int, params: int) -> dict[str, Any]:
     script = Path(__file__).resolve().parent / "torchft_diloco.py"
-    port = _port()
-    cmds = [[sys.executable, str(script), "--replica", str(i), "--replicas", str(machines), "--host", addr(i),
-             "--lighthouse-host", addr(0), "--lighthouse-port", str(port), "--workload",
+    port = links.port()
+    cmds = [[sys.executable, str(script), "--replica", str(i), "--replicas", str(machines), "--host", links.addr(i),
+             "--lighthouse-host", links.addr(0), "--lighthouse-port", str(port), "--workload",
              key(w), "--interval", str(interval), "--target", str(w.target), "--epochs", str(w.max_epochs),
              "--seed", str(w.seed), "--split-seed", str(w.split_seed)]
             for i in range(machines)]
@@ -316,10 +120,10 @@ def w_params(w: Workload) -> int:
 
 
 def _ddp_rank(rank: int, machines: int, port: int, w: Workload) -> None:
-    from baselines import _ddp_rank as run_rank
+    from scripts.harness.baselines import _ddp_rank as run_rank
 
     out: dict[str, Any] = {}
-    run_rank(rank, machines, port, out, w, addr=addr(0))
+    run_rank(rank, machines, port, out, w, addr=links.addr(0))
     if rank == 0:
         put_result(out["r"])
     sys.stdout.flush()
@@ -365,7 +169,7 @@ def main() -> None:
     ap.add_argument("--rate", default="100mbit")
     ap.add_argument("--delay-ms", type=int, default=0)
     ap.add_argument("--workload", choices=sorted([*WORKLOADS, *LM_SIZES]), default="mlp",
-                    help="gpt, gpt_large: the language-model race under AdamW (scripts/lm_race.py)")
+                    help="gpt, gpt_large: the language-model race under AdamW (scripts/races/lm_race.py)")
     ap.add_argument("--target", type=float, default=None)
     ap.add_argument("--epochs", type=int, default=None,
                     help="the budget: passes of each replica over its shard")
@@ -399,17 +203,17 @@ def main() -> None:
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="[link] %(message)s")
-    global LOOPBACK, RUN_TIMEOUT_S, CORES
-    LOOPBACK, RUN_TIMEOUT_S, CORES = args.loopback, args.run_timeout_s, args.cores_per_machine
-    if CORES < 1 or args.machines * CORES > (os.cpu_count() or 1) and CORES > 1:
-        raise SystemExit(f"--cores-per-machine {CORES}: {args.machines} machines of {CORES} cores need "
-                         f"{args.machines * CORES}, this host has {os.cpu_count()}")
+    links.LOOPBACK, links.RUN_TIMEOUT_S, links.CORES = args.loopback, args.run_timeout_s, args.cores_per_machine
+    cores = links.CORES
+    if cores < 1 or args.machines * cores > (os.cpu_count() or 1) and cores > 1:
+        raise SystemExit(f"--cores-per-machine {cores}: {args.machines} machines of {cores} cores need "
+                         f"{args.machines * cores}, this host has {os.cpu_count()}")
     if args.workload in LM_SIZES:
-        why = None if LOOPBACK else available()
+        why = None if links.LOOPBACK else links.available()
         if why:
             logger.warning("skipping the link benchmark: %s", why)
             return
-        from lm_race import main_lm
+        from scripts.races.lm_race import main_lm
 
         args.methods = args.methods or ",".join(LM_DEFAULT)
         main_lm(args)
@@ -419,11 +223,11 @@ def main() -> None:
     if args.ddp_rank is not None:
         _ddp_rank(args.ddp_rank, args.machines, args.port, w)
         return
-    why = None if LOOPBACK else available()
+    why = None if links.LOOPBACK else links.available()
     if why:
         logger.warning("skipping the link benchmark: %s", why)
         return
-    methods = chosen_methods(args.methods, args.variant, METHODS)
+    methods = links.chosen_methods(args.methods, args.variant, METHODS)
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise SystemExit(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
@@ -431,8 +235,8 @@ def main() -> None:
     root = args.out / "runs"
     root.mkdir(exist_ok=True)
     params = w_params(w)
-    shaping = "loopback" if LOOPBACK else setup(args.machines, args.rate, args.delay_ms)
-    shares = cpu_shares(args.machines)
+    shaping = "loopback" if links.LOOPBACK else links.setup(args.machines, args.rate, args.delay_ms)
+    shares = links.cpu_shares(args.machines)
     if shares:
         shaping += f"; CPU: {shares}"
         logger.info("%d machines on %d cores: %s", args.machines, os.cpu_count(), shares)
@@ -441,8 +245,8 @@ def main() -> None:
         m: (lambda wr, m=m: hogwild(wr, args.machines, args.interval, METHODS[m] or [], root)) for m in methods}
     fns["ddp"] = lambda wr: ddp(wr, args.machines, params)
     fns["torchft_diloco"] = lambda wr: torchft(wr, args.machines, args.interval, params)
-    label = f"{w.name}_{args.machines}x_" + ("loopback" if LOOPBACK else args.rate) + (
-        f"_{args.delay_ms}ms" if args.delay_ms and not LOOPBACK else "")
+    label = f"{w.name}_{args.machines}x_" + ("loopback" if links.LOOPBACK else args.rate) + (
+        f"_{args.delay_ms}ms" if args.delay_ms and not links.LOOPBACK else "")
     head = {"machines": args.machines, "shaping": shaping, "workload": w.name, "params": params,
             "target": w.target, "interval": args.interval, "vary_seed": args.vary_seed, "split_seed": w.split_seed}
     try:
@@ -461,9 +265,9 @@ def main() -> None:
                 (args.out / f"{label}.json").write_text(json.dumps(summary(head, runs), indent=2, default=str)
                                                         + "\n")
     finally:
-        if not LOOPBACK:
-            teardown(args.machines)
-        drop_cpu_shares(args.machines)
+        if not links.LOOPBACK:
+            links.teardown(args.machines)
+        links.drop_cpu_shares(args.machines)
     report(summary(head, runs), label, args.out)
 
 

@@ -16,12 +16,12 @@ Repeats are interleaved so a change in the machine's load hits every method alik
 ``--baseline-lrs`` runs DDP and the single process at each rate of a grid (hogwild stays on its
 defaults); ``--straggler`` keeps a busy process pinned to core 0 for every run; ``--throttle F``
 holds hogwild 1 x W's first worker and DDP's last rank to F of a core (a cgroup's CPU quota,
-scripts/stragglers.py) and ``--stalls`` stops them for 1 s every 3 s.
+scripts/harness/stragglers.py) and ``--stalls`` stops them for 1 s every 3 s.
 
-    python scripts/lm_budget.py --workload gpt --budget 120 --repeats 3 --out bench_results
-    python scripts/lm_budget.py --baseline-lrs 1e-3 2e-3 3e-3 6e-3 --repeats 3 --name lm_budget_gpt_grid
-    python scripts/lm_budget.py --methods hogwild_1x2 ddp_2 --straggler --repeats 3
-    python scripts/lm_budget.py --methods hogwild_1x2 ddp_2 --throttle 0.5 --repeats 3
+    python scripts/races/lm_budget.py --workload gpt --budget 120 --repeats 3 --out bench_results
+    python scripts/races/lm_budget.py --baseline-lrs 1e-3 2e-3 3e-3 6e-3 --repeats 3 --name lm_budget_gpt_grid
+    python scripts/races/lm_budget.py --methods hogwild_1x2 ddp_2 --straggler --repeats 3
+    python scripts/races/lm_budget.py --methods hogwild_1x2 ddp_2 --throttle 0.5 --repeats 3
 """
 
 from __future__ import annotations
@@ -42,15 +42,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from common import busy_core, clean_env, free_port, metrics, table_head, train_cmd, write_results  # noqa: E402
-from stragglers import cgroup_version, stalled, throttled, wait_for, worker_pids  # noqa: E402
+from scripts.harness.common import busy_core, clean_env, free_port, metrics, table_head, train_cmd, write_results  # noqa: E402
+from scripts.harness.stragglers import cgroup_version, stalled, throttled, wait_for, worker_pids  # noqa: E402
 
 from hogwild.bench import evaluate, last_checkpoint, read_board  # noqa: E402
 
@@ -99,7 +99,7 @@ def _hogwild(replicas: int, budget: float, work: Path) -> dict[str, Any]:
     return {"perplexity": scores["test_perplexity"], "steps": ckpt.steps}
 
 
-# A straggler made of one process: a context that slows ``pid`` while it is open (scripts/stragglers.py).
+# A straggler made of one process: a context that slows ``pid`` while it is open (scripts/harness/stragglers.py).
 Slow = Callable[[int], contextlib.AbstractContextManager[Any]]
 
 

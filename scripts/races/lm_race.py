@@ -1,6 +1,6 @@
-"""The language-model race of ``scripts/link.py --workload gpt|gpt_large``: hogwild R x 1 against
+"""The language-model race of ``scripts/races/link.py --workload gpt|gpt_large``: hogwild R x 1 against
 DDP (plain, fp16 hook, PowerSGD hook) and torchft's DiLoCo on the same machines and link, each arm
-for the same wall-clock budget, every arm evaluated alike (``scripts/lm_arms.py``).
+for the same wall-clock budget, every arm evaluated alike (``scripts/harness/arms.py``).
 
 Per link: ``<out>/<label>.json`` (every run, curves included), ``<out>/<label>.md`` (the table) and
 ``<out>/<label>.png`` (test loss on the race's small split against seconds of training, every run).
@@ -22,27 +22,27 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import link
-from bench import pyplot
-from common import metrics, result_line, table_head, train_cmd
-from lm_arms import SIZES, Race, gpt, hogwild_overrides
+from scripts.harness import links
+from scripts.harness.common import metrics, pyplot, result_line, table_head, train_cmd
+from scripts.harness.arms import LM_ARMS, SIZES, Race, gpt, hogwild_overrides
+from scripts.harness.arms import SCRIPT as ARMS_SCRIPT
 
 import hogwild
 
 logger = logging.getLogger("link")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def hogwild_run(args: argparse.Namespace, extra: list[str], root: Path, seed: int) -> dict[str, Any]:
     """hogwild M x C on the machines (C: ``--cores-per-machine``), then its final checkpoint scored on
     the whole test split."""
     run_dir = Path(tempfile.mkdtemp(dir=root))
-    port = link._port()
+    port = links.port()
     cmds = [[sys.executable, "-m", "torch.distributed.run", f"--nnodes={args.machines}", "--nproc-per-node=1",
-             f"--node-rank={i}", f"--master-addr={link.addr(0)}", f"--master-port={port}",
-             *train_cmd([*hogwild_overrides(args.workload, args.budget, args.eval_every_s), f"workers={link.CORES}",
+             f"--node-rank={i}", f"--master-addr={links.addr(0)}", f"--master-port={port}",
+             *train_cmd([*hogwild_overrides(args.workload, args.budget, args.eval_every_s), f"workers={links.CORES}",
                          f"train.seed={seed}", f"run_dir={run_dir}", *extra])[1:]] for i in range(args.machines)]
-    _, sent = link.on_machines(cmds, link.RUN_TIMEOUT_S)
+    _, sent = links.on_machines(cmds, links.RUN_TIMEOUT_S)
     return {**hogwild_result(args.workload, run_dir, args.machines, sent), "seed": seed}
 
 
@@ -52,7 +52,7 @@ def hogwild_result(workload: str, run_dir: Path, replicas: int, sent: float = 0.
     carried, measured outside it)."""
     m = metrics(run_dir)
     steps = max(m["steps"], 1) / replicas
-    # The job's final model, scored as the other arms score theirs (lm_arms.Race.scores).
+    # The job's final model, scored as the other arms score theirs (scripts.harness.arms.Race.scores).
     model = hogwild.load_model(run_dir / "checkpoints" / "last.pt", model=gpt(workload))
     subset, loss = Race(argparse.Namespace(size=workload, seed=0, rank=0)).scores(model)
     curve = [{"s": e["s"], "step": e["step"], "loss": e["loss"]} for e in m["evaluations"]]
@@ -70,19 +70,19 @@ def hogwild_result(workload: str, run_dir: Path, replicas: int, sent: float = 0.
 
 
 def arm_run(args: argparse.Namespace, arm: str, seed: int) -> dict[str, Any]:
-    """One outside arm (scripts/lm_arms.py), a rank on each machine; ``arm`` may end in
+    """One outside arm (scripts/harness/arms.py), a rank on each machine; ``arm`` may end in
     ``@LR``, its peak rate (else ``--lr``)."""
-    port = link._port()
+    port = links.port()
     arm, _, lr = arm.partition("@")
     name, rank = (arm[:-1], arm[-1]) if arm.startswith("ddp_powersgd") else (arm, "2")
     # C ranks a machine (--cores-per-machine), rank r on machine r // C.
-    where = [i for i in range(args.machines) for _ in range(link.CORES)]
-    cmds = [[sys.executable, str(Path(__file__).resolve().parent / "lm_arms.py"), "--arm", name, "--rank", str(r),
-             "--world", str(len(where)), "--addr", link.addr(0), "--host", link.addr(i), "--port", str(port),
+    where = [i for i in range(args.machines) for _ in range(links.CORES)]
+    cmds = [[sys.executable, str(ARMS_SCRIPT), "--arm", name, "--rank", str(r),
+             "--world", str(len(where)), "--addr", links.addr(0), "--host", links.addr(i), "--port", str(port),
              "--size", args.workload, "--budget", str(args.budget), "--lr", lr or str(args.lr),
              "--eval-every-s", str(args.eval_every_s), "--seed", str(seed), "--powersgd-rank", rank,
              "--interval", str(args.diloco_interval)] for r, i in enumerate(where)]
-    logs, sent = link.on_machines(cmds, link.RUN_TIMEOUT_S, where)
+    logs, sent = links.on_machines(cmds, links.RUN_TIMEOUT_S, where)
     r = result_line(logs[0])
     return {**r, "tx_bytes_per_step": sent / max(r["steps_per_replica"], 1), "seed": seed}
 
@@ -175,24 +175,24 @@ def plot(head: dict[str, Any], res: dict[str, dict[str, Any]], path: Path) -> No
 
 def main_lm(args: argparse.Namespace) -> None:
     """The race: ``--methods`` (and ``--variant`` hogwild runs), interleaved, ``--repeats`` each."""
-    table: dict[str, Optional[list[str]]] = {a: ([] if a == "hogwild" else None) for a in link.LM_ARMS}
-    methods = link.chosen_methods(args.methods, args.variant, table)
+    table: dict[str, Optional[list[str]]] = {a: ([] if a == "hogwild" else None) for a in LM_ARMS}
+    methods = links.chosen_methods(args.methods, args.variant, table)
     # An outside arm at each rate of --lrs (DDP at its own best rate): "ddp@0.006".
     methods = [f"{m}@{lr:g}" if table.get(m, []) is None and args.lrs else m
                for m in methods for lr in (args.lrs if table.get(m, []) is None and args.lrs else [None])]
     table.update({m: None for m in methods if "@" in m})
     unknown = [m for m in methods if m not in table]
     if unknown:
-        raise SystemExit(f"--methods: unknown {unknown}; choose from {', '.join(link.LM_ARMS)}")
+        raise SystemExit(f"--methods: unknown {unknown}; choose from {', '.join(LM_ARMS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     root = args.out / "runs"
     root.mkdir(exist_ok=True)
-    shaping = "loopback" if link.LOOPBACK else link.setup(args.machines, args.rate, args.delay_ms)
-    cores = f"{link.CORES}" if link.CORES > 1 else ""
-    label = args.name or f"{args.workload}_{args.machines}x{cores}_" + ("loopback" if link.LOOPBACK else args.rate)
+    shaping = "loopback" if links.LOOPBACK else links.setup(args.machines, args.rate, args.delay_ms)
+    cores = f"{links.CORES}" if links.CORES > 1 else ""
+    label = args.name or f"{args.workload}_{args.machines}x{cores}_" + ("loopback" if links.LOOPBACK else args.rate)
     from examples.gpt import GPT, GPTConfig
 
-    head = {"machines": args.machines, "cores_per_machine": link.CORES, "shaping": shaping,
+    head = {"machines": args.machines, "cores_per_machine": links.CORES, "shaping": shaping,
             "workload": args.workload, "budget": args.budget,
             "eval_every_s": args.eval_every_s, "lr": args.lr, "diloco_interval": args.diloco_interval,
             "params": sum(p.numel() for p in GPT(GPTConfig(**SIZES[args.workload])).parameters()),
@@ -217,6 +217,6 @@ def main_lm(args: argparse.Namespace) -> None:
                 (args.out / f"{label}.json").write_text(json.dumps({**head, "arms": summary(runs, ours)}, indent=1,
                                                                    default=str) + "\n")
     finally:
-        if not link.LOOPBACK:
-            link.teardown(args.machines)
+        if not links.LOOPBACK:
+            links.teardown(args.machines)
     report(head, summary(runs, ours), label, args.out)

@@ -2,13 +2,13 @@
 (dense and sparse gradients) on the clicks DLRM (examples/clicks.py), side by side in one run.
 
 Each method trains one pass over the click log on N simulated machines (network namespaces with
-``tbf``-shaped links, one core each: scripts/link.py) and reports the time to a test log-loss,
+``tbf``-shaped links, one core each: scripts/harness/links.py) and reports the time to a test log-loss,
 the bytes a replica sent per step, the final log-loss and each replica's peak memory (PSS of its
 process tree, the figure ``metrics.json`` gives). Needs root and iproute2 for shaped links;
 ``--loopback`` runs the machines as processes on 127.0.0.1.
 
-    python scripts/rows.py --rows 1000000 --rate 1gbit --target 0.62 --out bench_results/rows
-    python scripts/rows.py --rows 10000000 --rate 100mbit --methods rows,dense_int8,ddp_sparse
+    python scripts/races/rows.py --rows 1000000 --rate 1gbit --target 0.62 --out bench_results/rows
+    python scripts/races/rows.py --rows 10000000 --rate 100mbit --methods rows,dense_int8,ddp_sparse
 
 ``--stop-at-target``: each run ends at the target (the time to it), otherwise it trains the
 whole pass and the time to the target is read off its evaluations (the final log-loss too).
@@ -32,12 +32,11 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
 
-import link  # noqa: E402
-from common import metrics, put_result, result_line, train_cmd  # noqa: E402
+from scripts.harness import links  # noqa: E402
+from scripts.harness.common import metrics, put_result, result_line, train_cmd  # noqa: E402
 
 from hogwild.bench import ring_all_reduce_bytes  # noqa: E402
 
@@ -73,15 +72,15 @@ def workload(a: argparse.Namespace) -> list[str]:
 
 def hogwild(a: argparse.Namespace, extra: list[str], root: Path) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(dir=root))
-    port = link._port()
+    port = links.port()
     target = ["train.target.metric=logloss", f"train.target.value={a.target}"] if a.stop_at_target else []
     cmds = [[sys.executable, "-m", "torch.distributed.run", f"--nnodes={a.machines}", "--nproc-per-node=1",
-             f"--node-rank={i}", f"--master-addr={link.addr(0)}", f"--master-port={port}",
+             f"--node-rank={i}", f"--master-addr={links.addr(0)}", f"--master-port={port}",
              *train_cmd([*workload(a), f"workers={a.workers}", f"sync.interval={a.interval}",
                          f"eval.every_s={a.eval_every_s}", "eval.max_fraction=0.5", "checkpoint.every_s=3600", *target,
                          f"run_dir={run_dir}", *extra])[1:]]
             for i in range(a.machines)]
-    _, sent = link.on_machines(cmds, a.run_timeout_s)
+    _, sent = links.on_machines(cmds, a.run_timeout_s)
     m = metrics(run_dir)
     steps = max(m["steps"], 1) / a.machines
     reached = m["time_to_target_s"] if a.stop_at_target else first_below(run_dir, a.target)
@@ -109,10 +108,10 @@ def first_below(run_dir: Path, target: float) -> Optional[float]:
 
 
 def ddp(a: argparse.Namespace, sparse: bool, steps: Optional[int]) -> dict[str, Any]:
-    port = link._port()
+    port = links.port()
     cmds = [_on_one_machine([ddp_rank_cmd(a, i * a.workers + j, port, sparse, steps) for j in range(a.workers)])
             for i in range(a.machines)]
-    logs, sent = link.on_machines(cmds, a.run_timeout_s)
+    logs, sent = links.on_machines(cmds, a.run_timeout_s)
     r = result_line(logs[0])
     # The rank's own count of its steps' traffic; the outside count also holds DDP's start-up
     # broadcast of the whole model (most of it, for a large table and a few hundred steps).
@@ -150,7 +149,7 @@ def ddp_rank(a: argparse.Namespace) -> None:
     from examples.clicks import DLRM, click_log
 
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1" if a.loopback else link.addr(0), MASTER_PORT=str(a.port))
+    os.environ.update(MASTER_ADDR="127.0.0.1" if a.loopback else links.addr(0), MASTER_PORT=str(a.port))
     world = a.machines * a.workers
     dist.init_process_group("gloo", rank=a.ddp_rank, world_size=world)
     train, test = click_log(samples=a.samples, tables=a.tables, rows=a.rows, lookups=a.lookups,
@@ -161,7 +160,7 @@ def ddp_rank(a: argparse.Namespace) -> None:
         table.sparse = a.sparse
     net = DDP(model)
     # DDP's constructor broadcast rank 0's whole model; the steps' own traffic is counted from here.
-    tx0 = link.own_tx_bytes(a.ddp_rank)
+    tx0 = links.own_tx_bytes(a.ddp_rank)
     opt = torch.optim.Adagrad(model.parameters(), lr=0.05)
     mine = torch.arange(a.ddp_rank, len(train), world)
     mine = mine[torch.randperm(len(mine), generator=torch.Generator().manual_seed(a.ddp_rank))]
@@ -201,11 +200,11 @@ def ddp_rank(a: argparse.Namespace) -> None:
         put_result({
             "time_to_target_s": reached[0] if reached else None, "steps_to_target": reached[1] if reached else None,
             "steps": s + 1, "step_s": clock / (s + 1), "final_logloss": last, "curve": curve,
-            "tx_bytes_per_step": (link.own_tx_bytes(a.ddp_rank) - tx0) / (s + 1),
+            "tx_bytes_per_step": (links.own_tx_bytes(a.ddp_rank) - tx0) / (s + 1),
             # Ring all_reduce of the dense gradients; a sparse one all_gathers indices and rows.
             "bytes_per_step": ring_all_reduce_bytes(4 * grads, world) if not a.sparse else float("nan")})
     sys.stdout.flush()
-    os._exit(0)  # torch's exit after a Gloo DDP run can abort in a destructor (scripts/link.py)
+    os._exit(0)  # torch's exit after a Gloo DDP run can abort in a destructor (scripts/races/link.py)
 
 
 def main() -> None:
@@ -234,20 +233,20 @@ def main() -> None:
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="[rows] %(message)s")
     os.chdir(REPO)  # +experiment=clicks imports examples/ from the working directory
-    link.LOOPBACK, link.RUN_TIMEOUT_S = a.loopback, a.run_timeout_s
+    links.LOOPBACK, links.RUN_TIMEOUT_S = a.loopback, a.run_timeout_s
     if a.ddp_rank is not None:
         ddp_rank(a)
         return
-    why = None if a.loopback else link.available()
+    why = None if a.loopback else links.available()
     if why:
         logger.warning("skipping: %s", why)
         return
-    methods = link.chosen_methods(a.methods, a.variant, METHODS)
+    methods = links.chosen_methods(a.methods, a.variant, METHODS)
     a.out.mkdir(parents=True, exist_ok=True)
     root = a.out / "runs"
     root.mkdir(exist_ok=True)
-    shaping = "loopback" if a.loopback else link.setup(a.machines, a.rate, 0)
-    shares = link.cpu_shares(a.machines)  # more machines than cores: an equal share of them each
+    shaping = "loopback" if a.loopback else links.setup(a.machines, a.rate, 0)
+    shares = links.cpu_shares(a.machines)  # more machines than cores: an equal share of them each
     if shares:
         shaping += f"; CPU: {shares}"
     label = f"clicks_{a.tables}x{a.rows}_{a.machines}x{'' if a.workers == 1 else a.workers}_" \
@@ -277,8 +276,8 @@ def main() -> None:
             (a.out / f"{label}.json").write_text(json.dumps(res, indent=2, default=str) + "\n")
     finally:
         if not a.loopback:
-            link.teardown(a.machines)
-        link.drop_cpu_shares(a.machines)
+            links.teardown(a.machines)
+        links.drop_cpu_shares(a.machines)
     logger.info("results in %s", a.out / f"{label}.json")
 
 

@@ -2,7 +2,7 @@
 slow the same way, every arm evaluated alike on the clock (issue 56).
 
 The GPT of BENCHMARKS.md §15 (``--size gpt``, 0.8M parameters) under the race's AdamW recipe
-(scripts/lm_arms.py: warm-up, a cosine over the budget, the same 128 test blocks scored every
+(scripts/harness/arms.py: warm-up, a cosine over the budget, the same 128 test blocks scored every
 ``--eval-every-s`` of training on the clock by hogwild's leader and DDP's rank 0, the final model on
 the whole split off the clock). Arms:
 
@@ -11,13 +11,13 @@ the whole split off the clock). Arms:
   ``--workers W --stragglers K``: 1 x W, its first K workers each slowed alike (a lent 16-core machine).
 - ``ddp``: DDP on two processes (W with ``--workers``); its last rank (K ranks) the straggler.
 
-Stragglers (scripts/stragglers.py): ``--slow throttle:F`` (a cgroup CPU quota of F of a core),
+Stragglers (scripts/harness/stragglers.py): ``--slow throttle:F`` (a cgroup CPU quota of F of a core),
 ``stalls`` (stopped 1 s every 3 s), ``busy`` (a busy process pinned to core 0 the whole run: §17's
-shared core), ``none`` (balanced). Output as scripts/lm_race.py's: JSON, table, PNG.
+shared core), ``none`` (balanced). Output as scripts/races/lm_race.py's: JSON, table, PNG.
 
-    python scripts/straggler_race.py --slow throttle:0.5 --repeats 3 --name straggler_throttle
-    python scripts/straggler_race.py --slow stalls --repeats 3
-    python scripts/straggler_race.py --machines 2 --slow throttle:0.5 --repeats 3
+    python scripts/races/straggler_race.py --slow throttle:0.5 --repeats 3 --name straggler_throttle
+    python scripts/races/straggler_race.py --slow stalls --repeats 3
+    python scripts/races/straggler_race.py --machines 2 --slow throttle:0.5 --repeats 3
 """
 
 from __future__ import annotations
@@ -33,13 +33,15 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from common import busy_core, clean_env, free_port, result_line, train_cmd
-from lm_arms import LR, SIZES, hogwild_overrides
-from lm_race import hogwild_result, report, summary
-from stragglers import cgroup_version, stalled, throttled, wait_for, worker_pids
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
+from scripts.harness.common import busy_core, clean_env, free_port, result_line, train_cmd
+from scripts.harness.arms import LR, SIZES, hogwild_overrides
+from scripts.harness.arms import SCRIPT as ARMS_SCRIPT
+from scripts.races.lm_race import hogwild_result, report, summary
+from scripts.harness.stragglers import cgroup_version, stalled, throttled, wait_for, worker_pids
 
 logger = logging.getLogger("straggler_race")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 900.0
 Slow = Callable[[list[int], int], contextlib.AbstractContextManager[Any]]
 """Slows one straggler: its processes (a worker, or a machine's leader and worker) together."""
@@ -79,7 +81,7 @@ def _each(slow: Slow, stragglers: list[list[int]]) -> Iterator[None]:
 
 def _replica_pids(launcher: int, rank: int) -> list[int]:
     """Under torchrun on this host: replica ``rank``'s leader and its spawned workers."""
-    from stragglers import children
+    from scripts.harness.stragglers import children
 
     for pid in children(launcher):
         try:
@@ -123,7 +125,7 @@ def hogwild_arm(args: argparse.Namespace, slow: Optional[Slow], root: Path, seed
 
 def ddp_arm(args: argparse.Namespace, slow: Optional[Slow], seed: int) -> dict[str, Any]:
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, str(REPO / "scripts" / "lm_arms.py"), "--arm", "ddp", "--rank", str(r),
+    procs = [subprocess.Popen([sys.executable, str(ARMS_SCRIPT), "--arm", "ddp", "--rank", str(r),
                                "--world", str(args.workers), "--port", str(port), "--size", args.size,
                                "--budget", str(args.budget),
                                "--lr", str(args.lr), "--eval-every-s", str(args.eval_every_s), "--seed", str(seed)],

@@ -11,8 +11,8 @@ TensorBoard ``test/logloss``, on its clock, at most ``--eval-fraction`` of it; D
 memory: the proportional set size (PSS) of every process of the run, summed, sampled four
 times a second (for hogwild also ``metrics.json``'s breakdown, ``memory_mb``).
 
-    python scripts/tables.py --rows 1000000 --tables 2 --target 0.611 --repeats 3
-    python scripts/tables.py --rows 10000000 --tables 1 --target 0.5545 --repeats 3 --busy
+    python scripts/races/tables.py --rows 1000000 --tables 2 --target 0.611 --repeats 3
+    python scripts/races/tables.py --rows 10000000 --tables 1 --target 0.5545 --repeats 3 --busy
 
 ``--busy``: a process spinning on core 0 for every run (one core shared with a busy process).
 Methods run in turn within each repeat, so the medians compare runs made under the same load.
@@ -32,13 +32,12 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
 
-import link  # noqa: E402
-import rows  # noqa: E402
-from common import busy_core, metrics, names, result_line, train_cmd  # noqa: E402
+from scripts.harness import links  # noqa: E402
+from scripts.races import rows  # noqa: E402
+from scripts.harness.common import busy_core, metrics, names, result_line, train_cmd  # noqa: E402
 
 from hogwild.bench import PeakPss  # noqa: E402
 
@@ -93,7 +92,7 @@ def hogwild(a: argparse.Namespace, extra: list[str], root: Path) -> dict[str, An
 def ddp(a: argparse.Namespace) -> dict[str, Any]:
     a.machines, a.loopback = 1, True  # rows.ddp_rank_cmd's world: W ranks on this machine
     a.eval_samples = a.eval_batches * 2048  # hogwild's evaluation batches
-    port = link._port()
+    port = links.port()
     logs, peak = _run([rows.ddp_rank_cmd(a, r, port, sparse=True, full_pass=True) for r in range(a.workers)],
                       a.run_timeout_s, a.workers)
     r = result_line(logs[0])

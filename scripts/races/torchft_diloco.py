@@ -1,9 +1,9 @@
 """One replica of torchft's DiLoCo on the same model, data and inner SGD as hogwild's runs: the
-outside reference of scripts/link.py. Needs ``pip install torchft==0.2.0 opentelemetry-api
+outside reference of scripts/races/link.py. Needs ``pip install torchft==0.2.0 opentelemetry-api
 opentelemetry-sdk opentelemetry-exporter-otlp-proto-http``; without torchft it says so and
 exits 2.
 
-    python scripts/torchft_diloco.py --replica 0 --replicas 2 --lighthouse-port 29510 \
+    python scripts/races/torchft_diloco.py --replica 0 --replicas 2 --lighthouse-port 29510 \
         --host 127.0.0.1 --lighthouse-host 127.0.0.1 --workload mlp --interval 50 --target 0.97
 
 Replica 0 also serves the lighthouse. Every replica evaluates the global model right after each
@@ -20,13 +20,11 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from baselines import WORKLOADS, Workload, sgd_step, workload_from_args  # noqa: E402
-from common import put_result  # noqa: E402
+from scripts.harness.baselines import WORKLOADS, Workload, sgd_step, workload_from_args  # noqa: E402
+from scripts.harness.common import put_result  # noqa: E402
 
 
 def run(args: argparse.Namespace, w: Workload) -> dict[str, float]:

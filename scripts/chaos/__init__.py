@@ -1,0 +1,1 @@
+"""Faults: random faults across long elastic runs, and a lost replica against torchrun's restart."""

@@ -1,0 +1,210 @@
+"""Simulated machines on shaped links, shared by the races across machines (races/link.py,
+lm_race.py, rows.py, tables.py, straggler_race.py).
+
+N machines live in network namespaces, each pinned to its cores (with more machines than cores,
+each gets an equal CFS share of them instead), each with one veth into a bridge (a switch) and its
+egress shaped with ``tbf`` to the rate, plus ``netem`` delay where the kernel has it. Needs root
+and iproute2 (:func:`available` says why not). A race sets :data:`LOOPBACK`, :data:`RUN_TIMEOUT_S`
+and :data:`CORES` from its options before it runs anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Optional
+
+logger = logging.getLogger("link")
+BRIDGE = "hwlinkbr"
+
+
+def chosen_methods(names: str, variants: list[str], table: dict[str, Optional[list[str]]]) -> list[str]:
+    """``--methods`` (comma-separated) and each ``--variant NAME=OVERRIDE[,OVERRIDE...]``, which
+    becomes a hogwild method of ``table`` with those overrides, in that order."""
+    for v in variants:
+        name, _, overrides = v.partition("=")
+        table[name] = [o for o in overrides.split(",") if o]
+    return [m for m in names.split(",") if m] + [v.partition("=")[0] for v in variants]
+
+
+def ns(i: int) -> str:
+    return f"hwlink{i}"
+
+
+def iface(i: int) -> str:
+    return f"hwl{i}"
+
+
+LOOPBACK = False
+"""--loopback: the machines are processes on 127.0.0.1, no namespaces, no shaping."""
+RUN_TIMEOUT_S = 3600.0
+"""--run-timeout-s: a run past it counts as missed, its time unknown."""
+CORES = 1
+"""Cores per machine (``--cores-per-machine``): machine i holds cores i*CORES .. i*CORES + CORES - 1."""
+
+
+def addr(i: int) -> str:
+    return "127.0.0.1" if LOOPBACK else f"192.168.78.{i + 1}"  # only ever inside the namespaces made here
+
+
+def _sh(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+def teardown(machines: int = 8) -> None:
+    for i in range(machines):
+        subprocess.run(["ip", "netns", "del", ns(i)], capture_output=True)
+        subprocess.run(["ip", "link", "del", f"{iface(i)}b"], capture_output=True)
+    subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
+
+
+def setup(machines: int, rate: str, delay_ms: int) -> str:
+    """Make the machines and the switch, shape each machine's egress; returns what was applied."""
+    teardown()
+    _sh("ip", "link", "add", BRIDGE, "type", "bridge")
+    _sh("ip", "link", "set", BRIDGE, "up")
+    shaping = f"tbf {rate}" + (f" + netem {delay_ms} ms" if delay_ms else "")
+    for i in range(machines):
+        _sh("ip", "netns", "add", ns(i))
+        _sh("ip", "link", "add", iface(i), "type", "veth", "peer", "name", f"{iface(i)}b")
+        _sh("ip", "link", "set", iface(i), "netns", ns(i))
+        _sh("ip", "link", "set", f"{iface(i)}b", "master", BRIDGE)
+        _sh("ip", "link", "set", f"{iface(i)}b", "up")
+        _sh("ip", "-n", ns(i), "addr", "add", f"{addr(i)}/24", "dev", iface(i))
+        _sh("ip", "-n", ns(i), "link", "set", iface(i), "up")
+        _sh("ip", "-n", ns(i), "link", "set", "lo", "up")
+        if delay_ms:
+            netem = subprocess.run(["tc", "-n", ns(i), "qdisc", "add", "dev", iface(i), "root", "netem",
+                                    "delay", f"{delay_ms}ms", "rate", rate], capture_output=True, text=True)
+            if netem.returncode == 0:
+                continue
+            shaping = f"tbf {rate}, no added delay (this kernel lacks sch_netem: {netem.stderr.strip()})"
+        _sh("tc", "-n", ns(i), "qdisc", "add", "dev", iface(i), "root", "tbf", "rate", rate,
+            "burst", "256kb", "latency", "400ms")
+    logger.info("%d machines, link shaping: %s", machines, shaping)
+    return shaping
+
+
+def available() -> Optional[str]:
+    """None when namespaces can be made here, else the reason they cannot."""
+    if os.geteuid() != 0:
+        return "needs root for ip netns"
+    if not shutil.which("ip") or not shutil.which("tc"):
+        return "needs iproute2 (ip, tc)"
+    probe = subprocess.run(["ip", "netns", "add", "hwlinkprobe"], capture_output=True, text=True)
+    subprocess.run(["ip", "netns", "del", "hwlinkprobe"], capture_output=True)
+    return None if probe.returncode == 0 else f"ip netns add failed: {probe.stderr.strip()}"
+
+
+def tx_bytes(i: int) -> float:
+    if LOOPBACK:  # every process shares lo: no per-machine count
+        return float("nan")
+    out = _sh("ip", "netns", "exec", ns(i), "cat", f"/sys/class/net/{iface(i)}/statistics/tx_bytes")
+    return float(out.stdout.strip())
+
+
+def own_tx_bytes(i: int) -> float:
+    """What machine i has sent, read from inside it: ``/proc/self/net/dev`` is the reading
+    process's network namespace (its ``/sys`` is the host's, under ``nsenter --net``)."""
+    if LOOPBACK:
+        return float("nan")
+    for line in Path("/proc/self/net/dev").read_text().splitlines():
+        name, _, counters = line.partition(":")
+        if name.strip() == iface(i):
+            return float(counters.split()[8])  # 8 receive counters, then transmitted bytes
+    return float("nan")
+
+
+def _env(i: int) -> dict[str, str]:
+    return {**os.environ, "GLOO_SOCKET_IFNAME": "lo" if LOOPBACK else iface(i), "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1", "RUST_LOG": "error"}
+
+
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
+"""cgroup v1's cpu controller: where the machines get equal shares when there are more of them
+than cores."""
+
+
+CFS_PERIOD_US = 10_000
+"""A short period: a machine that spends its quota early waits at most ~3 ms, not ~33 ms, so it
+behaves more like a slower core than like a core that stops now and then."""
+
+
+def cpu_shares(machines: int) -> Optional[str]:
+    """With more machines than cores, give each machine a cgroup whose CFS quota is an equal share
+    of the host's cores (3 machines on 2 cores: 2/3 of a core each, however the scheduler places
+    them); pinning them instead would put two machines on one core and leave the third one alone.
+    Returns what was applied, or None where every machine has a core of its own."""
+    cores = os.cpu_count() or 1
+    if machines <= cores:
+        return None
+    period = CFS_PERIOD_US
+    try:
+        for i in range(machines):
+            d = CGROUP_CPU / ns(i)
+            d.mkdir(exist_ok=True)
+            (d / "cpu.cfs_period_us").write_text(f"{period}\n")
+            (d / "cpu.cfs_quota_us").write_text(f"{period * cores // machines}\n")
+    except OSError as e:
+        raise SystemExit(f"--machines {machines}: more machines than this host's {cores} cores needs "
+                         f"cgroup v1's cpu controller at {CGROUP_CPU} to share them evenly ({e})") from None
+    return f"{cores}/{machines} of a core each (CFS quota, {cores} cores shared)"
+
+
+def drop_cpu_shares(machines: int = 8) -> None:
+    for i in range(machines):
+        try:
+            (CGROUP_CPU / ns(i)).rmdir()
+        except OSError:  # not made, or a process of a killed run still in it: the next run reuses it
+            pass
+
+
+def _placement(i: int, machines: int) -> list[str]:
+    """The prefix that puts machine i's processes on its CPU: its cgroup (entered before the
+    namespace, whose /sys hides the host's cgroup mount) or a core of its own."""
+    cores = os.cpu_count() or 1
+    if machines > cores:
+        procs = CGROUP_CPU / ns(i) / "cgroup.procs"
+        return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh"]
+    return ["taskset", "-c", f"{i * CORES}-{i * CORES + CORES - 1}" if CORES > 1 else str(i)]
+
+
+def _enter(i: int) -> list[str]:
+    """Into machine i's network namespace only: ``ip netns exec`` also remounts /sys, which
+    hides the cgroup mount, and hogwild reads its CPU quota there (replica/resources.py)."""
+    if shutil.which("nsenter"):
+        return ["nsenter", f"--net=/var/run/netns/{ns(i)}"]
+    return ["ip", "netns", "exec", ns(i)]
+
+
+def on_machines(cmds: list[list[str]], timeout: float,
+                machine_of: Optional[list[int]] = None) -> tuple[list[str], float]:
+    """Run ``cmds[j]`` on machine ``machine_of[j]`` (default: machine j), on cores of its own where
+    there are enough, else on an equal share of the cores (:func:`cpu_shares`); returns their logs
+    and the mean bytes a machine sent on its link."""
+    where = machine_of if machine_of is not None else list(range(len(cmds)))
+    machines = max(where) + 1
+    before = [tx_bytes(i) for i in range(machines)]
+    enter = (lambda i: []) if LOOPBACK else _enter
+    procs = [subprocess.Popen([*_placement(i, machines), *enter(i), *cmd],
+                              env=_env(i), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for i, cmd in zip(where, cmds)]
+    try:
+        logs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, log in zip(procs, logs):
+        if p.returncode != 0:
+            raise RuntimeError(log[-3000:])
+    sent = [tx_bytes(i) - b for i, b in enumerate(before)]
+    return logs, sum(sent) / len(sent)
+
+
+def port() -> int:
+    """A port for a run's rendezvous, fresh each millisecond."""
+    return 29500 + int(time.time() * 1000) % 2000
