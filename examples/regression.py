@@ -26,7 +26,7 @@ def diabetes(test_every: int = 5) -> tuple[TensorDataset, TensorDataset]:
 
 class Regressor(nn.Module):
     """A small MLP with one output; ``num_classes`` is the target's size (1 here). ``batchnorm``
-    puts BatchNorm after the hidden layer (the optimizer-state benchmark, scripts/optim_state.py)."""
+    puts BatchNorm after the hidden layer (the optimizer-state benchmark, scripts/measures/optim_state.py)."""
 
     def __init__(self, num_classes: int = 1, width: int = 64, batchnorm: bool = False) -> None:
         super().__init__()

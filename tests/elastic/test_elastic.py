@@ -317,7 +317,7 @@ def test_kills_at_random_replicas_one_after_another_lose_nothing(job_factory) ->
     # default), so its outer parameters and momentum are state each restarted slot must receive,
     # and under AdamW, whose one optimizer state per replica (the barrier's: its moments and step
     # count) each restarted slot must receive with the model.
-    # scripts/chaos.py runs hundreds of faults of every kind (BENCHMARKS.md §10).
+    # scripts/chaos/chaos.py runs hundreds of faults of every kind (BENCHMARKS.md §10).
     rng = random.Random(13)  # the kills' slots and steps; fixed, so a failure can be replayed
     # 25 ms a step, 1,500 steps a slot: training outlasts four kill-restart-heal cycles on a loaded host.
     job = job_factory("optim=adamw", "optim.lr=0.003", "train.epochs=100", fault="slow:0:25,slow:1:25,slow:2:25")
@@ -465,7 +465,7 @@ def test_a_restarted_writer_and_refused_replicas_never_touch_what_the_job_wrote(
     # Three ways into a live job's run, in one job of 3 replicas (each used to start its own):
     # Rare rounds and frequent checkpoints: the writer also writes checkpoints of its own between
     # rounds. Killed and restarted, it wrote one at once with the other slots at position zero and
-    # the job's steps at its own (found by scripts/chaos.py: 3,034 steps, then 982); a resume from
+    # the job's steps at its own (found by scripts/chaos/chaos.py: 3,034 steps, then 982); a resume from
     # it would have read their shards again.
     # A second process in live slot 1 (a requeued job whose old node still runs) used to open (and
     # truncate) the live slot's progress board before the coordinator refused it: the live slot's
