@@ -38,12 +38,11 @@ class ElasticComm(Comm):
 
     @property
     def rank(self) -> int:  # type: ignore[override]
-        return self.m.epoch.members.index(self.m.slot)
+        return self.m.rank()
 
     @property
     def world_size(self) -> int:  # type: ignore[override]
-        # Before the first epoch forms (a rule's constructor asks), the job's planned size.
-        return len(self.m.epoch.members) or self.m.slots
+        return self.m.group_size()
 
     def form(self, ep: Epoch) -> None:
         """Build epoch ``ep``'s group; waits until all its members arrive, or until one of them
@@ -58,8 +57,8 @@ class ElasticComm(Comm):
             try:
                 # Its own store connection: the constructor holds its client while it waits for
                 # the other members' keys, and the heartbeat checks below must not queue behind it.
-                store = dist.TCPStore(self.m.link.host, self.m.link.port, is_master=False,
-                                      timeout=timedelta(seconds=self.timeout_s))
+                host, port = self.m.store_address()
+                store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=self.timeout_s))
                 box["pg"] = dist.ProcessGroupGloo(dist.PrefixStore(f"pg/{ep.number}", store),
                                                   ep.members.index(self.m.slot), len(ep.members),
                                                   timedelta(seconds=self.timeout_s))
@@ -74,7 +73,7 @@ class ElasticComm(Comm):
                 builder.join(CHECK_EVERY_S)
                 if not builder.is_alive():
                     break
-                self.m.liveness.tick()  # waiting for the others is this loop's progress
+                self.m.tick()  # waiting for the others is this loop's progress
                 self._check_peers(what)  # an abandoned constructor gives up on its own, at its timeout
                 if time.monotonic() - t0 > self.timeout_s + CHECK_EVERY_S:
                     raise PeerLost(f"sync: {what} did not form within {self.timeout_s:.0f}s (sync.timeout_s)")
@@ -109,7 +108,7 @@ class ElasticComm(Comm):
             now = time.monotonic()
             if now >= check_at:
                 check_at = now + CHECK_EVERY_S
-                self.m.liveness.tick()
+                self.m.tick()
                 self._check_peers(what)
             if now - t0 > limit:
                 raise PeerLost(f"sync: peers did not join {what} within {limit:.0f}s")
@@ -122,13 +121,13 @@ class ElasticComm(Comm):
 
     def _check_peers(self, what: str) -> None:
         try:
-            if self.m.current() > self.m.epoch.number:
+            if self.m.superseded():
                 raise PeerLost(f"sync: the others formed a newer group during {what}")
-            dead = self.m.liveness.stale(tuple(s for s in self.m.epoch.members if s != self.m.slot))
+            dead = self.m.lost_peers()
         except CoordinatorAway:
             return  # no heartbeats to read: the collective's own limit still holds
         if dead:
-            how = ", ".join(f"{s} {self.m.liveness.why.get(s, 'silent')}" for s in dead)
+            how = ", ".join(f"{s} {why}" for s, why in dead.items())
             raise PeerLost(f"sync: replica(s) {how} for {self.m.peer_timeout_s:.0f}s "
                            f"(sync.peer_timeout_s) during {what}")
 

@@ -124,6 +124,34 @@ class Membership:
     def current(self) -> int:
         return self.link.add("epoch", 0)
 
+    # ------------------------------------------- what the epoch's communicator asks (elastic/comm.py)
+    def rank(self) -> int:
+        """This slot's rank in the current epoch's group."""
+        return self.epoch.members.index(self.slot)
+
+    def group_size(self) -> int:
+        """The current epoch's member count; before the first epoch forms (a sync rule's
+        constructor asks), the job's planned size."""
+        return len(self.epoch.members) or self.slots
+
+    def store_address(self) -> tuple[str, int]:
+        """The coordinator's host and port, for a connection of the caller's own."""
+        return self.link.host, self.link.port
+
+    def tick(self) -> None:
+        """The owner's loop moved (waiting for a group or a collective is its progress)."""
+        self.liveness.tick()
+
+    def superseded(self) -> bool:
+        """A newer epoch than this replica's exists. Raises CoordinatorAway."""
+        return self.current() > self.epoch.number
+
+    def lost_peers(self) -> dict[int, str]:
+        """The current epoch's other members judged lost from here, each with why ("silent", or
+        "stuck at ..."). Raises CoordinatorAway."""
+        dead = self.liveness.stale(tuple(s for s in self.epoch.members if s != self.slot))
+        return {s: self.liveness.why.get(s, "silent") for s in dead}
+
     def read(self, number: int) -> Epoch:
         raw = self.link.get(f"members/{number}")
         ep = self._decode(number, raw)
