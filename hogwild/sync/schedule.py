@@ -67,7 +67,7 @@ class SyncSchedule:
     drifts: list[float] = field(default_factory=list)
     """The max drift of every recorded round."""
     paced: bool = False
-    """``sync.interval=auto`` (resolved by sync/defaults.py): every round's cost sets the next interval."""
+    """``sync.interval=auto`` (resolved by config/defaults.py): every round's cost sets the next interval."""
     floor: int = 1
     """A paced interval's lower bound: :data:`PACE_FLOOR` optimizer steps, in replica steps."""
     by_speed: bool = False
