@@ -1,7 +1,7 @@
 """A seeded chaos campaign against elastic mode: random faults across long elastic runs on this
 host, and the job's invariants checked after every run.
 
-    python scripts/chaos/chaos.py --faults 500 --seed 1 --out bench_results/chaos   # BENCHMARKS.md §10
+    python scripts/chaos/chaos.py --faults 500 --seed 1 --out bench_results/chaos   # benchmarks/faults.md §10
     python scripts/chaos/chaos.py --faults 8 --per-run 4 --out /tmp/chaos            # a quick look
     python scripts/chaos/chaos.py --faults 500 --seed 1 --first-run 17                # go on after run 16
 

@@ -1,7 +1,7 @@
 """Losing a replica: elastic mode (survivors go on, the replica heals on restart) against a
 torchrun job (everyone restarts from the last checkpoint), side by side in one run.
 
-    python scripts/chaos/failover.py --repeats 3 --out bench_results     # the run behind BENCHMARKS.md §8
+    python scripts/chaos/failover.py --repeats 3 --out bench_results     # the run behind benchmarks/faults.md §8
     python scripts/chaos/failover.py --repeats 1 --out /tmp/f            # quick look
 
 3 replicas x 1 worker on this host (Gloo on loopback), mlp on digits, every worker slowed 10 ms a

@@ -33,7 +33,7 @@ WD, WARMUP, CLIP, BATCH, CONTEXT = 0.05, 100, 1.0, 32, 64
 LR = 3e-3
 """``+experiment=gpt``'s peak rate, hogwild's default for this model."""
 SIZES: dict[str, dict[str, int]] = {
-    "gpt": {"n_layer": 4, "n_embd": 128, "n_head": 4},  # BENCHMARKS §15: 0.8M parameters
+    "gpt": {"n_layer": 4, "n_embd": 128, "n_head": 4},  # benchmarks/one-machine.md §15: 0.8M parameters
     "gpt_large": {"n_layer": 4, "n_embd": 192, "n_head": 4},  # 1.8M: a step's gradient is 7.3 MB
 }
 TEST_CHARS = 120_000

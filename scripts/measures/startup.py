@@ -2,7 +2,7 @@
 it starts counted (the leader, its fork server, the workers), side by side across versions.
 
     python scripts/measures/startup.py --repeats 3 --out bench_results/startup        # this checkout
-    python scripts/measures/startup.py --tree spawn=/tmp/a --tree fork=/tmp/b --out /tmp/s   # BENCHMARKS.md §11
+    python scripts/measures/startup.py --tree spawn=/tmp/a --tree fork=/tmp/b --out /tmp/s   # benchmarks/memory.md §11
 
 A ``--tree NAME=DIR`` is a source tree of hogwild (for instance ``git archive <commit> | tar -x
 -C DIR``) put first on ``PYTHONPATH``; the runs of all trees are interleaved, so a busy machine

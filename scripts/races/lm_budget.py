@@ -69,7 +69,7 @@ def _hogwild(replicas: int, budget: float, work: Path) -> dict[str, Any]:
     run = work / f"hw{replicas}"
     cmd = train_cmd([*RECIPE, f"workers={2 // replicas}", f"run_dir={run}"], replicas)
     # Its own process group, not a session: a session is an autogroup that the kernel's scheduler
-    # shares CPU with as one process, where the DDP arm's ranks count one by one (BENCHMARKS §22).
+    # shares CPU with as one process, where the DDP arm's ranks count one by one (benchmarks/stragglers.md §22).
     proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, process_group=0)
     try:

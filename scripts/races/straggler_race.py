@@ -1,7 +1,7 @@
 """Stragglers raced: hogwild against DDP on this host's two cores, one of each arm's processes made
 slow the same way, every arm evaluated alike on the clock (issue 56).
 
-The GPT of BENCHMARKS.md §15 (``--size gpt``, 0.8M parameters) under the race's AdamW recipe
+The GPT of benchmarks/one-machine.md §15 (``--size gpt``, 0.8M parameters) under the race's AdamW recipe
 (scripts/harness/arms.py: warm-up, a cosine over the budget, the same 128 test blocks scored every
 ``--eval-every-s`` of training on the clock by hogwild's leader and DDP's rank 0, the final model on
 the whole split off the clock). Arms:
@@ -103,7 +103,7 @@ def hogwild_arm(args: argparse.Namespace, slow: Optional[Slow], root: Path, seed
                     launcher="hogwild.cli.launch")
     # A process group of its own (to kill the job's tree), not a session: with the kernel's
     # autogroup a new session is a scheduling group that shares CPU as one process against the
-    # busy process, while DDP's ranks shared the busy process's group task by task (BENCHMARKS §22).
+    # busy process, while DDP's ranks shared the busy process's group task by task (benchmarks/stragglers.md §22).
     proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, process_group=0)
     try:

@@ -97,7 +97,7 @@ def main() -> None:
     try:
         import torchft  # noqa: F401
     except ImportError as e:
-        sys.stderr.write(f"torchft is not installed here ({e}); BENCHMARKS.md §12 has the install line\n")
+        sys.stderr.write(f"torchft is not installed here ({e}); benchmarks/links.md §12 has the install line\n")
         raise SystemExit(2) from None
     w = workload_from_args(args)
     put_result(run(args, w))
