@@ -88,13 +88,15 @@ def log_result(result: RunResult) -> None:
 @guarded
 def main() -> None:
     import_from_cwd()
-    # First, while this process has done nothing but imports: the workers' fork server is then a
-    # fork of it instead of a fresh interpreter that imports torch again (replica/start.py).
-    fork_server_from_here()
     register_resolvers()
     # A bad setting or launcher variable is a UserError: @guarded's one line and exit 2.
     DistEnv.from_env()  # torchrun's variables: Hydra reads them too, inside its own config
-    preflight(sys.argv[1:])
+    cfg = preflight(sys.argv[1:])
+    if cfg is not None:  # None: Hydra prints and runs nothing
+        # Before any job runs, while this process has done nothing but imports and composing: the
+        # workers' fork server is then a fork of it, with torch and the config's target modules
+        # imported once, instead of a fresh interpreter that imports them again (replica/start.py).
+        fork_server_from_here(cfg)
     _hydra_main()
 
 

@@ -72,7 +72,7 @@ class WorkerPool:
     def __init__(self, cfg: Config, specs: list[WorkerSpec], rep: Replica, board: Board) -> None:
         # Never plain fork: it would copy autograd's and CUDA's threads into a broken child
         # (design rule 5); a fork server that has only imported torch is safe (replica/start.py).
-        self._ctx = worker_context()
+        self._ctx = worker_context(cfg)  # its server preloads the config's target modules
         self.cfg, self.specs, self.rep, self.board = cfg, specs, rep, board
         # Workers past sync.max_lag wait on their kick pipe; the leader writes to each after every
         # round. No lock is shared: a leader killed while it held a Condition's lock (notifying

@@ -14,25 +14,36 @@ and the working directory arrive with multiprocessing's preparation data, and th
 which the server froze when it started, travels with each worker (:func:`environment`).
 
 multiprocessing starts its server as a fresh interpreter, which imports torch once more (about
-2 s of CPU). The command line does better (:func:`fork_server_from_here`): at its very start,
-when it has done nothing but imports, it forks itself into the server. Anywhere else (a script
-or a notebook calling the API, which may already run threads or hold CUDA) the server is a fresh
-interpreter as multiprocessing makes it.
+2 s of CPU). The command line does better (:func:`fork_server_from_here`): once it has composed
+its config, and done nothing else but imports, it imports the modules of the config's
+``_target_`` callables (a user's model module, ``transformers``: 3-4 s of CPU for a Hugging Face
+model) and forks itself into the server. The leader needs those modules anyway, and no worker
+imports them again. Anywhere else (a script or a notebook calling the API, which may already run
+threads or hold CUDA) the server is a fresh interpreter as multiprocessing makes it, which imports
+those modules once itself (:func:`preload`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing as mp
 import os
 import signal
 import sys
 import threading
+import types
 import warnings
 from multiprocessing import forkserver, util
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from hogwild.config.targets import import_target, stored_targets
+from hogwild.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hogwild.config.schema import Config
 
 logger = logging.getLogger(__name__)
 
@@ -47,23 +58,51 @@ warnings.filterwarnings("ignore", message=r".* found in sys\.modules after impor
                         category=RuntimeWarning, module="runpy")
 
 
-def preload() -> list[str]:
-    """:data:`PRELOAD`, and the leader's main module, which every child imports again as
+def preload(cfg: Optional[Config] = None) -> list[str]:
+    """:data:`PRELOAD`, the leader's main module, which every child imports again as
     ``__mp_main__`` (as with spawn): ``hogwild.cli.train`` under ``python -m``, a console script
-    or a user's script by path (``"__main__"``, which the server imports from its path). Loaded
-    once in the server, it costs a child nothing; it is what pulls in Hydra."""
+    or a user's script by path (``"__main__"``, which the server imports from its path), and the
+    modules of ``cfg``'s targets (:func:`target_modules`). Loaded once in the server, they cost a
+    child nothing; the main module is what pulls in Hydra, the targets a user's model library.
+
+    Not the targets of a CUDA run: a module that touched CUDA as it was imported would leave the
+    server, and every worker forked from it, with a CUDA it cannot use (design rule 5). Its
+    workers import them as before."""
     main = sys.modules.get("__main__")
     name = getattr(getattr(main, "__spec__", None), "name", None)
-    return [*PRELOAD, name if name and not name.endswith("__main__") else "__main__"]
+    targets = target_modules(cfg) if cfg is not None and cfg.device == "cpu" else []
+    return [*PRELOAD, name if name and not name.endswith("__main__") else "__main__", *targets]
 
 
-def worker_context() -> BaseContext:
-    """The fork server where the platform has one (Linux, macOS), else spawn (Windows)."""
+def target_modules(cfg: Config) -> list[str]:
+    """The modules that define ``cfg``'s ``_target_`` callables (the model and the objects built
+    for its arguments, data, loss, step, optim, sched), imported here if they are not yet: what
+    each worker would otherwise import again as it unpickles its data and builds its model, step
+    and optimizer. The defining module, not the path's: ``transformers.GPT2LMHeadModel`` is
+    ``transformers.models.gpt2.modeling_gpt2``, which the lazy ``transformers`` package alone
+    does not import. A target that fails to import is left out: building the replica names it."""
+    names: list[str] = []
+    for key, path in stored_targets(dataclasses.asdict(cfg)).items():
+        try:
+            obj = import_target(path, key)
+        except ConfigError:
+            continue
+        name = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", None)
+        # Only what imported here without fault: the server's preload stops at anything but an
+        # ImportError. A script's own classes are in __main__, which the server loads anyway.
+        if isinstance(name, str) and name in sys.modules and name not in ("__main__", "__mp_main__", *names):
+            names.append(name)
+    return names
+
+
+def worker_context(cfg: Optional[Config] = None) -> BaseContext:
+    """The fork server where the platform has one (Linux, macOS), else spawn (Windows); its
+    server preloads ``cfg``'s target modules (:func:`preload`)."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     # Only read when the server starts: a process that already runs one keeps its preload.
-    ctx.set_forkserver_preload(preload())
+    ctx.set_forkserver_preload(preload(cfg))
     return ctx
 
 
@@ -93,15 +132,22 @@ def leader_watch(life: Optional[Connection]) -> Callable[[], bool]:
     return lambda: not life.poll()
 
 
-def fork_server_from_here() -> bool:
-    """Start the fork server as a fork of this process rather than as a fresh interpreter. Only
-    for a process that has done nothing but imports (the command line, first thing): one thread,
-    CUDA untouched, so the fork carries no thread or device state (design rule 5). The server's
-    code is multiprocessing's own; only how its process is made changes. False, with nothing
-    done, where that does not hold: the server then starts later as a fresh interpreter."""
+def fork_server_from_here(cfg: Optional[Config] = None) -> bool:
+    """Start the fork server as a fork of this process rather than as a fresh interpreter, with
+    the modules of ``cfg``'s targets imported here first (:func:`target_modules`), so that
+    neither the server nor any worker imports them again. Only for a process that has done
+    nothing but imports and compose its config (the command line, before it runs a job): one
+    thread, CUDA untouched, so the fork carries no thread or device state (design rule 5). The
+    server's code is multiprocessing's own; only how its process is made changes. False where
+    that does not hold: the server then starts later as a fresh interpreter."""
     # Linux only: on macOS, system frameworks that torch loads are not safe to use after a fork.
     if not sys.platform.startswith("linux") or threading.active_count() != 1 or _cuda_touched():
         return False
+    if cfg is not None:
+        target_modules(cfg)  # the leader imports them anyway, to build its replica
+        if threading.active_count() != 1 or _cuda_touched():
+            logger.debug("importing the targets started a thread or touched CUDA: no fork server from here")
+            return False
     original = util.spawnv_passfds
 
     def fork_instead(path: str, args: list[str], passfds: Any) -> int:
@@ -115,7 +161,7 @@ def fork_server_from_here() -> bool:
 
     util.spawnv_passfds = fork_instead
     try:
-        worker_context()  # its preload list
+        worker_context(cfg)  # its preload list
         forkserver.ensure_running()
     except Exception:  # noqa: BLE001 - the fresh-interpreter server is always there to fall back on
         logger.debug("fork server from the leader failed; the workers' first start will make one",

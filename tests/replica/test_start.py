@@ -1,4 +1,5 @@
-"""How workers start: from a fork server that imported torch once (fast tier, and one command-line run)."""
+"""How workers start: from a fork server that imported torch, and the config's target modules, once
+(fast tier, and command-line and API runs)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from hogwild.replica.start import adopt_environment, environment, worker_context
-from tests.conftest import child_pids, clean_env
+from tests.conftest import REPO, child_pids, clean_env, run_cli
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -84,3 +85,33 @@ def test_the_command_line_forks_its_fork_server_instead_of_importing_torch_again
     finally:
         proc.terminate()
         proc.communicate(timeout=60)
+
+
+def _imported_in(stderr: str) -> list[str]:
+    """The processes that imported tests/loud_model.py, by name, as its lines say."""
+    return [line.rpartition(" in ")[2] for line in stderr.splitlines() if line.startswith("loud_model imported in ")]
+
+
+LOUD = ["model._target_=tests.loud_model.net", "workers=2", "train.max_steps=10", "eval.every_s=60"]
+
+
+@pytest.mark.slow
+def test_the_command_line_imports_the_model_module_once_and_no_worker_imports_it_again(tmp_path: Path) -> None:
+    # Its print is seen once: the leader imported it before it forked the server, and every worker
+    # is a fork of that server. A worker that imported it afresh paid for its imports again
+    # (3-4 CPU-s each for a Hugging Face model) and printed its own line.
+    out = run_cli([*LOUD, f"run_dir={tmp_path / 'run'}"], cwd=tmp_path, env=clean_env(PYTHONPATH=str(REPO)))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert _imported_in(out.stderr) == ["MainProcess"], out.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_script_calling_the_api_has_its_fork_server_import_the_model_module_for_every_worker(
+        tmp_path: Path) -> None:
+    # The script's server is a fresh interpreter (the script may run threads): it imports the
+    # model module once, for all workers, instead of each worker importing it again.
+    out = run_cli([*LOUD, f"run_dir={tmp_path / 'run'}"], cwd=tmp_path, module="tests.api_script",
+                  env=clean_env(PYTHONPATH=str(REPO)))
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = _imported_in(out.stderr)
+    assert seen and not [name for name in seen if name != "MainProcess"], out.stderr[-3000:]
