@@ -6,9 +6,11 @@ Reading happens in functions, never at import time, so tests can inject values.
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from pathlib import Path
+from typing import Mapping, Optional, Union
 
 from hogwild.errors import ConfigError, UserError
 
@@ -81,7 +83,22 @@ def default_run_id(env: Optional[Mapping[str, str]] = None) -> str:
     then adopt rank 0's folder after rendezvous (see :func:`agree_on_path`).
     """
     run_id = DistEnv.from_env(env).run_id
-    return run_id if run_id else time.strftime("%Y-%m-%d/%H-%M-%S")
+    return run_id if run_id else time.strftime(RUN_TIME_FORMAT)
+
+
+RUN_TIME_FORMAT = "%Y-%m-%d/%H-%M-%S"
+
+
+def is_default_run_dir(path: Union[str, Path], env: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether ``path`` has the form the schema's default gives (``outputs/<run id or time>``),
+    so it was most likely not chosen by the user: an elastic slot started without ``run_dir``
+    would otherwise write to a folder named after its own start time (hogwild/elastic/outputs.py)."""
+    parts = Path(path).parts
+    run_id = DistEnv.from_env(env).run_id
+    if run_id and parts[-2:] == ("outputs", run_id):
+        return True
+    return (len(parts) >= 3 and parts[-3] == "outputs" and re.fullmatch(r"\d{4}-\d{2}-\d{2}", parts[-2]) is not None
+            and re.fullmatch(r"\d{2}-\d{2}-\d{2}", parts[-1]) is not None)
 
 
 

@@ -4,7 +4,8 @@ coordinator's ``TCPStore`` (``hogwild-coordinator``).
 The group lives in numbered *epochs*. Every epoch has its own Gloo group, so a dead peer
 never poisons the next one. Keys in the coordinator's store:
 
-    job, run_dir     the first replica's fingerprint and output folder; later ones must match
+    job, run_dir     the first replica's fingerprint and output folder; later ones must match the
+                     fingerprint, and adopt the folder if given none (elastic/outputs.py)
     hb/<slot>        "beat:ticks:round:step", set by a thread every ``peer_timeout_s / 5``: the
                      beat proves the process lives, the ticks that its main loop moves (0: the
                      process does not report them), round and step how far it got

@@ -34,6 +34,7 @@ from hogwild.elastic.comm import ElasticComm
 from hogwild.elastic.ledger import Ledger
 from hogwild.elastic.link import CoordinatorAway
 from hogwild.elastic.membership import Dropped, Epoch, Membership
+from hogwild.elastic.outputs import outputs_of
 from hogwild.errors import Fault, StopNow, UserError
 from hogwild.files import RunDirLock
 from hogwild.leader.api import Control, Group, Here
@@ -95,7 +96,8 @@ class ElasticGroup(Group):
 
     # ---------------------------------------------------------------- setup
     def connect(self, cfg: Config, run_dir: Path, rep: Replica) -> tuple[Comm, Path]:
-        """Register with the coordinator (the group itself forms in :meth:`start`)."""
+        """Register with the coordinator (the group itself forms in :meth:`start`); the folder this
+        slot writes to is its own ``run_dir``, or the job's if it was given none (elastic/outputs.py)."""
         sc = cfg.sync
         assert sc.coordinator is not None
         # Here, not in __init__: the leader's signal handlers are installed by now, so a SIGTERM
@@ -106,7 +108,8 @@ class ElasticGroup(Group):
         self.keys, self.liveness = self.membership.keys, self.membership.liveness
         self.comm = ElasticComm(self.membership, sc.timeout_s)
         self.connected = True
-        run_dir = Path(self.keys.agree_job(job_fingerprint(cfg, rep.plan, rep.flat.numel()), str(run_dir)))
+        job_dir = self.keys.agree_job(job_fingerprint(cfg, rep.plan, rep.flat.numel()), str(run_dir))
+        run_dir = outputs_of(self.env.rank, run_dir, job_dir)
         # Before this process touches anything in run_dir: a second process started in a live
         # slot would otherwise truncate that slot's progress board (its data positions) before
         # being refused.
