@@ -19,6 +19,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
 
+# The memory sampler lives with the leader's own (report/memory.py); importing it here stays cheap:
+# that module needs the standard library only.
+from hogwild.report.memory import PeakPss
+
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
@@ -135,40 +139,6 @@ def ring_all_reduce_bytes(nbytes: float, world: int) -> float:
     from hogwild.sync.comm import ring_all_reduce_bytes as ring
 
     return ring(nbytes, world)
-
-
-# ----------------------------------------------------------------------------- memory
-class PeakPss:
-    """The largest summed proportional set size (PSS, bytes) of ``roots`` and every process below
-    them, sampled every ``every_s`` seconds on a thread while the ``with`` block runs: pages that
-    several processes share (a model in shared memory) count once. Scripts may rely on ``peak``
-    (bytes, 0 where ``/proc`` says nothing: not Linux) and ``peak_mib``."""
-
-    def __init__(self, *roots: int, every_s: float = 0.25) -> None:
-        self.roots, self.every_s, self.peak = roots, every_s, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        from hogwild.report.memory import process_tree, pss_bytes
-
-        while True:
-            pids = {pid for root in self.roots for pid in process_tree(root)}
-            self.peak = max(self.peak, sum(s for s in map(pss_bytes, pids) if s is not None))
-            if self._stop.wait(self.every_s):
-                return
-
-    @property
-    def peak_mib(self) -> float:
-        return self.peak / 2**20
-
-    def __enter__(self) -> PeakPss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 # ------------------------------------------------------------------- a run's own records

@@ -7,6 +7,9 @@ PSS divides each shared page among the processes that map it, so the model in ``
 which the leader and every worker map, counts once, where RSS would count it once per process.
 The sum over the process tree is what the replica really holds. Linux only (``/proc``);
 elsewhere nothing is measured and the figure is None.
+
+:class:`PeakPss` is the benchmark scripts' sampler (``hogwild.bench``): a full PSS sample of
+several process trees at every tick, for a script that compares processes it started itself.
 """
 
 from __future__ import annotations
@@ -121,3 +124,34 @@ class PeakMemory:
     @property
     def peak_mb(self) -> Optional[float]:
         return None if self.peak is None else self.peak / 2**20
+
+
+class PeakPss:
+    """The largest summed proportional set size (PSS, bytes) of ``roots`` and every process below
+    them, sampled every ``every_s`` seconds on a thread while the ``with`` block runs: pages that
+    several processes share (a model in shared memory) count once. Scripts may rely on ``peak``
+    (bytes, 0 where ``/proc`` says nothing: not Linux) and ``peak_mib``."""
+
+    def __init__(self, *roots: int, every_s: float = 0.25) -> None:
+        self.roots, self.every_s, self.peak = roots, every_s, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            pids = {pid for root in self.roots for pid in process_tree(root)}
+            self.peak = max(self.peak, sum(s for s in map(pss_bytes, pids) if s is not None))
+            if self._stop.wait(self.every_s):
+                return
+
+    @property
+    def peak_mib(self) -> float:
+        return self.peak / 2**20
+
+    def __enter__(self) -> PeakPss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
