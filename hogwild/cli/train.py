@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 
 from hogwild.cli.common import import_from_cwd
 from hogwild.config.compose import CONF_DIR, preflight, register_resolvers, to_config
+from hogwild.config.moved import renamed
 from hogwild.config.env import DistEnv
 from hogwild.errors import Fault, UserError, WriteFailed, crash, guarded, report, say_error
 from hogwild.native import left_running
@@ -91,6 +92,8 @@ def main() -> None:
     register_resolvers()
     # A bad setting or launcher variable is a UserError: @guarded's one line and exit 2.
     DistEnv.from_env()  # torchrun's variables: Hydra reads them too, inside its own config
+    # Hydra parses sys.argv itself: a key that moved group is respelled for it too (config/moved.py).
+    sys.argv[1:] = renamed(sys.argv[1:])
     cfg = preflight(sys.argv[1:])
     if cfg is not None:  # None: Hydra prints and runs nothing
         # Before any job runs, while this process has done nothing but imports and composing: the

@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from hogwild.config import schema as config_mod
 from hogwild.config.env import default_run_id
 from hogwild.config.defaults import resolved
+from hogwild.config.moved import renamed
 from hogwild.config.schema import Config
 from hogwild.errors import ConfigError, UserError, first_line
 from hogwild.files import make_run_dir, refuse_links
@@ -229,6 +230,7 @@ def compose(overrides: list[str], config_name: str = "config", conf_dir: str = C
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    overrides = renamed(overrides)
     _refuse_plus_on_fields(overrides)
     try:
         with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):

@@ -1,5 +1,5 @@
 """One registry per choice the user makes by name: ``sync.mode``, ``sync.dtype``, ``sched.name``,
-``task``, ``optim.name``, ``model.name``, ``data.name``.
+``task``, ``optim.name``, ``pace.policy``, ``model.name``, ``data.name``.
 
 The implementations register themselves here (a sync rule class, a model builder, a dataset
 loader), and the config checks read the same table: a new rule needs no second list, and the
@@ -58,6 +58,7 @@ WIRES: Registry[Callable[[], object]] = Registry("sync.dtype", "hogwild.sync.wir
 SCHEDULES: Registry[Callable[..., float]] = Registry("sched.name", "hogwild.replica.lr_schedule")
 TASKS: Registry[type] = Registry("task", "hogwild.replica.tasks")
 OPTIMIZERS: Registry[type] = Registry("optim.name", "hogwild.replica.optim")
+PACERS: Registry[type] = Registry("pace.policy", "hogwild.replica.pacing")
 MODELS: Registry[Callable[..., object]] = Registry("model.name", "hogwild.replica.models")
 DATASETS: Registry[Callable[..., object]] = Registry("data.name", "hogwild.data.datasets", "hogwild.data.mapped",
                                                  "hogwild.data.tokens")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hogwild.config.registry import DATASETS, MODELS, TASKS
+from hogwild.config.pace import PaceConfig
 from hogwild.config.sync import SyncConfig
 from hogwild.config.train import LossConfig, OptimConfig, SchedConfig, StepConfig, TrainConfig
 from hogwild.config.validate import at_most, choice, positive, require
@@ -203,6 +204,7 @@ class Config:
     step: StepConfig = field(default_factory=StepConfig)
     sched: SchedConfig = field(default_factory=SchedConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    pace: PaceConfig = field(default_factory=PaceConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -18,12 +18,7 @@ COMPILE_MODES = ("off", "auto", "default", "reduce-overhead", "max-autotune", "m
 COMPILE_BOOLEANS = {"true": "default", "false": "off"}
 OPTIM_STATES = ("auto", "worker", "shared")
 UPDATES = ("auto", "hogwild", "barrier")
-# A step's wait for its late workers is bounded by this many times a gradient's compute time: more
-# would let one stuck worker hold every step of its replica for longer than it takes to compute.
-MAX_WAIT_BOUND = 10.0
 TARGET_MODES = ("auto", "max", "min")
-# Beyond this a chunk of a typical batch is a few samples, and each chunk's kernels run below speed.
-MAX_CHUNKS = 16
 
 
 @dataclass
@@ -38,41 +33,10 @@ class OptimConfig:
     """How gradients reach the shared model. hogwild: each worker steps the weights itself as soon
     as its gradient is ready, lock-free (mnist_hogwild). barrier: the workers' gradients meet in
     shared memory and one optimizer state per replica steps on their mean, as DDP does, waiting for
-    a late worker at most optim.max_wait (a later gradient joins the next step). auto: hogwild for
+    a late worker as the pace.* settings say (a later gradient joins the next step). auto: hogwild for
     SGD (optim=sgd, or a _target_ class named SGD) and SparseAdam, barrier for every other optimizer,
     whose adaptive steps a stale gradient costs most (docs/models.md has the figures). auto is
     decided once, when the config is composed: the run's .hydra/config.yaml names the path taken."""
-    min_wait: float = 0.5
-    """barrier: the least a step waits for its last workers once half of them have brought fresh
-    gradients, in the compute times of the last of that half (the pivot; with 2 workers, the first);
-    a later gradient joins the next step. The step waits longer, up to optim.max_wait, when the
-    recent gradients habitually came later: the median plus three median deviations of the last 16
-    gradients' lags behind their step's pivot (two workers sharing a core with a busy process take
-    turns at a third of a step behind and more), while a worker stopped now and then is an outlier
-    among its lags and is not waited for past optim.min_wait."""
-    max_wait: float = 2.0
-    """barrier: the most a step waits for its last workers, in the pivot's compute times (0: never
-    wait; optim.min_wait=X optim.max_wait=X: always X, the rule before 2026-11-28 at 0.5)."""
-    straggler_wait: float = 0.1
-    """barrier: how long a step waits for a worker missing from the step before too (at most
-    optim.max_wait): it still computes on older weights, so its gradient is stale whenever it comes."""
-    balance: bool = True
-    """barrier, where a batch is not computed in chunks (optim.chunks): true: a worker whose whole
-    batch takes more than 1.15 times the median worker's computes
-    each batch in equal parts (at most four), one part a step, sized to its speed, so
-    its gradients arrive with the others' and not one update late; a step's mean weighs each
-    gradient by its samples (LB-BSP). Every sample is still trained on once (metrics.json:
-    batch_parts). A worker's pace is the median of its last 5 gradients, so one that stalls now and
-    then (stopped 1 s every 3 s) is not read as slow after each stall (BENCHMARKS.md §22)."""
-    chunks: Any = "auto"
-    """barrier: compute each batch in this many equal chunks and hand in what is done once the
-    step's pivot has arrived and the batch's rest would come after optim.min_wait: a worker slowed
-    for a while (a core shared with a busy process, a quota) brings the samples it computed with the
-    others' instead of a late gradient, and the rest of its batch is its next part, so every sample
-    is still trained on once. No pace is estimated, so a slowness that moves between workers is
-    followed at once. auto: 4 chunks of at least 8 samples once a whole batch takes over 20 ms, and
-    whole batches for a model with batch-norm layers (their statistics are a batch's) or sparse
-    tables; 1: whole batches (optim.balance then cuts a slow worker's)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """The optimizer _target_'s keyword arguments, gathered from the keys under optim."""
     lr: float = 0.1
@@ -114,15 +78,6 @@ class OptimConfig:
         positive(self.eps, "optim.eps")
         choice(self.state, "optim.state", OPTIM_STATES)
         choice(self.update, "optim.update", UPDATES)
-        for key, wait in (("min_wait", self.min_wait), ("max_wait", self.max_wait),
-                          ("straggler_wait", self.straggler_wait)):
-            require(0.0 <= wait <= MAX_WAIT_BOUND, f"optim.{key}",
-                    f"must be in [0, {MAX_WAIT_BOUND:g}] (times a gradient's compute time), got {wait}")
-        require(self.chunks == "auto" or (isinstance(self.chunks, int) and not isinstance(self.chunks, bool)
-                                          and 1 <= self.chunks <= MAX_CHUNKS),
-                "optim.chunks", f"must be 'auto' or a whole number from 1 to {MAX_CHUNKS}, got {self.chunks!r}")
-        require(self.min_wait <= self.max_wait, "optim.min_wait",
-                f"must not exceed optim.max_wait ({self.max_wait:g}), got {self.min_wait:g}")
         require(not self.rowwise or (self.name == "adagrad" and not self._target_), "optim.rowwise",
                 "row-wise state is Adagrad's: set optim=adagrad (without optim._target_), or optim.rowwise=false")
         require(not (self.rowwise and self.update == "barrier"), "optim.rowwise",

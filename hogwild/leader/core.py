@@ -408,7 +408,7 @@ def _leader_time(crew: Crew, sync_stats: SyncStats, cpu_s: float) -> dict[str, f
 def update_report(crew: Crew) -> dict[str, Any]:
     """``metrics.json``'s account of how gradients reached the model: the path, and under the
     barrier the optimizer steps of this replica (its lineage's) and the gradients that came late
-    to their step and joined the next, and the last bound a step waited under (replica/deadline.py;
+    to their step and joined the next, and the last bound a step waited under (replica/pacing.py;
     null with one worker, who waits for nobody)."""
     rep = crew.rep
     if not rep.plan.barrier:
@@ -417,7 +417,7 @@ def update_report(crew: Crew) -> dict[str, Any]:
     chair = crew.pool.chair
     return {"update": rep.plan.update, "optimizer_steps": int(rep.opt_state[STEPS_KEY][0]),
             "late_gradients": int(rep.meeting.head["closed_late"]),
-            "wait_bound": chair.deadline.last if chair is not None else None}
+            "wait_bound": chair.pacer.last if chair is not None else None}
 
 
 def input_report(crew: Crew) -> dict[str, Any]:

@@ -45,7 +45,7 @@ STATS = np.dtype([(name, np.float64) for name in (
     "compute_s",   # seconds of steps spent in the forward pass, the loss and backward
     "update_s",    # seconds of steps spent applying the update (optimizer, or the barrier's shard), waits excluded
     "cpu_s",       # CPU seconds of this worker's process during its steps
-    "parts",       # gradients computed on a part of a batch, all but each batch's last (optim.balance)
+    "parts",       # gradients computed on a part of a batch, all but each batch's last (pace.balance, pace.chunks)
 )])
 CONTROL = np.dtype([(name, np.float64) for name in (
     "stop",          # workers leave their loop
@@ -85,7 +85,7 @@ class Counts:
     update_s: float = 0.0
     cpu_s: float = 0.0
     batch_parts: float = 0.0
-    """Gradients slower workers computed on a part of a batch, all but each batch's last (optim.balance)."""
+    """Gradients slower workers computed on a part of a batch, all but each batch's last (pace.balance, pace.chunks)."""
 
     LINEAGE: ClassVar[tuple[str, ...]] = ("steps", "samples", "skipped_nonfinite", "worker_restarts", "syncs")
 

@@ -8,7 +8,7 @@ leader's nor a worker's production path carries test code.
 ``HOGWILD_FAULT`` plans a worker's faults (kind:worker:step, e.g. ``nan:0:20,crash:1:50``):
 ``nan`` poisons the first gradient of that step, ``crash`` raises in that step,
 ``slow:W:MS`` makes every step of worker W MS milliseconds longer (a slow or loaded machine; a
-part of a batch, optim.balance or optim.chunks, that part's share of MS),
+part of a batch, pace.balance or pace.chunks, that part's share of MS),
 ``start:W:0`` kills worker W's first start during its warm-up, before it is ready,
 ``warm:W:MS`` makes that warm-up MS milliseconds longer (a signal that lands in it), and
 ``rewarm:W:MS`` makes only a respawned worker's warm-up MS milliseconds longer (a slow respawn).
@@ -31,34 +31,16 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, NamedTuple, Optional, Protocol
+from typing import Mapping, Optional
 
 import torch
 from torch import Tensor
 
+from hogwild.replica.step import Computed, StepFn
+
 FAULT_ENV = "HOGWILD_FAULT"
 SLOW_WHILE_ENV = "HOGWILD_SLOW_WHILE"
 LEADER_FAULT_ENV = "HOGWILD_LEADER_FAULT"
-
-class Computed(NamedTuple):
-    """What one call of a :class:`StepFn` computed a gradient on."""
-
-    loss: Tensor
-    samples: int
-    """The samples of the batch (or of its part) the gradient was computed on."""
-    left: int
-    """The batch's samples still to come in later parts (0: it is done)."""
-    whole: int
-    """The batch's samples in all."""
-
-
-class StepFn(Protocol):
-    def __call__(self, index: int, share: float = 1.0, summed: bool = False) -> Computed:
-        """Computes batch ``index``'s gradients into the parameters' ``.grad``: on the whole batch,
-        or (``share`` < 1, optim.balance and optim.chunks) on its next ``share`` of samples, the batch
-        computed in parts over as many calls. ``summed``: the gradient of the loss times the samples
-        (chunks add up, and the caller divides by all of their samples)."""
-
 
 def planned_faults(index: int, spec: str) -> dict[str, set[int]]:
     """The steps (or rounds, or seconds) at which worker or slot ``index`` should fail, by kind."""
@@ -106,7 +88,7 @@ class Faults:
                 delay_s = 0.0  # for good: the test is done with its faults
             if delay_s:  # slower by the sample, as a slow machine is: a batch in parts is slowed once in all
                 time.sleep(delay_s * min(1.0, share))
-            first = step != last[0]  # a batch computed in parts (optim.balance, chunks) meets its faults once
+            first = step != last[0]  # a batch computed in parts (pace.balance, pace.chunks) meets its faults once
             last[0] = step
             if first and step in crash_at:
                 raise RuntimeError(f"injected crash at step {step}")

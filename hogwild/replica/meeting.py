@@ -5,17 +5,10 @@ Why: an adaptive optimizer's step on a stale gradient costs far more than SGD's 
 rule 20): one AdamW fed gradients one update old lost 0.78 in test loss on the GPT, and Hogwild
 workers' gradients are about one update old. Here every gradient of a step is computed on the
 weights that step moves, as DDP's are, and no worker waits long for a late one (Chen et al. 2016's
-backup workers): once the fresh gradients of half its live workers have arrived, the step waits for
-the others a bound times the compute time of the last of that half, the pivot (replica/deadline.py:
-the recent lags' median plus three deviations, within ``optim.min_wait`` and ``optim.max_wait``;
-``optim.straggler_wait`` for a worker still on older weights), and a gradient later than that joins
-the next step. A worker much slower than the median one computes each batch in parts instead, one a
-step (``optim.balance``, :func:`balanced_share`), so that its gradient comes with the others'; or,
-with ``optim.chunks``, every worker computes each batch in chunks and hands in those it has once
-the step's pivot is in and its rest would come after the bound (``BarrierUpdate.hand_in``: no pace
-estimated, so a slowness that moves between workers is followed at once). A step's mean weighs
-each gradient by its samples. No allreduce and no copy of the model per worker:
-the gradients meet where they are.
+backup workers): when a step closes, and how each worker cuts its batch so that its gradient comes
+with the others', is the pacer's to say (replica/pacing.py, ``pace.*``); a gradient later than the
+step it was computed for joins the next. A step's mean weighs each gradient by its samples. No
+allreduce and no copy of the model per worker: the gradients meet where they are.
 
 What lives in shared memory, and who writes what (every cell has one writer at a time, as on
 the board, so no lock is shared and a process killed at any moment holds nothing):
@@ -48,7 +41,6 @@ optimizer steps, which the learning-rate schedule and Adam's bias correction cou
 from __future__ import annotations
 
 import logging
-import math
 import queue
 import threading
 import time
@@ -60,7 +52,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from hogwild.replica.deadline import Deadline, due, pivot_of
+from hogwild.replica.pacing import Pacer
 from hogwild.replica.shared import Slot
 
 logger = logging.getLogger(__name__)
@@ -92,25 +84,6 @@ CELLS = np.dtype([(name, np.float64) for name in (
 POLL_S = 0.05
 # How long a waiting worker looks before it sleeps (wait_until).
 SPIN_S = 0.0005
-# optim.balance: a worker cuts its batch only when a whole one takes it this much longer than the
-# pivot's (noise between equal workers stays under it), never into more than this many parts, and its pace
-# is the median of its last few measurements: one gradient that spans a stall (a preempted or paused
-# process) is an outlier, not a slower worker, while a worker slowed for good moves the median
-# within a few steps. A moving average read each stall as slowness for several steps and split
-# batches the worker could compute whole (BENCHMARKS.md §22).
-BALANCE_BAND = 1.15
-MAX_PARTS = 4
-MIN_PACE_S = 0.005
-"""Below this a batch's time is jitter, and a meeting per part would cost more than it saves."""
-PACE_WINDOW = 5
-# optim.chunks=auto: a batch in this many chunks of at least this many samples, once a whole one
-# takes this long (below it each chunk's own overhead shows: a batch of a few milliseconds is mostly
-# Python and kernel launches). Four chunks of the GPT of BENCHMARKS.md §15 took what one batch did.
-AUTO_CHUNKS = 4
-MIN_CHUNK_SAMPLES = 8
-MIN_CHUNK_S = 0.02
-
-
 @dataclass(frozen=True)
 class Piece:
     """A run of one dense parameter's values: its slot in the flat buffer, where the run starts in
@@ -230,12 +203,12 @@ class Meeting:
 class Chair:
     """The leader's thread that closes steps and marks them applied (the module's text)."""
 
-    def __init__(self, meeting: Meeting, deadline: Deadline, steps: Tensor, kick: Callable[[], None],
+    def __init__(self, meeting: Meeting, pacer: Pacer, steps: Tensor, kick: Callable[[], None],
                  notices: Connection, tell: Connection) -> None:
-        """``deadline``: how long a step waits for its last workers (replica/deadline.py);
+        """``pacer``: when a step stops waiting for its last workers (replica/pacing.py);
         ``notices``: where workers say they arrived or finished a shard; ``tell``: its other end,
         for the leader's own notices (a worker died)."""
-        self.m, self.deadline, self.steps, self.kick = meeting, deadline, steps, kick
+        self.m, self.pacer, self.steps, self.kick = meeting, pacer, steps, kick
         self._notices, self._tell = notices, tell
         self._gone: "queue.Queue[tuple[int, threading.Event]]" = queue.Queue()
         self._stop = threading.Event()
@@ -277,7 +250,7 @@ class Chair:
             while not self._gone.empty():
                 worker, done = self._gone.get()
                 self.m.forget(worker)
-                self.deadline.forget(worker)
+                self.pacer.forget(worker)
                 done.set()
             wait = self.tick(time.monotonic())
             self.cpu_s = time.thread_time()  # this thread's own: the chair's cost to its leader's core
@@ -298,23 +271,17 @@ class Chair:
         if set(live.tolist()) <= set(arrived.tolist()):
             self._close(k, arrived, live)
             return POLL_S
-        # The bound runs from the arrival of the median live worker's fresh gradient, not the first:
-        # the first of many workers comes early by chance alone (with 8, a bound from the first left
-        # a late gradient in one step of nine in the model, BENCHMARKS.md §17). Late gradients that
-        # joined do not count: alone they wait for fresh ones.
-        pivot = pivot_of(k, arrived.tolist(), len(live), cells)
-        if pivot is None:
+        at = self.pacer.close_at(k, arrived.tolist(), live.tolist(), cells)
+        if at is None:
             return POLL_S
-        wait = self.deadline.bound(set(live.tolist()) - set(arrived.tolist()))
-        deadline = due(cells, pivot, wait)
-        if now >= deadline:
+        if now >= at:
             self._close(k, arrived, live)
             return POLL_S
-        return max(0.0, min(POLL_S, deadline - now))
+        return max(0.0, min(POLL_S, at - now))
 
     def _close(self, k: int, members: np.ndarray, live: np.ndarray) -> None:
         head, cells = self.m.head, self.m.cells
-        self.deadline.closed(k, members.tolist(), live.tolist(), cells)
+        self.pacer.closed(k, members.tolist(), live.tolist(), cells)
         count = int((cells["finite"][members] > 0).sum())
         head["count"] = count
         head["t"] = float(self.steps[0])
@@ -325,31 +292,6 @@ class Chair:
             cells[j]["member_of"] = k
         head["open"] = k + 1  # last: a worker that sees the step closed finds its members written
         self.kick()
-
-
-def balanced_share(mine: float, paces: Sequence[float], slack: float = 0.05) -> float:
-    """The share of its batch a worker computes (``optim.balance``, LB-BSP) so that its gradient
-    arrives with the step's pivot, the median live worker's, from which the chair's bound runs: 1 for
-    a worker at most :data:`BALANCE_BAND` slower than the pivot (or where the pivot's batch takes
-    under :data:`MIN_PACE_S`), else one of the fewest equal parts (at most :data:`MAX_PARTS`) that
-    take it at most ``1 + slack`` times the pivot's time: a part that comes that little after the
-    pivot is waited for (``optim.straggler_wait``), and one that comes well before it leaves the worker
-    idle until the step closes. ``mine`` and ``paces`` (every live worker's, ``mine`` among them):
-    seconds a whole batch takes, 0 where not measured yet. Equal parts also give a batch few shapes
-    (torch.compile and the kernels' caches see few).
-
-    A slower worker's gradient then comes with the others' on fewer samples (the batch's next part)
-    and counts for those
-    (:func:`mean_into`), instead of joining the next step one update old, which an adaptive optimizer
-    pays for: in the model of a worker twice as slow (BENCHMARKS.md §22) this ended 1.534 against
-    1.653 for joining late and 1.766 for waiting, as DDP does."""
-    known = sorted(p for p in paces if p > 0)
-    if mine <= 0 or len(known) < 2:
-        return 1.0
-    pivot = known[max(1, -(-len(known) // 2)) - 1]
-    if mine <= BALANCE_BAND * pivot or pivot < MIN_PACE_S:
-        return 1.0
-    return 1.0 / min(MAX_PARTS, math.ceil(mine / (pivot * (1.0 + slack))))
 
 
 def wait_until(cond: Callable[[], bool], stopping: Callable[[], bool], kick: Optional[Connection],

@@ -251,8 +251,7 @@ def torch_optimizer(cfg: OptimConfig, params: list[Tensor]) -> TorchOptimizer:
     groups = [{"params": [p for p, d in zip(params, wd) if d == w], "weight_decay": w} for w in sorted(set(wd))]
     # weight_decay goes in the groups; the clip and the state's place are hogwild's own.
     own = schema_kwargs(cfg, cls, path, "optim", handled=("lr", "weight_decay", "decay_norm_and_bias", "state",
-                                                           "clip_grad_norm", "update", "min_wait",
-                                                           "max_wait", "straggler_wait", "balance"))
+                                                           "clip_grad_norm", "update"))
     kwargs = {"lr": cfg.lr, **own, **cfg.kwargs}
     given = {**own, **cfg.kwargs, "lr": cfg.lr}
     return TorchOptimizer(call_target(lambda **kw: cls(groups, **kw), path, "optim", kwargs, given))

@@ -22,8 +22,8 @@ from hogwild.errors import ConfigError, Fault
 from hogwild.replica.blame import USER_EXIT, read_notice
 from hogwild.replica.board import Board
 from hogwild.replica.build import Replica
-from hogwild.replica.deadline import Deadline
 from hogwild.replica.meeting import STEPS_KEY, Chair
+from hogwild.replica.pacing import make_pacer
 from hogwild.replica.resources import available_cores
 from hogwild.replica.start import environment, worker_context
 from hogwild.replica.worker import WORKER_NICENESS, ReplicaShared, Channels, WorkerSpec, worker_main
@@ -93,8 +93,8 @@ class WorkerPool:
         if rep.plan.barrier and rep.plan.workers > 1:
             assert rep.opt_state is not None and rep.meeting is not None
             self._notices = self._ctx.Pipe(duplex=False)
-            deadline = Deadline(cfg.optim.min_wait, cfg.optim.max_wait, cfg.optim.straggler_wait)
-            self.chair = Chair(rep.meeting, deadline, rep.opt_state[STEPS_KEY], self.release, *self._notices)
+            pacer = make_pacer(cfg.pace)
+            self.chair = Chair(rep.meeting, pacer, rep.opt_state[STEPS_KEY], self.release, *self._notices)
 
     def _spawn(self, i: int) -> None:
         self._close_kick(i)  # a respawn gets a fresh pipe: its predecessor's may hold stale kicks

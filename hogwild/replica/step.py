@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,26 @@ logger = logging.getLogger(__name__)
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 IGNORE_INDEX = -100  # token labels the loss skips (padding, prompts): torch's and Hugging Face's default
+
+
+class Computed(NamedTuple):
+    """What one call of a :class:`StepFn` computed a gradient on."""
+
+    loss: Tensor
+    samples: int
+    """The samples of the batch (or of its part) the gradient was computed on."""
+    left: int
+    """The batch's samples still to come in later parts (0: it is done)."""
+    whole: int
+    """The batch's samples in all."""
+
+
+class StepFn(Protocol):
+    def __call__(self, index: int, share: float = 1.0, summed: bool = False) -> Computed:
+        """Computes batch ``index``'s gradients into the parameters' ``.grad``: on the whole batch,
+        or (``share`` < 1, pace.balance and pace.chunks) on its next ``share`` of samples, the batch
+        computed in parts over as many calls. ``summed``: the gradient of the loss times the samples
+        (chunks add up, and the caller divides by all of their samples)."""
 
 
 @dataclass

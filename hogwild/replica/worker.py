@@ -31,7 +31,6 @@ from hogwild.errors import escaped, first_line, save_traceback, say
 from hogwild.replica.board import Board
 from hogwild.replica.compiled import compile_model, warm_up_in_training_mode
 from hogwild.replica import faults
-from hogwild.replica.faults import Computed, StepFn
 from hogwild.replica.lr_schedule import LRSchedule
 from hogwild.replica.bound import build_bound
 from hogwild.replica.meeting import Meeting
@@ -39,10 +38,11 @@ from hogwild.replica.optim import (FlatOptimizer, Optimizer, bind_views, clip_gr
                                    row_tables, state_numel, state_views, torch_optimizer)
 from hogwild.replica.rows import RowMarks
 from hogwild.replica.shared import param_slots
-from hogwild.replica.update import BarrierUpdate, HogwildUpdate, Seat, Signals, Updater, chunks_for
+from hogwild.replica.pacing import WHOLE, make_pacer
+from hogwild.replica.update import BarrierUpdate, HogwildUpdate, Seat, Signals, Updater
 from hogwild.replica.start import adopt_environment, leader_watch
 from hogwild.config.train import StepConfig
-from hogwild.replica.step import Step, batch_len, batch_slice, make_step, to_device
+from hogwild.replica.step import Computed, Step, StepFn, batch_len, batch_slice, make_step, to_device
 from hogwild.replica.task import make_loss, task_kind
 
 logger = logging.getLogger(__name__)
@@ -241,9 +241,9 @@ def make_updater(cfg: Config, spec: WorkerSpec, shared: ReplicaShared, model: to
             bind_views(direct.opt, [params[i] for i in sparse], [probe[i] for i in sparse], [views[i] for i in sparse])
         else:  # every worker writes rows of the one state: racing, as optim.state=shared under hogwild
             direct = FlatOptimizer(cfg.optim, flat, slots, opt_state, racing=True)
+    pacer = make_pacer(cfg.pace, model, cfg.train.batch_size, meeting.workers, bool(sparse))
     return BarrierUpdate(cfg.optim, Seat(meeting, spec.local_index, flat, opt_state), params,
-                         Signals(stopping, channels.notices, channels.kick), direct,
-                         chunks_for(cfg.optim.chunks, model, cfg.train.batch_size))
+                         Signals(stopping, channels.notices, channels.kick), pacer, direct)
 
 
 def make_step_fn(model: torch.nn.Module, ds: Dataset, sampler: Union[ShardSampler, StreamReader],
@@ -263,7 +263,7 @@ def make_step_fn(model: torch.nn.Module, ds: Dataset, sampler: Union[ShardSample
     step = step or Step(StepConfig(), F.cross_entropy, model)
 
     part: list[Any] = [None, None, None, 0]
-    """The batch being computed in parts (optim.balance): its index, inputs, labels, and where the
+    """The batch being computed in parts (pace.balance, pace.chunks): its index, inputs, labels, and where the
     next part starts. Read once: a stream's batch cannot be read twice."""
 
     def step_fn(index: int, share: float = 1.0, summed: bool = False) -> Computed:
@@ -295,7 +295,7 @@ def make_step_fn(model: torch.nn.Module, ds: Dataset, sampler: Union[ShardSample
 def in_chunks(step_fn: StepFn, index: int, chunks: int, hand_in: Callable[[float, int], bool],
               params: list[Tensor]) -> Computed:
     """Batch ``index`` (or its rest) in chunks of a ``chunks``-th of it, until it is done or
-    ``hand_in(seconds a chunk, chunks left)`` says to hand in what is done (optim.chunks): one
+    ``hand_in(seconds a chunk, chunks left)`` says to hand in what is done (pace.chunks): one
     Computed over the chunks computed, each ``.grad`` the mean over their samples, as if they were
     one batch."""
     done: list[Computed] = []
@@ -342,41 +342,92 @@ def schedule_length(pos: int, ctrl: np.void, total: int, time_budget_s: Optional
     return max(1, min(total, int(pos / min(spent, 1.0))))
 
 
+def _rate(recipe: Recipe, ctrl: np.void) -> Optional[Callable[[int], float]]:
+    """The learning rate of the replica's optimizer step ``t``: every worker of a replica uses one
+    rate at one step, however many there are (None: the optimizer keeps its own)."""
+    sched = recipe.sched
+    if sched is None:
+        return None
+
+    def rate(t: int) -> float:
+        caller, _phase[0] = _phase[0], SCHED
+        # Under a time budget the length is projected from the steps made so far, not the batches
+        # read: a step of the barrier may hold fewer batches than planned (a late worker's gradient,
+        # a batch in parts), and the schedule must still end when the run does.
+        lr = sched.lr_at(t, schedule_length(t, ctrl, sched.total, recipe.time_budget_s))
+        _phase[0] = caller
+        return lr
+    return rate
+
+
+def _gradient(step_fn: StepFn, updater: Updater, params: list[Tensor], step: int, n: int,
+              clip: Optional[float]) -> tuple[list[Computed], float, bool]:
+    """The gradient of batch ``step`` (or its next part), or the mean of ``n`` accumulated batches,
+    in each ``.grad``: its parts, its loss, and whether it is finite (clipped when it is)."""
+    # A batch may be cut (pace.balance, pace.chunks); accumulated batches are always whole.
+    split = updater.split() if n == 1 else WHOLE
+    if split.chunks > 1:
+        parts = [in_chunks(step_fn, step, split.chunks, updater.hand_in, params)]
+    else:
+        parts = [step_fn(step + i, split.share) for i in range(n)]
+    grads = [p.grad for p in params]
+    if n > 1:
+        torch._foreach_mul_([g for g in grads if g is not None], 1.0 / n)  # the mean, as one batch n times larger
+    lval = sum(float(c.loss.detach()) for c in parts) / n
+    ok = bool(np.isfinite(lval)) and grads_finite(grads)
+    if ok and clip is not None:
+        clip_grad_norm(grads, clip)
+    return parts, lval, ok
+
+
+def _wait_for_go(ctrl: np.void, leader_alive: Callable[[], bool]) -> bool:
+    """Replicas start together once every worker everywhere is up (spawn takes seconds); False
+    when the leader is gone first."""
+    while not ctrl["go"] and not ctrl["stop"]:
+        if not leader_alive():
+            return False
+        time.sleep(0.005)
+    return True
+
+
+class _Tally:
+    """One step's account on the worker's board row: the clocks read before it, added after."""
+
+    def __init__(self, updater: Updater, syncing: bool) -> None:
+        self.syncing, self.t0, self.cpu0 = syncing, time.perf_counter(), time.process_time()
+        self.waited, self.data0, self.compute0 = updater.wait_s, _spent["data"], _spent["compute"]
+
+    def add(self, row: np.void, updater: Updater, samples: int) -> None:
+        dt = time.perf_counter() - self.t0
+        row["samples"] += samples
+        row["step_s"] += dt
+        row["wait_s"] += updater.wait_s - self.waited
+        row["data_s"] += _spent["data"] - self.data0
+        row["compute_s"] += _spent["compute"] - self.compute0
+        row["cpu_s"] += time.process_time() - self.cpu0
+        if self.syncing:
+            row["sync_s"] += dt
+            row["sync_steps"] += 1
+
+
 def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: WorkerSpec, channels: Channels,
              recipe: Recipe = Recipe(), marks: Optional[RowMarks] = None) -> None:
     """The worker's steps until its quota is done or the run stops (or its leader is gone): each
     reads a batch, computes its gradient and applies it through ``updater``, and the board counts it."""
     board, wake, kick = channels.board, channels.wake, channels.kick
-    sched, clip, time_budget_s, accumulate = recipe.sched, recipe.clip, recipe.time_budget_s, recipe.accumulate
     stats, ctrl = board.stats, board.control
     row = stats[spec.local_index]
     leader_alive = leader_watch(channels.life)
-
-    def rate(t: int) -> float:
-        """The learning rate of the replica's optimizer step ``t``: every worker of a replica uses
-        one rate at one step, however many there are."""
-        assert sched is not None
-        caller, _phase[0] = _phase[0], SCHED
-        # Under a time budget the length is projected from the steps made so far, not the batches
-        # read: a step of the barrier may hold fewer batches than planned (a late worker's gradient,
-        # a batch in parts), and the schedule must still end when the run does.
-        lr = sched.lr_at(t, schedule_length(t, ctrl, sched.total, time_budget_s))
-        _phase[0] = caller
-        return lr
-
+    rate = _rate(recipe, ctrl)
     updater.ready()
     row["ready"] = 1.0
     if wake is not None:
         wake.send_bytes(b"r")
-    # Replicas start together once every worker everywhere is up (spawn takes seconds).
-    while not ctrl["go"] and not ctrl["stop"]:
-        if not leader_alive():
-            return
-        time.sleep(0.005)
+    if not _wait_for_go(ctrl, leader_alive):
+        return
     # Read after "go": a respawned worker resumes where its predecessor stopped, and a replica
     # that joins a running job learns its slot's positions from a peer while its workers wait.
     step = int(row["pos"])
-    loss_ema = float(row["loss"]) if row["loss"] > 0 else 0.0
     reached = 1  # of the batch being computed: 1 so far every part reached the model, 0 one did not count, -1 poisoned
     while step < spec.quota and not ctrl["stop"]:
         if not leader_alive():  # leader gone (kill -9): never outlive it
@@ -384,61 +435,32 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
         if kick is not None and stats["pos"].sum() >= ctrl["lag_limit"]:
             row["lag_wait_s"] += wait_for_round(stats, ctrl, kick, leader_alive)
             continue  # stop may have been set while waiting
-        t0, cpu0 = time.perf_counter(), time.process_time()
-        syncing = bool(ctrl["syncing"])
-        waited, data0, compute0 = updater.wait_s, _spent["data"], _spent["compute"]
+        tally = _Tally(updater, bool(ctrl["syncing"]))
         if not updater.begin():
             break  # the run stops while a step is applied
         # train.accumulate batches make one update; the last of a quota that does not divide may be short.
-        n = min(accumulate, spec.quota - step)
-        # A slower worker's batch in parts (optim.balance, optim.chunks); accumulated batches are always whole.
-        chunks = updater.chunks() if n == 1 else 1
-        if chunks > 1:
-            parts = [in_chunks(step_fn, step, chunks, updater.hand_in, params)]
-        else:
-            share = updater.share() if n == 1 else 1.0
-            parts = [step_fn(step + i, share) for i in range(n)]
-        batch, left = sum(c.samples for c in parts), parts[-1].left
-        fraction = batch / sum(c.whole for c in parts)  # of the batch (or the accumulated batches) it computed
-        grads = [p.grad for p in params]
-        if n > 1:
-            torch._foreach_mul_([g for g in grads if g is not None], 1.0 / n)  # the mean, as one batch n times larger
-        lval = sum(float(c.loss.detach()) for c in parts) / n
-        ok = bool(np.isfinite(lval)) and grads_finite(grads)
-        if ok and clip is not None:
-            clip_grad_norm(grads, clip)
+        n = min(recipe.accumulate, spec.quota - step)
+        parts, lval, ok = _gradient(step_fn, updater, params, step, n, recipe.clip)
+        batch, whole = sum(c.samples for c in parts), sum(c.whole for c in parts)
         _phase[0] = OPTIM
         # A poisoned update never reaches the shared model (under the barrier it arrives to say so).
         t_apply, waited_before_apply = time.perf_counter(), updater.wait_s
-        got = updater.apply(grads, ok, rate if sched is not None else None, int(stats["pos"].sum()), batch, fraction)
+        got = updater.apply([p.grad for p in params], ok, rate, int(stats["pos"].sum()), batch, batch / whole)
         row["update_s"] += time.perf_counter() - t_apply - (updater.wait_s - waited_before_apply)
         if ok:
             if marks is not None:  # after the write: a round that misses the stamp still sees the row
-                marks.mark(grads, int(ctrl["row_epoch"]))
-            loss_ema = lval if loss_ema == 0.0 else 0.98 * loss_ema + 0.02 * lval
-            row["loss"] = loss_ema
+                marks.mark([p.grad for p in params], int(ctrl["row_epoch"]))
+            row["loss"] = lval if row["loss"] <= 0 else 0.98 * float(row["loss"]) + 0.02 * lval
         # A batch in parts counts once, with its last part: applied if every part was, else skipped.
         reached = min(reached, got if ok else -1)
-        if left:  # its position moves with its last part: a checkpoint never skips the rest
+        if parts[-1].left:  # its position moves with its last part: a checkpoint never skips the rest
             row["parts"] += 1
         else:
-            if reached < 0:
-                row["skipped"] += 1
-            else:
-                row["applied"] += reached
-            reached = 1
-            step += n
+            row["skipped"] += int(reached < 0)
+            row["applied"] += max(reached, 0)
+            reached, step = 1, step + n
         row["pos"] = step
-        row["samples"] += batch
-        dt = time.perf_counter() - t0
-        row["step_s"] += dt
-        row["wait_s"] += updater.wait_s - waited
-        row["data_s"] += _spent["data"] - data0
-        row["compute_s"] += _spent["compute"] - compute0
-        row["cpu_s"] += time.process_time() - cpu0
-        if syncing:
-            row["sync_s"] += dt
-            row["sync_steps"] += 1
+        tally.add(row, updater, batch)
         target = min(ctrl["next_sync_at"], ctrl["next_report_at"])
         if wake is not None and ctrl["notified"] < target <= stats["pos"].sum():
             ctrl["notified"] = target

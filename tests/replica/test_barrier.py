@@ -26,7 +26,7 @@ def test_two_adamw_workers_train_on_one_shared_state(tmp_cwd: Path) -> None:
     assert m["update"] == "barrier" and m["test_accuracy"] > 0.9
     # Each optimizer step took the gradients of one round of arrivals: two most of the time.
     assert m["steps"] / 2 <= m["optimizer_steps"] < m["steps"]
-    assert 0.1 <= m["wait_bound"] <= 2.0  # within optim.straggler_wait and optim.max_wait
+    assert 0.1 <= m["wait_bound"] <= 2.0  # within pace.straggler_wait and pace.max_wait
     state = checkpoint.load(out / "checkpoints" / "last.pt")["opt_state"]
     assert set(state) == {"exp_avg", "exp_avg_sq", STEPS_KEY}  # one state for the replica, in the checkpoint
     assert int(state[STEPS_KEY][0]) == m["optimizer_steps"] and state["exp_avg_sq"].abs().sum() > 0
@@ -84,11 +84,11 @@ def test_accumulated_batches_make_one_step(tmp_cwd: Path) -> None:
 @pytest.mark.slow
 def test_a_slow_worker_holds_no_step_past_the_bound(tmp_path: Path) -> None:
     """Worker 1 takes 400 ms a step, worker 0 a few: worker 0's steps wait for it at most
-    optim.max_wait times worker 0's own gradient's time, so worker 0 makes its steps alone instead
+    pace.max_wait times worker 0's own gradient's time, so worker 0 makes its steps alone instead
     of one per 400 ms, and the workers' waits stay far below the 20 x 400 ms that waiting would take.
-    optim.balance=false optim.chunks=1: the bound alone, whole batches."""
+    pace.balance=false pace.chunks=1: the bound alone, whole batches."""
     out = tmp_path / "run"
-    proc = run_cli(["optim=adamw", "workers=2", "train.max_steps=40", "optim.balance=false", "optim.chunks=1", *QUIET,
+    proc = run_cli(["optim=adamw", "workers=2", "train.max_steps=40", "pace.balance=false", "pace.chunks=1", *QUIET,
                     f"run_dir={out}"], cwd=tmp_path, env=clean_env(HOGWILD_FAULT="slow:1:400"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = metrics(out)
@@ -98,15 +98,15 @@ def test_a_slow_worker_holds_no_step_past_the_bound(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_slow_worker_computes_on_part_of_each_batch(tmp_path: Path) -> None:
-    """optim.balance (optim.chunks=1): worker 0 takes 40 ms a step and worker 1 120 ms, so worker 1
+    """pace.balance (pace.chunks=1): worker 0 takes 40 ms a step and worker 1 120 ms, so worker 1
     computes its batches in parts (thirds, each a third as slow) while both run; every
-    sample is trained on once, as by workers of equal speed with optim.balance=false (that job runs
+    sample is trained on once, as by workers of equal speed with pace.balance=false (that job runs
     at full speed: which samples a worker reads does not depend on its pace), and metrics.json counts
     the parts."""
     def job(balance: bool, fault: str) -> dict[str, Any]:
         out = tmp_path / str(balance)
         proc = run_cli(["optim=adamw", "workers=2", "train.max_steps=80", "train.batch_size=32", *QUIET,
-                        f"optim.balance={str(balance).lower()}", "optim.chunks=1", f"run_dir={out}"], cwd=tmp_path,
+                        f"pace.balance={str(balance).lower()}", "pace.chunks=1", f"run_dir={out}"], cwd=tmp_path,
                        env=clean_env(HOGWILD_FAULT=fault))
         assert proc.returncode == 0, proc.stderr[-3000:]
         return metrics(out)
@@ -118,14 +118,14 @@ def test_a_slow_worker_computes_on_part_of_each_batch(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_slow_worker_in_chunks_hands_in_what_it_has_when_the_other_is_in(tmp_path: Path) -> None:
-    """optim.chunks=4: worker 0 takes 40 ms a batch and worker 1 120 ms (30 ms a chunk). Once worker
+    """pace.chunks=4: worker 0 takes 40 ms a batch and worker 1 120 ms (30 ms a chunk). Once worker
     0's gradient is in and worker 1's rest would come after the bound, worker 1 hands in the chunks
     it has; the rest of its batch is its next part. Every sample is trained on once, as by workers of
     equal speed in whole batches."""
     def job(chunks: int, fault: str) -> dict[str, Any]:
         out = tmp_path / str(chunks)
         proc = run_cli(["optim=adamw", "workers=2", "train.max_steps=60", "train.batch_size=32", *QUIET,
-                        f"optim.chunks={chunks}", f"run_dir={out}"], cwd=tmp_path, env=clean_env(HOGWILD_FAULT=fault))
+                        f"pace.chunks={chunks}", f"run_dir={out}"], cwd=tmp_path, env=clean_env(HOGWILD_FAULT=fault))
         assert proc.returncode == 0, proc.stderr[-3000:]
         return metrics(out)
 

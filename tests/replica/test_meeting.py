@@ -18,11 +18,11 @@ from torch import Tensor, nn
 
 from hogwild.config.schema import OptimConfig
 from hogwild.config.targets import import_target
-from hogwild.replica.deadline import Deadline
-from hogwild.replica.meeting import (MAX_PARTS, POLL_S, STEPS_KEY, Chair, Meeting, balanced, balanced_share,
-                                     mean_into)
+from hogwild.config.pace import PaceConfig
+from hogwild.replica.meeting import POLL_S, STEPS_KEY, Chair, Meeting, balanced, mean_into
 from hogwild.replica.optim import decays, new_shared_state
 from hogwild.replica.shared import alloc, bind, param_slots, share_model
+from hogwild.replica.pacing import MAX_PARTS, Pacer, balanced_share, chunks_for, make_pacer
 from hogwild.replica.update import BarrierUpdate, Seat, Signals
 
 pytestmark = pytest.mark.timeout(120)
@@ -43,9 +43,9 @@ def _replica(cfg: OptimConfig, workers: int, seed: int = 0) -> tuple[nn.Module, 
 
 
 def _chair(meeting: Meeting, max_wait: float, kicks: list[int]) -> Chair:
-    """A chair whose bound is always ``max_wait`` (tests/replica/test_deadline.py varies it)."""
+    """A chair whose bound is always ``max_wait`` (tests/replica/test_pacing.py varies it)."""
     r, w = mp.get_context("spawn").Pipe(duplex=False)
-    bound = Deadline(max_wait, max_wait, max_wait)
+    bound = Pacer(PaceConfig(min_wait=max_wait, max_wait=max_wait, straggler_wait=max_wait))
     return Chair(meeting, bound, torch.zeros(1, dtype=torch.float64), lambda: kicks.append(1), r, w)
 
 
@@ -156,7 +156,8 @@ def test_members_stepping_their_shards_are_one_optimizer_stepping_the_mean(cfg: 
     ref_model = copy.deepcopy(_net())
     ref = _reference(cfg, ref_model)
     params = list(model.parameters())
-    ups = [BarrierUpdate(cfg, Seat(m, j, flat, state), params, Signals(lambda: False)) for j in range(3)]
+    ups = [BarrierUpdate(cfg, Seat(m, j, flat, state), params, Signals(lambda: False), Pacer(PaceConfig()))
+           for j in range(3)]
     gen = torch.Generator().manual_seed(1)
     for step in range(6):
         grads = [torch.randn(m.numel, generator=gen) for _ in range(members)]
@@ -170,13 +171,13 @@ def test_members_stepping_their_shards_are_one_optimizer_stepping_the_mean(cfg: 
             m.rows[0].fill_(float("nan"))
         m.head["t"] = step
         for j in range(members):
-            ups[j]._apply_shard(step, None)
+            ups[j].shard.apply(step, None)
         used = grads[1:] if poisoned else grads
         mean = torch.stack(used).mean(0)
         for i, p in enumerate(ref_model.parameters()):
             p.grad = mean[m.offsets[i]:m.offsets[i] + p.numel()].view(p.shape).clone()
         ref.step()
-    assert ups[members - 1].last_count == members  # the last step's divisor: every member's gradient
+    assert ups[members - 1].shard.last_count == members  # the last step's divisor: every member's gradient
     # One state per replica, however many members: every optimizer state tensor of every member's
     # shard lies in the replica's shared state, so none is held twice (per-worker Hogwild keeps one
     # whole state per worker).
@@ -191,7 +192,7 @@ def _private_state(ups: list[BarrierUpdate], state: dict[str, Tensor]) -> list[s
     shared = {t.untyped_storage().data_ptr() for t in state.values()}
     found = []
     for j, up in enumerate(ups):
-        for opt, _, _ in up._shards.values():
+        for opt, _, _ in up.shard._shards.values():
             inner = getattr(opt, "opt", None)
             held = ([(k, v) for st in inner.state.values() for k, v in st.items()] if inner is not None
                     else [(k, v) for k, views in opt.state.items() for v in views])
@@ -216,7 +217,7 @@ def _racing_worker(j: int, meeting: Meeting, flat: Tensor, state: dict[str, Tens
     bind(model, flat)
     cfg = OptimConfig(name="sgd", lr=1.0, update="barrier")
     up = BarrierUpdate(cfg, Seat(meeting, j, flat, state), list(model.parameters()),
-                       Signals(lambda: False, notices, kick))
+                       Signals(lambda: False, notices, kick), Pacer(PaceConfig()))
     rng = random.Random(seed + j)
     up.ready()
     for s in range(UPDATES):
@@ -227,7 +228,7 @@ def _racing_worker(j: int, meeting: Meeting, flat: Tensor, state: dict[str, Tens
         if not ok:
             model.weight.grad.fill_(float("nan"))
         assert up.apply([model.weight.grad], ok, None, 0) == int(ok)
-        counts[j, s] = up.last_count if ok else 0
+        counts[j, s] = up.shard.last_count if ok else 0
     up.finish()
 
 
@@ -245,7 +246,8 @@ def test_every_gradient_reaches_the_model_once_however_the_steps_fall() -> None:
     counts = torch.zeros(3, UPDATES, dtype=torch.float64).share_memory_()
     notices_r, notices_w = ctx.Pipe(duplex=False)
     kicks = [ctx.Pipe(duplex=False) for _ in range(3)]
-    chair = Chair(m, Deadline(0.2, 0.2, 0.2), state[STEPS_KEY], lambda: [w.send_bytes(b"k") for _, w in kicks],
+    pacer = Pacer(PaceConfig(min_wait=0.2, max_wait=0.2, straggler_wait=0.2))
+    chair = Chair(m, pacer, state[STEPS_KEY], lambda: [w.send_bytes(b"k") for _, w in kicks],
                   notices_r, notices_w)
     chair.start()
     procs = [ctx.Process(target=_racing_worker, args=(j, m, flat, state, notices_w, kicks[j][0], counts, 7))
@@ -274,7 +276,7 @@ def test_every_gradient_reaches_the_model_once_however_the_steps_fall() -> None:
 
 
 def test_a_worker_much_slower_than_the_pivot_computes_on_a_share_of_its_batch() -> None:
-    """optim.balance (LB-BSP): a worker whose whole batch takes twice the pivot's computes each batch
+    """pace.balance (LB-BSP): a worker whose whole batch takes twice the pivot's computes each batch
     in halves, so its gradient arrives with the pivot's; a part may come a little after the pivot (the
     slack, within the straggler bound) rather than well before it, when the worker would idle; noise
     between equal workers cuts nothing."""
@@ -315,15 +317,16 @@ def test_a_steps_mean_weighs_each_gradient_by_its_samples() -> None:
 
 
 def test_a_barrier_worker_measures_its_pace_and_cuts_its_next_batch_to_it() -> None:
-    cfg = OptimConfig(name="adamw", balance=True)
+    cfg = OptimConfig(name="adamw")
     model, flat, m, state = _replica(cfg, 2)
     params = list(model.parameters())
     # The run is stopping: apply() writes its cell, then meets nobody (no chair runs here).
-    ups = [BarrierUpdate(cfg, Seat(m, j, flat, state), params, Signals(lambda: True)) for j in range(2)]
+    ups = [BarrierUpdate(cfg, Seat(m, j, flat, state), params, Signals(lambda: True), Pacer(PaceConfig(balance=True)))
+           for j in range(2)]
     m.cells["live"] = 1.0
     m.cells["pace"] = [0.01, 0.02]  # worker 1's whole batch takes twice worker 0's
     assert ups[0].begin() and ups[1].begin()
-    assert (ups[0].share(), ups[1].share()) == (1.0, pytest.approx(0.5))
+    assert (ups[0].split().share, ups[1].split().share) == (1.0, pytest.approx(0.5))
     ups[1]._t0 = time.perf_counter() - 0.01  # its half batch took 10 ms: a whole one would take 20
     assert ups[1].apply([None] * len(params), True, None, 0, samples=8, fraction=0.5) == 0
     c = m.cells[1]
@@ -337,25 +340,25 @@ def test_a_barrier_worker_measures_its_pace_and_cuts_its_next_batch_to_it() -> N
         ups[1]._t0 = time.perf_counter() - 0.05
         ups[1].apply([None] * len(params), True, None, 0, samples=8, fraction=0.5)
     assert c["pace"] > 0.09, c["pace"]
-    off = BarrierUpdate(OptimConfig(name="adamw", balance=False), Seat(m, 1, flat, state), params,
-                        Signals(lambda: True))
-    assert off.begin() and off.share() == 1.0  # optim.balance=false: whole batches whatever the paces
+    off = BarrierUpdate(cfg, Seat(m, 1, flat, state), params, Signals(lambda: True), Pacer(PaceConfig(balance=False)))
+    assert off.begin() and off.split().share == 1.0  # pace.balance=false: whole batches whatever the paces
 
 
 def test_a_worker_in_chunks_hands_in_once_the_pivot_is_in_and_its_rest_would_come_after_the_bound() -> None:
-    """optim.chunks: no pivot yet, computing on; the pivot in and the batch's rest due within
-    optim.min_wait of its compute time, computing on; due after it, handing in; the step closed
+    """pace.chunks: no pivot yet, computing on; the pivot in and the batch's rest due within
+    pace.min_wait of its compute time, computing on; due after it, handing in; the step closed
     without this worker, handing in at once. Chunks replace the pace's split, and a replica of one
     worker computes whole batches."""
-    cfg = OptimConfig(name="adamw", min_wait=0.5)
+    cfg = OptimConfig(name="adamw")
     model, flat, m, state = _replica(cfg, 3)
     params = list(model.parameters())
-    up = BarrierUpdate(cfg, Seat(m, 2, flat, state), params, Signals(lambda: True), chunks=(4, 0.02))
+    pace = PaceConfig(min_wait=0.5, chunks=4)
+    up = BarrierUpdate(cfg, Seat(m, 2, flat, state), params, Signals(lambda: True), Pacer(pace, (4, 0.02), workers=3))
     m.cells["live"] = 1.0
     m.cells["pace"] = [0.01, 0.01, 0.015]
-    assert up.chunks() == 1  # a batch of 15 ms: whole (each chunk's overhead would show)
+    assert up.split().chunks == 1  # a batch of 15 ms: whole (each chunk's overhead would show)
     m.cells["pace"] = [0.01, 0.01, 0.04]
-    assert up.chunks() == 4 and up.begin() and up.share() == 1.0  # the pace's split is not asked for
+    assert up.begin() and up.split() == (1.0, 4)  # the pace's share is not asked for
     now = time.monotonic()  # seconds of margin below: a loaded machine may pause this test
     assert not up.hand_in(1.0, 9)  # nobody has arrived
     _arrive(m, 0, now - 4.0, compute_s=10.0)  # one of two others: the pivot of three live workers is the second
@@ -367,14 +370,12 @@ def test_a_worker_in_chunks_hands_in_once_the_pivot_is_in_and_its_rest_would_com
     assert not up.hand_in(1.0, 4)
     m.head["open"] = 1  # the step closed without this worker: whatever it holds is late already
     assert up.hand_in(0.0, 1)
-    _, flat1, alone, state1 = _replica(cfg, 1)
-    lone = BarrierUpdate(cfg, Seat(alone, 0, flat1, state1), params, Signals(lambda: True), chunks=(4, 0.0))
-    assert lone.chunks() == 1
+    m.cells[0]["pace"] = 0.04
+    assert make_pacer(pace, _net(), 32, workers=1).split(0, m.cells).chunks == 1  # one worker waits for nobody
+    assert make_pacer(pace, _net(), 32, workers=3, tables=True).split(0, m.cells).chunks == 1  # rows written at once
 
 
 def test_auto_chunks_are_four_of_at_least_eight_samples_and_none_for_batch_norm() -> None:
-    from hogwild.replica.update import chunks_for
-
     net = _net()
     assert chunks_for("auto", net, 32) == (4, 0.02)
     assert chunks_for("auto", net, 16) == (2, 0.02) and chunks_for("auto", net, 12) == (1, 0.02)

@@ -130,10 +130,10 @@ def test_shared_state_for_an_optimizer_that_needs_a_closure_is_one_line() -> Non
 
 
 def test_hogwild_s_own_optim_keys_never_reach_a_torch_optimizer() -> None:
-    """optim.update, optim.max_wait and optim.state are hogwild's to read: a torch optimizer named
-    by optim._target_ is built without them, whatever they are set to."""
+    """optim.update and optim.state are hogwild's to read: a torch optimizer named by optim._target_
+    is built without them, whatever they are set to (the pace.* keys are another group's)."""
     from hogwild.replica.optim import torch_optimizer
 
-    cfg = OptimConfig(_target_="torch.optim.AdamW", update="barrier", max_wait=0.5, state="shared", lr=0.01)
+    cfg = OptimConfig(_target_="torch.optim.AdamW", update="barrier", state="shared", lr=0.01)
     opt = torch_optimizer(cfg, [torch.nn.Parameter(torch.zeros(3))]).opt
     assert isinstance(opt, torch.optim.AdamW) and opt.defaults["lr"] == 0.01

@@ -14,9 +14,11 @@ from hogwild.config.plan import Plan
 from hogwild.config.schema import OptimConfig
 from hogwild.data.datasets import Dataset, ShardSampler, Split
 from hogwild.replica.board import Board
-from hogwild.replica.faults import FAULT_ENV, Computed, Faults, planned_faults
+from hogwild.replica.faults import FAULT_ENV, Faults, planned_faults
+from hogwild.replica.step import Computed
 from hogwild.replica.optim import FlatOptimizer
 from hogwild.replica.shared import layout, share_model
+from hogwild.replica import pacing
 from hogwild.replica.update import HogwildUpdate
 from hogwild.replica.worker import Channels, Recipe, WorkerSpec, make_step_fn, run_loop
 
@@ -181,7 +183,7 @@ def test_slow_fault_delays_every_step_after_the_warm_up() -> None:
     fn(1)
     assert time.perf_counter() - t0 >= 0.4
     t0 = time.perf_counter()
-    for _ in range(4):  # a batch in quarters (optim.chunks) is slowed by the sample: 200 ms in all, not 800
+    for _ in range(4):  # a batch in quarters (pace.chunks) is slowed by the sample: 200 ms in all, not 800
         fn(2, 0.25)
     assert 0.2 <= time.perf_counter() - t0 < 0.5
 
@@ -258,7 +260,7 @@ def test_accumulated_batches_make_one_update_on_their_mean_gradient() -> None:
 
 
 def test_a_batch_in_parts_is_computed_part_by_part_and_read_once() -> None:
-    """optim.balance hands a slow worker a share: its gradients are those of the batch's parts in
+    """pace.balance hands a slow worker a share: its gradients are those of the batch's parts in
     order, each says how many samples it used (the step's mean weighs it by them) and how many are
     left, and the batch is read once (a stream's cannot be read twice)."""
     step_fn, _, params, _, _, _, ds, model = tiny_worker(quota=1)
@@ -292,7 +294,7 @@ class _Handing:
 
 
 def test_a_batch_in_chunks_hands_in_the_mean_of_the_chunks_done_and_keeps_the_rest_for_later() -> None:
-    """optim.chunks: a batch of 16 in 4 chunks of 4. Handed in after one chunk, the gradient is the
+    """pace.chunks: a batch of 16 in 4 chunks of 4. Handed in after one chunk, the gradient is the
     mean over those 4 samples and 12 are left; the rest, in one call, is the mean over the other 12;
     never handed in, the 4 chunks make the whole batch's gradient, as one batch computed at once.
     The batch is read once, and the updater hears how many chunks are left each time."""
@@ -363,11 +365,8 @@ def test_under_a_time_budget_the_schedule_follows_the_steps_made_not_the_batches
         def begin(self) -> bool:
             return True
 
-        def share(self) -> float:
-            return 1.0
-
-        def chunks(self) -> int:
-            return 1
+        def split(self) -> pacing.Split:
+            return pacing.WHOLE
 
         def hand_in(self, chunk_s: float, chunks_left: int) -> bool:
             return False

@@ -1,4 +1,4 @@
-"""How long a barrier step waits for its last workers (replica/deadline.py), driven through the chair with
+"""How long a barrier step waits for its last workers (replica/pacing.py), driven through the chair with
 an explicit clock (no processes, nothing timed): two workers, worker 0 the pivot, each gradient
 taking 1 s, worker 1 a given lag behind it."""
 
@@ -11,11 +11,15 @@ import pytest
 import torch
 from torch import nn
 
-from hogwild.config.schema import OptimConfig
+from hogwild.config.pace import PaceConfig
 from hogwild.errors import ConfigError
-from hogwild.replica.deadline import MIN_LAGS, Deadline
 from hogwild.replica.meeting import Chair, Meeting
+from hogwild.replica.pacing import MIN_LAGS, BackupWorkers, Pacer
 from hogwild.replica.shared import alloc, param_slots
+
+
+def Deadline(min_wait: float, max_wait: float, straggler_wait: float) -> Pacer:  # noqa: N802 - reads as the rule
+    return Pacer(PaceConfig(min_wait=min_wait, max_wait=max_wait, straggler_wait=straggler_wait))
 
 
 def _chair(min_wait: float = 0.5, max_wait: float = 2.0, straggler_wait: float = 0.1) -> tuple[Chair, Meeting]:
@@ -85,16 +89,16 @@ def test_a_worker_habitually_further_behind_is_waited_for_as_long_as_it_usually_
     lags: list[Optional[float]] = [0.7, 0.65, 0.75, 0.7, 0.8, 0.7, 0.65, 0.7, 0.75, 0.7, 0.7, 0.65, 0.7, 0.75, 0.7, 0.7]
     chair, m = _chair(min_wait=0.5, max_wait=0.5)
     assert not any(_steps(chair, m, lags))
-    assert OptimConfig().min_wait == 0.5 and OptimConfig().max_wait == 2.0
+    assert PaceConfig().min_wait == 0.5 and PaceConfig().max_wait == 2.0
     chair, m = _chair()
     made = _steps(chair, m, lags)
     assert all(made[-6:]), made
-    assert 0.7 < chair.deadline.last < 1.0
+    assert 0.7 < chair.pacer.last < 1.0
 
 
 def test_a_stopped_worker_is_not_waited_for_past_the_least_bound() -> None:
     """Worker 1 a few hundredths of a step behind, then stopped for 3 s now and then: the step it
-    misses waits optim.min_wait for it, not the ceiling (2 steps), and the stop does not raise the
+    misses waits pace.min_wait for it, not the ceiling (2 steps), and the stop does not raise the
     bound for the steps after it."""
     chair, m = _chair()
     lags: list[Optional[float]] = [0.02, 0.05, 0.03, 0.06, 0.04, 0.05, None, 0.03, 0.05, 0.04, None, 0.02]
@@ -102,37 +106,41 @@ def test_a_stopped_worker_is_not_waited_for_past_the_least_bound() -> None:
     assert made[:MIN_LAGS] == [True] * MIN_LAGS
     assert made[6] is False and made[10] is False
     assert made[8:10] == [True, True]
-    assert chair.deadline.bound(set()) == 0.5
+    assert chair.pacer.bound(set()) == 0.5
 
 
 def test_the_bound_stays_within_its_floor_and_ceiling() -> None:
     d = Deadline(0.5, 2.0, 0.1)
     assert d.bound({1}) == 0.5  # no lags known yet: the least
     d.heard([0.0] * 8)
-    assert d.bound({1}) == 0.5  # never under optim.min_wait for a worker on the step's weights
+    assert d.bound({1}) == 0.5  # never under pace.min_wait for a worker on the step's weights
     d.heard([3.0, 3.5, 2.5, 3.0] * 4)
-    assert d.bound({1}) == 2.0  # never over optim.max_wait
+    assert d.bound({1}) == 2.0  # never over pace.max_wait
     d.behind = {1}
-    assert d.bound({1}) == 0.1  # a worker still on older weights: optim.straggler_wait
-    assert Deadline(0.0, 0.0, 0.1).bound({1}) == 0.0  # optim.max_wait=0: never wait
+    assert d.bound({1}) == 0.1  # a worker still on older weights: pace.straggler_wait
+    assert Deadline(0.0, 0.0, 0.1).bound({1}) == 0.0  # pace.max_wait=0: never wait
 
 
 def test_a_bad_bound_is_one_line_naming_the_key() -> None:
-    with pytest.raises(ConfigError, match="optim.min_wait"):
-        OptimConfig(min_wait=3.0, max_wait=2.0)
-    with pytest.raises(ConfigError, match="optim.min_wait"):
-        OptimConfig(min_wait=-1.0)
+    with pytest.raises(ConfigError, match="pace.min_wait"):
+        PaceConfig(min_wait=3.0, max_wait=2.0)
+    with pytest.raises(ConfigError, match="pace.min_wait"):
+        PaceConfig(min_wait=-1.0)
+    with pytest.raises(ConfigError, match="pace.backup"):
+        PaceConfig(policy="backup", backup=0)
+    with pytest.raises(ConfigError, match="pace.policy: unknown value 'fastest'; choose one of deadline, backup"):
+        PaceConfig(policy="fastest")
 
 
 def test_a_worker_still_on_older_weights_is_waited_for_only_the_floor() -> None:
     """A worker missing from the step before too computes on older weights, and its gradient is
-    stale whenever it comes: the step waits only optim.straggler_wait for it, however late the
+    stale whenever it comes: the step waits only pace.straggler_wait for it, however late the
     recent gradients came; one that joined the step before late computes on fresh weights and gets
     the adaptive bound."""
     chair, m = _chair()
     made = _steps(chair, m, [0.4, 0.45, 0.35, 0.42, 0.38, 0.4])
     assert all(made)
-    d = chair.deadline
+    d = chair.pacer
     assert d.bound({1}) == 0.5
     k = int(m.head["open"])
     _arrive(m, 0, 100.0, k)
@@ -146,3 +154,23 @@ def test_a_worker_still_on_older_weights_is_waited_for_only_the_floor() -> None:
     chair.tick(101.5)
     assert m.members(k + 1) == [0, 1]
     assert d.bound({1}) == 0.5  # it computes step k + 2 on fresh weights
+
+
+def test_backup_workers_close_a_step_once_all_but_the_slowest_are_in_and_never_wait_past_that() -> None:
+    """pace.policy=backup (Chen et al. 2016): of four workers with one backup, the step stays open
+    with two in however long it waits, and closes the moment the third arrives; the fourth's gradient
+    joins the next step."""
+    m = Meeting(4, param_slots(nn.Linear(4, 1)), [False, False], "cpu", alloc)
+    m.cells["live"] = 1.0
+    r, w = mp.get_context("spawn").Pipe(duplex=False)
+    chair = Chair(m, BackupWorkers(PaceConfig(policy="backup", backup=1)), torch.zeros(1, dtype=torch.float64),
+                  lambda: None, r, w)
+    c = m.cells
+    for j in (0, 1):
+        c[j]["arrived"], c[j]["read"], c[j]["at"], c[j]["compute_s"], c[j]["finite"] = 0, 0, 1.0, 1.0, 1
+    chair.tick(1000.0)  # half are in, a thousand compute times later: still open (no bound)
+    assert int(m.head["open"]) == 0
+    c[2]["arrived"], c[2]["read"], c[2]["at"], c[2]["compute_s"], c[2]["finite"] = 0, 0, 2.0, 1.0, 1
+    chair.tick(2.0)
+    assert int(m.head["open"]) == 1 and m.members(0) == [0, 1, 2]
+    assert chair.pacer.last == 0.0  # metrics.json's wait_bound: nobody is waited for

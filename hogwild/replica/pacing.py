@@ -1,0 +1,266 @@
+"""How a barrier step is paced (``pace.*``): how long it waits for its last workers, and how each
+worker computes its batch (whole, a share of it, or in chunks) so that its gradient comes with the
+others'. Every rule about time is here, behind one seam, :class:`Pacer`; the barrier
+(replica/meeting.py, replica/update.py) keeps arrive, meet and apply, and asks:
+
+- the chair, before it closes the open step: :meth:`Pacer.close_at`; after: :meth:`Pacer.closed`;
+- a worker, before each batch: :meth:`Pacer.split`; after each chunk: :meth:`Pacer.hand_in`; after
+  each gradient, its pace: :meth:`Pacer.timed`.
+
+A policy is one class registered under ``pace.policy`` (its settings in config/pace.py):
+
+- ``deadline`` (:class:`Pacer`): once the fresh gradients of half the live workers are in, the step
+  waits for the others a bound times the compute time of the last of that half, the pivot: the
+  median plus :data:`MADS` median absolute deviations of the last :data:`WINDOW` lags (each a
+  gradient's arrival behind the pivot of the step it was computed for: hivemind #676's deadline,
+  from the recent arrival offsets instead of a constant), within ``pace.min_wait`` and
+  ``pace.max_wait``; ``pace.straggler_wait`` when every missing worker was missing from the step
+  before too (it computes on older weights, so its gradient is stale whenever it comes).
+- ``backup`` (:class:`BackupWorkers`): Chen et al. 2016: a step closes once all but the
+  ``pace.backup`` slowest live workers are in.
+
+Why a bound that moves: a fixed fraction of a step is wrong both ways. Two workers that share a core
+with a busy process take turns at being the slower one for spells of several steps, a third of a step
+behind and more, and half a step cut a quarter of their gradients, each then one update old, which
+AdamW pays for (BENCHMARKS.md §22: waiting for every gradient ended 0.08 lower). A worker stopped for
+a second is an outlier among its lags: the step it misses waits ``pace.min_wait`` for it, where
+waiting for every gradient held each step for the stop (0.07 worse). The least wait stays half a
+step: in the model of balanced workers (§22, one seed) a bound that could fall under it ended 0.02
+higher.
+
+How a worker cuts its batch: with ``pace.chunks`` it computes it in chunks and hands in what it has
+once the pivot is in and the rest would come after ``pace.min_wait`` (no pace estimated, so a
+slowness that moves between workers is followed at once); else, with ``pace.balance``, a worker much
+slower than the pivot computes a share of each batch (:func:`balanced_share`). Either way the rest
+is its next part, and a step's mean weighs each gradient by its samples.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from collections import deque
+from typing import NamedTuple, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from hogwild.config.pace import PaceConfig
+from hogwild.config.registry import PACERS
+
+logger = logging.getLogger(__name__)
+
+WINDOW = 16
+"""Lags remembered: one stall in a window is an outlier, a worker behind for good moves the median
+within half of it."""
+MADS = 3.0
+"""The bound's distance above the median lag, in median absolute deviations (a robust three sigmas)."""
+MIN_LAGS = 4
+"""Until this many lags are known the bound is ``pace.min_wait``."""
+PIVOTS_KEPT = 32
+"""Steps whose pivot is remembered: a gradient later than this many steps brings no lag."""
+# pace.balance: a worker cuts its batch only when a whole one takes it this much longer than the
+# pivot's (noise between equal workers stays under it), never into more than this many parts, and its
+# pace is the median of its last few measurements: one gradient that spans a stall (a preempted or
+# paused process) is an outlier, not a slower worker, while a worker slowed for good moves the median
+# within a few steps. A moving average read each stall as slowness for several steps and split
+# batches the worker could compute whole (BENCHMARKS.md §22).
+BALANCE_BAND = 1.15
+MAX_PARTS = 4
+MIN_PACE_S = 0.005
+"""Below this a batch's time is jitter, and a meeting per part would cost more than it saves."""
+PACE_WINDOW = 5
+# pace.chunks=auto: a batch in this many chunks of at least this many samples, once a whole one
+# takes this long (below it each chunk's own overhead shows: a batch of a few milliseconds is mostly
+# Python and kernel launches). Four chunks of the GPT of BENCHMARKS.md §15 took what one batch did.
+AUTO_CHUNKS = 4
+MIN_CHUNK_SAMPLES = 8
+MIN_CHUNK_S = 0.02
+
+
+class Split(NamedTuple):
+    """How a worker computes its next batch."""
+
+    share: float = 1.0
+    """The share of the batch its next gradient is computed on (1: the rest of it, whole)."""
+    chunks: int = 1
+    """Above 1: in chunks of a ``chunks``-th, handed in when :meth:`Pacer.hand_in` says."""
+
+
+WHOLE = Split()
+
+
+def pivot_of(step: int, members: Sequence[int], live: int, cells: np.ndarray) -> Optional[int]:
+    """The member whose fresh gradient the bound of ``step`` runs from: the median live worker's, in
+    arrival order (None when fewer than half of the ``live`` workers brought fresh ones)."""
+    fresh = sorted((int(j) for j in members if cells[j]["read"] == step), key=lambda j: cells[j]["at"])
+    half = max(1, -(-live // 2))
+    return fresh[half - 1] if len(fresh) >= half else None
+
+
+def due(cells: np.ndarray, pivot: int, wait: float) -> float:
+    """When a step whose pivot is ``pivot`` stops waiting ``wait`` of the pivot's compute times
+    (``time.monotonic()``)."""
+    return float(cells[pivot]["at"]) + wait * float(cells[pivot]["compute_s"])
+
+
+def balanced_share(mine: float, paces: Sequence[float], slack: float = 0.05) -> float:
+    """The share of its batch a worker computes (``pace.balance``, LB-BSP) so that its gradient
+    arrives with the step's pivot, the median live worker's: 1 for a worker at most
+    :data:`BALANCE_BAND` slower than the pivot (or where the pivot's batch takes under
+    :data:`MIN_PACE_S`), else one of the fewest equal parts (at most :data:`MAX_PARTS`) that take it at
+    most ``1 + slack`` times the pivot's time: a part that comes that little after the pivot is waited
+    for, and one that comes well before it leaves the worker idle until the step closes. ``mine`` and
+    ``paces`` (every live worker's, ``mine`` among them): seconds a whole batch takes, 0 where not
+    measured yet. Equal parts also give a batch few shapes (torch.compile and the kernels' caches see
+    few). In the model of a worker twice as slow (BENCHMARKS.md §22) this ended 1.534 against 1.653
+    for joining late and 1.766 for waiting, as DDP does."""
+    known = sorted(p for p in paces if p > 0)
+    if mine <= 0 or len(known) < 2:
+        return 1.0
+    pivot = known[max(1, -(-len(known) // 2)) - 1]
+    if mine <= BALANCE_BAND * pivot or pivot < MIN_PACE_S:
+        return 1.0
+    return 1.0 / min(MAX_PARTS, math.ceil(mine / (pivot * (1.0 + slack))))
+
+
+def chunks_for(setting: Union[int, str], model: Optional[torch.nn.Module], batch_size: int) -> tuple[int, float]:
+    """``pace.chunks`` as a worker runs it: (chunks, the seconds a whole batch must take before it is
+    cut). An explicit number is kept as it is; auto (:data:`AUTO_CHUNKS` of at least
+    :data:`MIN_CHUNK_SAMPLES` samples once a batch takes :data:`MIN_CHUNK_S`) keeps whole batches for a
+    model with batch-norm layers, whose statistics would be a chunk's instead of the batch's."""
+    if setting != "auto":
+        return int(setting), 0.0
+    if model is not None and any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        return 1, 0.0
+    return max(1, min(AUTO_CHUNKS, batch_size // MIN_CHUNK_SAMPLES)), MIN_CHUNK_S
+
+
+@PACERS.register("deadline")
+class Pacer:
+    """The ``deadline`` policy, and the seam every policy keeps (the module's text). The chair's
+    instance and each worker's are their own: they share nothing but the meeting's cells."""
+
+    def __init__(self, cfg: PaceConfig, chunks: tuple[int, float] = (1, 0.0), workers: int = 2,
+                 tables: bool = False) -> None:
+        """``chunks``: :func:`chunks_for`'s; a batch is cut only among ``workers`` > 1 (one worker waits
+        for nobody), and never with sparse ``tables``, whose rows are written as each gradient comes."""
+        self.cfg = cfg
+        split = workers > 1 and not tables
+        self.chunks, self.chunk_s = (chunks[0], chunks[1]) if split else (1, 0.0)
+        self.balance = bool(cfg.balance) and split
+        self.behind: set[int] = set()
+        """The workers missing from the last closed step: still computing on older weights."""
+        self.lags: deque[float] = deque(maxlen=WINDOW)
+        self._usual = cfg.min_wait
+        """The lags' median plus MADS deviations, at least min_wait: set as a step closes."""
+        self._pivots: dict[int, tuple[float, float]] = {}
+        self._paces: deque[float] = deque(maxlen=PACE_WINDOW)
+        self.last = min(cfg.min_wait, cfg.max_wait)
+        """The last bound given (metrics.json's ``wait_bound``)."""
+
+    # ------------------------------------------------------------------ the chair's half
+    def close_at(self, step: int, arrived: Sequence[int], live: Sequence[int], cells: np.ndarray) -> Optional[float]:
+        """When the open ``step``, which the ``arrived`` of the ``live`` workers have arrived for (not
+        all of them), closes (``time.monotonic()``); None: not before more arrive."""
+        # The bound runs from the median live worker's fresh gradient, not the first: the first of
+        # many workers comes early by chance alone (with 8, a bound from the first left a late
+        # gradient in one step of nine in the model, BENCHMARKS.md §17). Late gradients that joined
+        # do not count: alone they wait for fresh ones.
+        pivot = pivot_of(step, arrived, len(live), cells)
+        if pivot is None:
+            return None
+        return due(cells, pivot, self.bound(set(live) - set(arrived)))
+
+    def bound(self, missing: set[int]) -> float:
+        """How long, in the pivot's compute times, the open step waits for the ``missing`` workers."""
+        wait = self.cfg.straggler_wait if missing and missing <= self.behind else self._usual
+        self.last = min(self.cfg.max_wait, wait)
+        return self.last
+
+    def closed(self, step: int, members: Sequence[int], live: Sequence[int], cells: np.ndarray) -> None:
+        """Step ``step`` closed with ``members`` of the ``live`` workers: who is behind, and each
+        member's lag behind the pivot of the step it computed for."""
+        self.behind = set(live) - set(members)
+        pivot = pivot_of(step, members, len(live), cells)
+        if pivot is not None:
+            self._pivots[step] = (float(cells[pivot]["at"]), float(cells[pivot]["compute_s"]))
+            self._pivots.pop(step - PIVOTS_KEPT, None)
+        lags: list[float] = []
+        for j in members:
+            at, s = float(cells[j]["at"]), int(cells[j]["read"])
+            if s not in self._pivots:
+                continue
+            start, compute_s = self._pivots[s]
+            # Only those after the pivot (the pivot itself, and those before it, are not waited for).
+            if at > start and compute_s > 0:
+                lags.append((at - start) / compute_s)
+        self.heard(lags)
+
+    def heard(self, lags: Sequence[float]) -> None:
+        """New lags, in pivots' compute times: the bound for workers on a step's weights follows."""
+        self.lags.extend(lags)
+        if lags and len(self.lags) >= MIN_LAGS:
+            med = statistics.median(self.lags)
+            mad = statistics.median(abs(x - med) for x in self.lags)
+            self._usual = max(self.cfg.min_wait, med + MADS * mad)
+
+    def forget(self, worker: int) -> None:
+        """Worker ``worker`` died: its successor starts on fresh weights."""
+        self.behind.discard(worker)
+
+    # ------------------------------------------------------------------ a worker's half
+    def split(self, me: int, cells: np.ndarray) -> Split:
+        """How worker ``me`` computes its next batch, from the paces in ``cells`` as they are now."""
+        pace = float(cells[me]["pace"])
+        if self.chunks > 1 and pace >= self.chunk_s:
+            return Split(1.0, self.chunks)  # chunks decide a batch's parts as it is computed
+        if self.balance:
+            # A part may come half the straggler bound after the pivot and still be waited for.
+            return Split(balanced_share(pace, cells["pace"][cells["live"] > 0].tolist(),
+                                        self.cfg.straggler_wait / 2))
+        return WHOLE
+
+    def hand_in(self, me: int, read: int, cells: np.ndarray, open_step: int, chunk_s: float, chunks_left: int) -> bool:
+        """Whether worker ``me``, which computes on the weights of step ``read``, hands in the chunks
+        it has rather than compute its ``chunks_left`` others (``chunk_s`` seconds each) first: yes
+        once the open step's pivot is in and the rest would come after ``pace.min_wait`` of the
+        pivot's compute time, the least the chair waits from it; yes too when the step closed
+        without it (its gradient is late however much more it holds, and the sooner it comes the
+        sooner it reads fresh weights)."""
+        if open_step != read:
+            return True
+        live = np.flatnonzero(cells["live"] > 0)
+        arrived = [int(j) for j in live if j != me and cells[j]["arrived"] == open_step]
+        pivot = pivot_of(open_step, arrived, len(live), cells)
+        if pivot is None:
+            return False
+        return time.monotonic() + chunks_left * chunk_s > due(cells, pivot, self.cfg.min_wait)
+
+    def timed(self, compute_s: float, fraction: float) -> float:
+        """This worker's pace after a gradient that took ``compute_s`` on ``fraction`` of its batch:
+        the median of what its last whole batches would have taken."""
+        self._paces.append(compute_s / max(fraction, 1e-3))
+        return statistics.median(self._paces)
+
+
+@PACERS.register("backup")
+class BackupWorkers(Pacer):
+    """``pace.policy=backup``: a step closes as soon as all but the ``pace.backup`` slowest live
+    workers have arrived (Chen et al. 2016, "Revisiting distributed synchronous SGD"): no bound to
+    tune, and a straggler's gradient joins the next step. Batches are cut as under ``deadline``."""
+
+    def close_at(self, step: int, arrived: Sequence[int], live: Sequence[int], cells: np.ndarray) -> Optional[float]:
+        self.last = 0.0
+        return -math.inf if len(arrived) >= max(1, len(live) - self.cfg.backup) else None
+
+
+def make_pacer(cfg: PaceConfig, model: Optional[torch.nn.Module] = None, batch_size: int = 0, workers: int = 2,
+               tables: bool = False) -> Pacer:
+    """``pace.policy``'s pacer: for the chair (no model), or for one of ``workers`` workers of ``model``
+    on batches of ``batch_size`` (``tables``: the model has sparse tables)."""
+    cls = PACERS.get(cfg.policy)
+    chunks = chunks_for(cfg.chunks, model, batch_size) if model is not None else (1, 0.0)
+    return cls(cfg, chunks, workers, tables)
