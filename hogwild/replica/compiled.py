@@ -15,7 +15,7 @@ import time
 import torch
 from torch import nn
 
-from hogwild.errors import ConfigError, first_line
+from hogwild.errors import ConfigError, StopNow, first_line
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +36,22 @@ def _quiet_cpp_extension() -> None:
     log = logging.getLogger(_CPP_EXTENSION)
     if not any(isinstance(f, _DropNoCudaNotice) for f in log.filters):
         log.addFilter(_DropNoCudaNotice())
+
+
+def _stopped(e: BaseException) -> bool:
+    """Whether ``e`` is, or wraps, the :class:`StopNow` a signal raised in the leader while it
+    compiled: inductor hands it back as an ``InductorError`` (which keeps it as ``inner_exception``),
+    and the probe then read as a compiler that does not work here (exit 2, or eager under auto)."""
+    todo, seen = [e], set()
+    while todo:
+        x = todo.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, StopNow):
+            return True
+        todo += [x.__cause__, x.__context__, getattr(x, "inner_exception", None)]
+    return False
 
 
 def _why(e: BaseException) -> str:
@@ -74,6 +90,8 @@ def check_compiler(mode: str, device: torch.device) -> str:
     try:
         _probe(wanted, device)
     except Exception as e:  # noqa: BLE001 - any failure of torch.compile here is the environment's
+        if _stopped(e):  # a SIGINT/SIGTERM during the probe: a stop (exit 130/143), not a broken compiler
+            raise StopNow() from None
         why = _why(e)
         if mode == AUTO:
             logger.warning("train.compile=auto: torch.compile does not work here (%s); training uncompiled (eager)",

@@ -98,6 +98,23 @@ def test_off_compiles_nothing_and_auto_means_default_where_compiling_works() -> 
     assert check_compiler("auto", torch.device("cpu")) == "default"
 
 
+@pytest.mark.parametrize("mode", ["auto", "default"])
+def test_a_signal_during_the_compiler_probe_stops_the_run(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """Ctrl-C while the leader's probe compiled ended in "train.compile: torch.compile does not work
+    here (InductorError: StopNow: )", exit 2 (auto: a warning, and the run trained on eager)."""
+    from torch._inductor.exc import InductorError
+
+    from hogwild.errors import StopNow
+    from hogwild.replica import compiled
+
+    def interrupted(mode: str, device: torch.device) -> None:
+        raise InductorError(StopNow(), None)
+
+    monkeypatch.setattr(compiled, "_probe", interrupted)
+    with pytest.raises(StopNow):
+        check_compiler(mode, torch.device("cpu"))
+
+
 def test_the_warm_up_compiles_the_graph_training_runs() -> None:
     # Dropout reads module.training, on which the compiled graph depends: the worker's warm-up must
     # compile the training graph, or the first training step compiles it on the training clock.
