@@ -78,6 +78,10 @@ CELLS = np.dtype([(name, np.float64) for name in (
     "live",       # worker: 1 once its loop runs, 0 when it finished; chair: 0 when it died
     "samples",    # worker: the samples that gradient was computed on (a step's mean weighs by them)
     "pace",       # worker: seconds a whole batch takes it (its recent median; 0: not measured yet)
+    "began",      # worker: time.monotonic() when it read the weights for its gradient
+    "tick",       # worker: time.monotonic() when it last finished a chunk (or began)
+    "chunk_s",    # worker: seconds its recent chunks took while it ran (their least; 0: whole batches)
+    "applies",    # chair: 1 if this member steps a shard of the step it is a member of (0: excused)
 )])
 # Between two looks at the stop flag and the leader, a waiting worker or an idle chair sleeps at most
 # this long; a kick or a notice ends the sleep at once.
@@ -166,10 +170,15 @@ class Meeting:
     def members(self, step: int) -> list[int]:
         return [int(j) for j in np.flatnonzero(self.cells["member_of"] == step)]
 
-    def all_done(self, step: int) -> bool:
-        """Whether every member of ``step`` has applied its shard (a dead one is excused: forget)."""
+    def appliers(self, step: int) -> list[int]:
+        """The members of ``step`` that step a shard of it (the chair excuses a slow one: pacing.py)."""
         cells = self.cells
-        return bool((cells["done"][cells["member_of"] == step] >= step).all())
+        return [int(j) for j in np.flatnonzero((cells["member_of"] == step) & (cells["applies"] > 0))]
+
+    def all_done(self, step: int) -> bool:
+        """Whether every member of ``step`` that steps a shard has applied it (a dead one is excused: forget)."""
+        cells = self.cells
+        return bool((cells["done"][(cells["member_of"] == step) & (cells["applies"] > 0)] >= step).all())
 
     def mark_applied(self, step: int) -> bool:
         """If every member of ``step`` has applied its shard, say so in the head (the weights are
@@ -288,7 +297,9 @@ class Chair:
         head["closed_late"] += int((cells["read"][members] < k).sum())
         if count:
             self.steps += 1
+        appliers = set(self.pacer.appliers(members.tolist(), cells))
         for j in members:
+            cells[j]["applies"] = float(int(j) in appliers)
             cells[j]["member_of"] = k
         head["open"] = k + 1  # last: a worker that sees the step closed finds its members written
         self.kick()

@@ -78,6 +78,11 @@ PACE_WINDOW = 5
 AUTO_CHUNKS = 4
 MIN_CHUNK_SAMPLES = 8
 MIN_CHUNK_S = 0.02
+STALL_CHUNKS = 3.0
+"""A worker in chunks that has finished none for this many of its chunk times (as it runs) is
+stopped (a quota's throttled spell, a paused process): a step waits for it no longer."""
+CHUNKS_KEPT = 8
+"""Chunk times a worker remembers; the least of them is its time as it runs."""
 
 
 class Split(NamedTuple):
@@ -104,6 +109,26 @@ def due(cells: np.ndarray, pivot: int, wait: float) -> float:
     """When a step whose pivot is ``pivot`` stops waiting ``wait`` of the pivot's compute times
     (``time.monotonic()``)."""
     return float(cells[pivot]["at"]) + wait * float(cells[pivot]["compute_s"])
+
+
+def stalled_since(cells: np.ndarray, missing: set[int]) -> float:
+    """When every ``missing`` worker computing in chunks will have stopped long enough to count as
+    stopped (``time.monotonic()``; inf where one of them computes whole batches, which say nothing as
+    they go): its last chunk plus :data:`STALL_CHUNKS` of its chunk times."""
+    if not missing:
+        return math.inf
+    return max(float(cells[j]["tick"]) + STALL_CHUNKS * float(cells[j]["chunk_s"]) if cells[j]["chunk_s"] > 0
+               else math.inf for j in missing)
+
+
+def expected_pivot(me: int, live: Sequence[int], cells: np.ndarray) -> tuple[float, float]:
+    """When the open step's pivot is expected (``time.monotonic()``), and its pace: the median live
+    worker's arrival, from each other worker's read of the weights and its pace (inf while a pace is
+    unknown)."""
+    others = sorted((float(cells[j]["began"]) + float(cells[j]["pace"]) if cells[j]["pace"] > 0 else math.inf,
+                     float(cells[j]["pace"])) for j in live if j != me)
+    half = max(1, -(-len(live) // 2))
+    return others[half - 1] if len(others) >= half else (math.inf, 0.0)
 
 
 def balanced_share(mine: float, paces: Sequence[float], slack: float = 0.05) -> float:
@@ -158,6 +183,7 @@ class Pacer:
         """The lags' median plus MADS deviations, at least min_wait: set as a step closes."""
         self._pivots: dict[int, tuple[float, float]] = {}
         self._paces: deque[float] = deque(maxlen=PACE_WINDOW)
+        self._chunks: deque[float] = deque(maxlen=CHUNKS_KEPT)
         self.last = min(cfg.min_wait, cfg.max_wait)
         """The last bound given (metrics.json's ``wait_bound``)."""
 
@@ -172,7 +198,8 @@ class Pacer:
         pivot = pivot_of(step, arrived, len(live), cells)
         if pivot is None:
             return None
-        return due(cells, pivot, self.bound(set(live) - set(arrived)))
+        missing = set(live) - set(arrived)
+        return min(due(cells, pivot, self.bound(missing)), stalled_since(cells, missing))
 
     def bound(self, missing: set[int]) -> float:
         """How long, in the pivot's compute times, the open step waits for the ``missing`` workers."""
@@ -211,12 +238,23 @@ class Pacer:
         """Worker ``worker`` died: its successor starts on fresh weights."""
         self.behind.discard(worker)
 
+    def appliers(self, members: Sequence[int], cells: np.ndarray) -> list[int]:
+        """The members of a closing step that step a shard of it: every one but those much slower than
+        the median member (:data:`BALANCE_BAND`). A slow member's shard would hold the step, and every
+        worker's next read of the weights, until it ran again: a quota's throttled spell (50 ms of every
+        100 at half a core) is longer than a step of a small model."""
+        paces = sorted(float(cells[j]["pace"]) for j in members)
+        pivot = paces[max(1, -(-len(paces) // 2)) - 1]
+        fast = [int(j) for j in members if pivot <= 0 or float(cells[j]["pace"]) <= BALANCE_BAND * pivot]
+        return fast or [int(j) for j in members]
+
     # ------------------------------------------------------------------ a worker's half
     def split(self, me: int, cells: np.ndarray) -> Split:
         """How worker ``me`` computes its next batch, from the paces in ``cells`` as they are now."""
         pace = float(cells[me]["pace"])
         if self.chunks > 1 and pace >= self.chunk_s:
             return Split(1.0, self.chunks)  # chunks decide a batch's parts as it is computed
+        cells[me]["chunk_s"] = 0.0  # a whole batch says nothing as it goes: the chair cannot see it stop
         if self.balance:
             # A part may come half the straggler bound after the pivot and still be waited for.
             return Split(balanced_share(pace, cells["pace"][cells["live"] > 0].tolist(),
@@ -230,14 +268,23 @@ class Pacer:
         pivot's compute time, the least the chair waits from it; yes too when the step closed
         without it (its gradient is late however much more it holds, and the sooner it comes the
         sooner it reads fresh weights)."""
+        now = time.monotonic()
+        self._chunks.append(now - float(cells[me]["tick"]))
+        cells[me]["chunk_s"], cells[me]["tick"] = min(self._chunks), now  # the chair sees it run
         if open_step != read:
             return True
         live = np.flatnonzero(cells["live"] > 0)
         arrived = [int(j) for j in live if j != me and cells[j]["arrived"] == open_step]
         pivot = pivot_of(open_step, arrived, len(live), cells)
-        if pivot is None:
-            return False
-        return time.monotonic() + chunks_left * chunk_s > due(cells, pivot, self.cfg.min_wait)
+        if pivot is not None:
+            return now + chunks_left * chunk_s > due(cells, pivot, self.cfg.min_wait)
+        # The pivot is not in yet. When it will be before this worker's next chunk is done, and the
+        # rest would come after the bound from it, what is done goes now: the step then closes the
+        # moment the pivot arrives, with nobody waiting for this worker. A pivot already overdue is
+        # no forecast (it is stopped, or slower than it was): computing on is.
+        expected, its_pace = expected_pivot(me, live, cells)
+        return (now <= expected < now + chunk_s
+                and now + chunks_left * chunk_s > expected + self.cfg.min_wait * its_pace)
 
     def timed(self, compute_s: float, fraction: float) -> float:
         """This worker's pace after a gradient that took ``compute_s`` on ``fraction`` of its batch:

@@ -48,9 +48,10 @@ class ShardStep:
         cells = self.m.cells
         contributors = [j for j in members if cells[j]["finite"] > 0]
         self.last_count = len(contributors)
-        if not contributors or self.i not in members:
+        appliers = self.m.appliers(step) if len(members) > 1 else members  # one worker alone applies its own
+        if not contributors or self.i not in appliers:
             return
-        opt, pieces, where = self._shard(members.index(self.i), len(members))
+        opt, pieces, where = self._shard(appliers.index(self.i), len(appliers))
         if not mean_into(self.m.rows, self.i, contributors, pieces, cells["samples"][contributors].tolist()):
             return  # finite gradients whose mean overflows: this shard skips the step
         t = int(self.m.head["t"])

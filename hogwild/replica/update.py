@@ -149,6 +149,8 @@ class BarrierUpdate:
         if not whole:
             return False
         self._read, self._t0 = int(head["applied"]), time.perf_counter()
+        cell = self.m.cells[self.i]
+        cell["began"] = cell["tick"] = time.monotonic()
         self.m.rows[self.i].zero_()
         for i, p in enumerate(self.params):
             # Backward adds into the row; a table's gradient stays sparse, a frozen parameter's None.

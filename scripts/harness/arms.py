@@ -33,6 +33,9 @@ WD, WARMUP, CLIP, BATCH, CONTEXT = 0.05, 100, 1.0, 32, 64
 LR = 3e-3
 """``+experiment=gpt``'s peak rate, hogwild's default for this model."""
 SIZES: dict[str, dict[str, int]] = {
+    # The pacing grid's step times (scripts/races/pace_grid.py), one thread, batch 32 x 64 on this host.
+    "gpt_tiny": {"n_layer": 1, "n_embd": 48, "n_head": 2},  # 38k parameters: about 10 ms a step
+    "gpt_small": {"n_layer": 2, "n_embd": 64, "n_head": 4},  # 0.11M: about 40 ms a step
     "gpt": {"n_layer": 4, "n_embd": 128, "n_head": 4},  # benchmarks/one-machine.md §15: 0.8M parameters
     "gpt_large": {"n_layer": 4, "n_embd": 192, "n_head": 4},  # 1.8M: a step's gradient is 7.3 MB
 }

@@ -166,7 +166,7 @@ def test_members_stepping_their_shards_are_one_optimizer_stepping_the_mean(cfg: 
         for j, g in enumerate(grads):
             m.rows[j].copy_(g)
             m.cells[j]["finite"] = 0.0 if poisoned and j == 0 else 1.0
-            m.cells[j]["member_of"] = step
+            m.cells[j]["member_of"], m.cells[j]["applies"] = step, 1.0  # as the chair closes it
         if poisoned:
             m.rows[0].fill_(float("nan"))
         m.head["t"] = step

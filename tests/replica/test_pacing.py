@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing as mp
 from typing import Optional
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -14,7 +15,7 @@ from torch import nn
 from hogwild.config.pace import PaceConfig
 from hogwild.errors import ConfigError
 from hogwild.replica.meeting import Chair, Meeting
-from hogwild.replica.pacing import MIN_LAGS, BackupWorkers, Pacer
+from hogwild.replica.pacing import MIN_LAGS, STALL_CHUNKS, BackupWorkers, Pacer
 from hogwild.replica.shared import alloc, param_slots
 
 
@@ -174,3 +175,59 @@ def test_backup_workers_close_a_step_once_all_but_the_slowest_are_in_and_never_w
     chair.tick(2.0)
     assert int(m.head["open"]) == 1 and m.members(0) == [0, 1, 2]
     assert chair.pacer.last == 0.0  # metrics.json's wait_bound: nobody is waited for
+
+
+def _cells(workers: int) -> tuple[Meeting, np.ndarray]:
+    m = Meeting(workers, param_slots(nn.Linear(4, 1)), [False, False], "cpu", alloc)
+    m.cells["live"] = 1.0
+    return m, m.cells
+
+
+def test_a_member_much_slower_than_the_median_steps_no_shard_and_the_step_does_not_wait_for_it() -> None:
+    """A worker at half a core is stopped 50 ms of every 100 by its quota, longer than a small model's
+    step: the shard it owned held every worker's next read of the weights until it ran again. The
+    chair excuses it (the others step the whole model); members of like speed all step a shard."""
+    m, c = _cells(3)
+    pacer = Pacer(PaceConfig())
+    c["pace"] = [0.04, 0.08, 0.041]
+    assert pacer.appliers([0, 1, 2], c) == [0, 2]
+    c["pace"] = [0.04, 0.045, 0.041]  # within BALANCE_BAND of the median: jitter, every member steps
+    assert pacer.appliers([0, 1, 2], c) == [0, 1, 2]
+    c["pace"] = 0.0  # nothing measured yet: everyone steps
+    assert pacer.appliers([0, 1], c) == [0, 1]
+    c["member_of"], c["applies"], c["done"] = 5, [1.0, 0.0, 1.0], [5, -1, 5]
+    assert m.all_done(5) and m.appliers(5) == [0, 2]  # the excused member's shard is nobody's to wait for
+
+
+def test_a_step_stops_waiting_for_a_worker_in_chunks_that_has_stopped_finishing_them() -> None:
+    """Worker 1 computes in chunks of 10 ms as it runs: the step waits for it while its chunks come
+    (up to the bound), and no longer once it has finished none for STALL_CHUNKS chunk times; a worker
+    in whole batches says nothing as it goes and gets the bound."""
+    m, c = _cells(2)
+    pacer = Pacer(PaceConfig(min_wait=2.0, max_wait=2.0))
+    c[0]["arrived"], c[0]["read"], c[0]["at"], c[0]["compute_s"] = 0, 0, 100.0, 0.04
+    c[1]["tick"], c[1]["chunk_s"] = 99.995, 0.01
+    assert pacer.close_at(0, [0], [0, 1], c) == pytest.approx(99.995 + STALL_CHUNKS * 0.01)  # before the bound
+    c[1]["tick"] = 100.07  # it is running: the bound, 2 of the pivot's 40 ms
+    assert pacer.close_at(0, [0], [0, 1], c) == pytest.approx(100.08)
+    c[1]["chunk_s"] = 0.0
+    c[1]["tick"] = 50.0
+    assert pacer.close_at(0, [0], [0, 1], c) == pytest.approx(100.08)
+
+
+def test_a_worker_in_chunks_hands_in_before_the_pivot_it_expects_within_its_next_chunk(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker 1 (a chunk takes it 10 ms, 3 more to do) expects worker 0, which read the weights at
+    t=100 and takes 40 ms a batch, at t=100.04: it hands in at t=100.035 (the pivot comes before its
+    next chunk would end, and its rest would come after the bound), so the step closes the moment
+    worker 0 arrives; at t=100.02 it computes on, and a pivot already overdue is no forecast."""
+    import hogwild.replica.pacing as pacing
+
+    m, c = _cells(2)
+    pacer = Pacer(PaceConfig(min_wait=0.5), (4, 0.0))
+    c[0]["began"], c[0]["pace"], c[1]["pace"] = 100.0, 0.04, 0.08
+    for now, handed in ((100.035, True), (100.02, False), (100.05, False)):
+        c[1]["tick"] = now - 0.01
+        monkeypatch.setattr(pacing.time, "monotonic", lambda now=now: now)
+        assert pacer.hand_in(1, 0, c, 0, 0.01, 3) is handed, now
+    assert c[1]["chunk_s"] == pytest.approx(0.01)  # what the chair reads to see it run

@@ -1,0 +1,222 @@
+"""The pacing grid (issue 68): hogwild against DDP at every point of step time x straggler x
+optimizer, the limit written beside each figure.
+
+A point is a model size (its step time: ``gpt_tiny`` about 10 ms, ``gpt_small`` 40 ms, ``gpt`` a few
+hundred, ``gpt_large`` about a second on this host), a straggler (scripts/races/straggler_race.py's
+``--slow``: ``throttle:F``, ``stalls``, ``busy``, ``none``), W workers and an optimizer:
+
+- ``adamw``: hogwild 1 x W on the barrier (its defaults, and every ``--variant``) against DDP on W
+  processes, both under the race's AdamW recipe (scripts/harness/arms.py), every arm evaluated alike;
+- ``sgd``: hogwild 1 x W on the Hogwild path (``optim=sgd``), where a slow worker should cost the
+  others nothing; its samples a second against the limit is the whole figure.
+
+The limit: the sum of each worker's standalone rate, in samples a second, measured once per size and
+optimizer by a run of one worker alone (``W - 1 + F`` of it with one worker at F of a core; two
+thirds of it for a worker stopped 1 s every 3 s; ``W x 2/3`` beside the busy process: three
+processes on two cores). Each hogwild run also records where its workers' seconds went
+(metrics.json's ``time_s.per_worker``: forward and backward, barrier wait, update), the late
+gradients and the batch parts, so a gap to the limit is traced, not guessed.
+
+Output: ``bench_results/pace_grid/<name>.json`` (every run), ``.md`` (one row a point and arm) and
+``.png`` (fraction of the limit against step time, one line a straggler).
+
+    python scripts/races/pace_grid.py --sizes gpt_tiny gpt_small --slow none throttle:0.5 --repeats 3
+    python scripts/races/pace_grid.py --sizes gpt_small --slow throttle:0.5 --variant backup=pace.policy=backup
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
+from scripts.harness.arms import LR, SIZES  # noqa: E402
+from scripts.harness.common import busy_core, pyplot, table_head  # noqa: E402
+from scripts.races.lm_race import time_to  # noqa: E402
+from scripts.races.straggler_race import ddp_arm, hogwild_arm, slowing  # noqa: E402
+
+logger = logging.getLogger("pace_grid")
+REPO = Path(__file__).resolve().parents[2]
+BLOCK = 64
+"""Tokens a sample (the race's context)."""
+SGD = ("optim=sgd", "optim.lr=0.5", "optim.momentum=0.0", "optim.weight_decay=0.0")
+
+
+def share(slow: str, workers: int) -> float:
+    """The limit in standalone workers: what the ``slow`` straggler leaves of ``workers``."""
+    if slow.startswith("throttle:"):
+        return workers - 1 + float(slow.split(":", 1)[1])
+    return {"stalls": workers - 1 / 3, "busy": workers * 2 / 3, "none": float(workers)}[slow]
+
+
+def _run_args(args: argparse.Namespace, size: str, workers: int, override: tuple[str, ...]) -> argparse.Namespace:
+    return argparse.Namespace(workers=workers, machines=1, stragglers=1, size=size, budget=args.budget,
+                              eval_every_s=args.eval_every_s, override=list(override), lr=args.ddp_lr)
+
+
+def _hogwild(args: argparse.Namespace, size: str, workers: int, slow: str, root: Path,
+             override: tuple[str, ...]) -> dict[str, Any]:
+    r = hogwild_arm(_run_args(args, size, workers, override), slowing(slow)[0], root, 0)
+    per = (r.get("time_s") or {}).get("per_worker") or []
+    r["samples_per_s"] = r["tokens_per_s"] / BLOCK
+    r["per_worker"] = [{k: round(w.get(k, 0.0), 2) for k in ("forward_backward", "barrier_wait", "update", "train")}
+                       for w in per]
+    return r
+
+
+def standalone(args: argparse.Namespace, size: str, optim: str, root: Path) -> float:
+    """Samples a second of one worker alone, unthrottled (the limit's unit)."""
+    extra = SGD if optim == "sgd" else ()
+    r = hogwild_arm(_run_args(args, size, 1, extra), None, root, 0)
+    return r["tokens_per_s"] / BLOCK
+
+
+def point(args: argparse.Namespace, size: str, slow: str, optim: str, workers: int, unit: float,
+          root: Path) -> dict[str, Any]:
+    """Every arm at one point, interleaved repeat by repeat (a slow spell of the host hits all alike)."""
+    arms: dict[str, tuple[str, ...]] = {"hogwild": SGD if optim == "sgd" else ()}
+    if optim == "adamw":
+        arms.update({name: tuple(o.split(",")) for name, _, o in (v.partition("=") for v in args.variant)})
+        arms["ddp"] = ()
+    runs: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
+    _, core, label = slowing(slow)
+    with busy_core(core):
+        for rep in range(args.repeats):
+            for arm, override in arms.items():
+                logger.info("%s %s %s W=%d, repeat %d/%d: %s", size, optim, slow, workers, rep + 1, args.repeats, arm)
+                try:
+                    if arm == "ddp":
+                        r = ddp_arm(_run_args(args, size, workers, ()), slowing(slow)[0], 0)
+                        r["samples_per_s"] = r["tokens_per_s"] / BLOCK
+                    else:
+                        r = _hogwild(args, size, workers, slow, root, override)
+                except Exception as e:  # noqa: BLE001 - a failed run is a row that says so
+                    logger.error("%s failed: %s", arm, str(e)[-800:])
+                    r = {"error": str(e)[-2000:]}
+                runs[arm].append(r)
+    limit = unit * share(slow, workers)
+    return {"size": size, "slow": slow, "label": label, "optim": optim, "workers": workers, "unit": unit,
+            "limit": limit, "arms": _summary(runs, limit)}
+
+
+def _summary(runs: dict[str, list[dict[str, Any]]], limit: float) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for arm, rs in runs.items():
+        ok = [r for r in rs if "error" not in r]
+        if not ok:
+            out[arm] = {"failed": len(rs), "runs": rs}
+            continue
+        med = lambda k: statistics.median(r[k] for r in ok)  # noqa: E731
+        out[arm] = {"loss": med("loss"), "curve_end": statistics.median(r["curve"][-1]["loss"] for r in ok),
+                    "samples_per_s": med("samples_per_s"), "of_limit": med("samples_per_s") / limit,
+                    "train_s": med("train_s"), "failed": len(rs) - len(ok), "runs": rs}
+    ddp = out.get("ddp", {})
+    if "curve_end" in ddp:
+        for arm, v in out.items():
+            if arm != "ddp" and "loss" in v:
+                times = [time_to(r["curve"], ddp["curve_end"]) for r in v["runs"] if "error" not in r]
+                v["time_to_ddp"] = statistics.median(times)
+                v["sooner"] = ddp["train_s"] / v["time_to_ddp"] if v["time_to_ddp"] > 0 else None
+    return out
+
+
+def table(points: list[dict[str, Any]]) -> str:
+    lines = table_head("step", "straggler", "optim", "W", "limit (samples/s)", "arm", "samples/s", "of the limit",
+                       "final loss", "runs", "time to DDP's loss", "sooner", "waits a worker (s), fast / slow")
+    for p in points:
+        for arm, v in p["arms"].items():
+            if "loss" not in v:
+                lines.append(f"| {p['size']} | {p['slow']} | {p['optim']} | {p['workers']} | {p['limit']:.0f} | {arm} "
+                             f"| failed | | | | | | |")
+                continue
+            runs = ", ".join(f"{r['loss']:.3f}" for r in v["runs"] if "error" not in r)
+            waits = _waits(v["runs"])
+            t, x = v.get("time_to_ddp"), v.get("sooner")
+            lines.append(f"| {p['size']} | {p['slow']} | {p['optim']} | {p['workers']} | {p['limit']:.0f} | {arm} | "
+                         f"{v['samples_per_s']:.0f} | {v['of_limit']:.2f} | {v['loss']:.4f} | {runs} | "
+                         + (f"{t:.1f} s | {x:.2f}x" if t is not None and x is not None else "– | –") + f" | {waits} |")
+    return "\n".join(lines) + "\n"
+
+
+def _waits(runs: list[dict[str, Any]]) -> str:
+    """The median barrier wait of the fast workers (the first is the straggler) and of the slow one."""
+    per = [r["per_worker"] for r in runs if "error" not in r and r.get("per_worker")]
+    if not per:
+        return "–"
+    slow = statistics.median(w[0]["barrier_wait"] for w in per)
+    fast = statistics.median(statistics.mean(x["barrier_wait"] for x in w[1:]) for w in per)
+    return f"{fast:.1f} / {slow:.1f}"
+
+
+def plot(points: list[dict[str, Any]], path: Path) -> None:
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    order = [s for s in SIZES if any(p["size"] == s for p in points)]
+    for slow in sorted({p["slow"] for p in points}):
+        for optim in sorted({p["optim"] for p in points}):
+            xs = [p for p in points if p["slow"] == slow and p["optim"] == optim and "of_limit" in p["arms"]["hogwild"]]
+            xs.sort(key=lambda p: order.index(p["size"]))
+            if xs:
+                ax.plot([p["size"] for p in xs], [p["arms"]["hogwild"]["of_limit"] for p in xs], marker="o",
+                        label=f"hogwild, {optim}, {slow}")
+            if optim == "adamw":
+                ds = [p for p in xs if "of_limit" in p["arms"].get("ddp", {})]
+                if ds:
+                    ax.plot([p["size"] for p in ds], [p["arms"]["ddp"]["of_limit"] for p in ds], marker="x",
+                            linestyle=":", label=f"DDP, {slow}")
+    ax.axhline(0.9, color="grey", linewidth=0.8)
+    ax.set_xlabel("model (step time grows to the right)")
+    ax.set_ylabel("samples a second / the limit")
+    ax.set_ylim(0, 1.1)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", nargs="+", default=["gpt_tiny", "gpt_small", "gpt"], choices=sorted(SIZES))
+    ap.add_argument("--slow", nargs="+", default=["none", "throttle:0.5"],
+                    help="throttle:F | stalls | busy | none, each a point")
+    ap.add_argument("--optim", nargs="+", default=["adamw"], choices=("adamw", "sgd"))
+    ap.add_argument("--workers", nargs="+", type=int, default=[2])
+    ap.add_argument("--budget", type=float, default=40.0)
+    ap.add_argument("--eval-every-s", type=float, default=5.0)
+    ap.add_argument("--ddp-lr", type=float, default=2 * LR, help="DDP's peak rate (its best on the GPT: 6e-3)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=OVERRIDE[,OVERRIDE...]",
+                    help="one more hogwild arm under AdamW, e.g. backup=pace.policy=backup (repeatable)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=REPO / "bench_results" / "pace_grid")
+    ap.add_argument("--name", default="grid")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="[pace_grid] %(message)s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    points: list[dict[str, Any]] = []
+    units: dict[tuple[str, str], Optional[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in args.sizes:
+            for optim in args.optim:
+                units[size, optim] = standalone(args, size, optim, Path(tmp))
+                logger.info("%s %s: one worker alone trains %.0f samples/s", size, optim, units[size, optim])
+                for workers in args.workers:
+                    for slow in args.slow:
+                        points.append(point(args, size, slow, optim, workers, units[size, optim] or 0.0, Path(tmp)))
+                        head = {"command": sys.argv, "budget": args.budget, "ddp_lr": args.ddp_lr}
+                        (args.out / f"{args.name}.json").write_text(
+                            json.dumps({**head, "points": points}, indent=1, default=str) + "\n")
+    text = table(points)
+    (args.out / f"{args.name}.md").write_text(text)
+    sys.stdout.write(text)
+    plot(points, args.out / f"{args.name}.png")
+
+
+if __name__ == "__main__":
+    main()
