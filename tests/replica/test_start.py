@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from multiprocessing.queues import SimpleQueue
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Optional
 
@@ -23,19 +23,23 @@ pytestmark = pytest.mark.timeout(120)
 KEY = "HOGWILD_TEST_START_VALUE"
 
 
-def _report(out: SimpleQueue, environ: Optional[dict[str, str]]) -> None:
+def _report(out: Connection, environ: Optional[dict[str, str]]) -> None:
     if environ is not None:
         adopt_environment(environ)
-    out.put((os.environ.get(KEY), os.getppid(), torch.ones(3).sum().item()))
+    out.send((os.environ.get(KEY), os.getppid(), torch.ones(3).sum().item()))
 
 
 def _child(environ: Optional[dict[str, str]]) -> tuple[Optional[str], int, float]:
     ctx = worker_context()
-    out = ctx.SimpleQueue()
-    p = ctx.Process(target=_report, args=(out, environ))
+    # A pipe, not ctx.SimpleQueue(): under the fork server's context a queue is two named semaphores
+    # in /dev/shm, there while this process lives and after it if it is killed with its resource
+    # tracker; and a child that dies before it answers is an EOFError here, not a wait forever.
+    out, theirs = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_report, args=(theirs, environ))
     p.start()
+    theirs.close()
     try:
-        return out.get()
+        return out.recv()
     finally:
         p.join(60)
         assert p.exitcode == 0, p.exitcode
