@@ -10,12 +10,15 @@ hundred, ``gpt_large`` about a second on this host), a straggler (scripts/races/
 - ``sgd``: hogwild 1 x W on the Hogwild path (``optim=sgd``), where a slow worker should cost the
   others nothing; its samples a second against the limit is the whole figure.
 
-The limit: the sum of each worker's standalone rate, in samples a second, measured once per size and
-optimizer by a run of one worker alone (``W - 1 + F`` of it with one worker at F of a core; two
-thirds of it for a worker stopped 1 s every 3 s; ``W x 2/3`` beside the busy process: three
-processes on two cores). Each hogwild run also records where its workers' seconds went
-(metrics.json's ``time_s.per_worker``: forward and backward, barrier wait, update), the late
-gradients and the batch parts, so a gap to the limit is traced, not guessed.
+The limit: the sum of each worker's standalone rate, in samples a second: a W-th of what hogwild's W
+workers train with nobody slowed (one run per size and optimizer, before the points), ``W - 1 + F``
+of it with one worker at F of a core, ``W - 1/3`` for a worker stopped 1 s every 3 s, ``W x 2/3``
+beside the busy process (three processes on two cores). A worker alone would run its leader's
+evaluations without a peer, so the balanced run is the fairer unit (as the issue's own figure: 954
+samples a second unthrottled, 715 the limit with one worker at half a core).
+
+Each hogwild run also records where its workers' seconds went (metrics.json's ``time_s.per_worker``:
+forward and backward, barrier wait, update), so a gap to the limit is traced, not guessed.
 
 Output: ``bench_results/pace_grid/<name>.json`` (every run), ``.md`` (one row a point and arm) and
 ``.png`` (fraction of the limit against step time, one line a straggler).
@@ -33,12 +36,13 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
 from scripts.harness.arms import LR, SIZES  # noqa: E402
 from scripts.harness.common import busy_core, pyplot, table_head  # noqa: E402
 from scripts.races.lm_race import time_to  # noqa: E402
+from scripts.races import straggler_race  # noqa: E402
 from scripts.races.straggler_race import ddp_arm, hogwild_arm, slowing  # noqa: E402
 
 logger = logging.getLogger("pace_grid")
@@ -61,8 +65,13 @@ def _run_args(args: argparse.Namespace, size: str, workers: int, override: tuple
 
 
 def _hogwild(args: argparse.Namespace, size: str, workers: int, slow: str, root: Path,
-             override: tuple[str, ...]) -> dict[str, Any]:
-    r = hogwild_arm(_run_args(args, size, workers, override), slowing(slow)[0], root, 0)
+             override: tuple[str, ...], checkout: Path = REPO) -> dict[str, Any]:
+    """A hogwild run; ``checkout``: the source tree whose hogwild runs (``--baseline``'s, an earlier commit)."""
+    straggler_race.REPO = checkout  # the run's working directory, whose hogwild package ``python -m`` imports
+    try:
+        r = hogwild_arm(_run_args(args, size, workers, override), slowing(slow)[0], root, 0)
+    finally:
+        straggler_race.REPO = REPO
     per = (r.get("time_s") or {}).get("per_worker") or []
     r["samples_per_s"] = r["tokens_per_s"] / BLOCK
     r["per_worker"] = [{k: round(w.get(k, 0.0), 2) for k in ("forward_backward", "barrier_wait", "update", "train")}
@@ -70,17 +79,19 @@ def _hogwild(args: argparse.Namespace, size: str, workers: int, slow: str, root:
     return r
 
 
-def standalone(args: argparse.Namespace, size: str, optim: str, root: Path) -> float:
-    """Samples a second of one worker alone, unthrottled (the limit's unit)."""
+def standalone(args: argparse.Namespace, size: str, optim: str, workers: int, root: Path) -> float:
+    """Samples a second of one worker, unthrottled (the limit's unit): a ``workers``-th of a balanced run."""
     extra = SGD if optim == "sgd" else ()
-    r = hogwild_arm(_run_args(args, size, 1, extra), None, root, 0)
-    return r["tokens_per_s"] / BLOCK
+    r = hogwild_arm(_run_args(args, size, workers, extra), None, root, 0)
+    return r["tokens_per_s"] / BLOCK / workers
 
 
 def point(args: argparse.Namespace, size: str, slow: str, optim: str, workers: int, unit: float,
           root: Path) -> dict[str, Any]:
     """Every arm at one point, interleaved repeat by repeat (a slow spell of the host hits all alike)."""
     arms: dict[str, tuple[str, ...]] = {"hogwild": SGD if optim == "sgd" else ()}
+    if args.baseline is not None:
+        arms["before"] = arms["hogwild"]
     if optim == "adamw":
         arms.update({name: tuple(o.split(",")) for name, _, o in (v.partition("=") for v in args.variant)})
         arms["ddp"] = ()
@@ -95,7 +106,8 @@ def point(args: argparse.Namespace, size: str, slow: str, optim: str, workers: i
                         r = ddp_arm(_run_args(args, size, workers, ()), slowing(slow)[0], 0)
                         r["samples_per_s"] = r["tokens_per_s"] / BLOCK
                     else:
-                        r = _hogwild(args, size, workers, slow, root, override)
+                        checkout = args.baseline if arm == "before" else REPO
+                        r = _hogwild(args, size, workers, slow, root, override, checkout)
                 except Exception as e:  # noqa: BLE001 - a failed run is a row that says so
                     logger.error("%s failed: %s", arm, str(e)[-800:])
                     r = {"error": str(e)[-2000:]}
@@ -193,6 +205,8 @@ def main() -> None:
     ap.add_argument("--ddp-lr", type=float, default=2 * LR, help="DDP's peak rate (its best on the GPT: 6e-3)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=OVERRIDE[,OVERRIDE...]",
                     help="one more hogwild arm under AdamW, e.g. backup=pace.policy=backup (repeatable)")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="a checkout of an earlier commit (git worktree add DIR REV): its hogwild is the arm 'before'")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=REPO / "bench_results" / "pace_grid")
     ap.add_argument("--name", default="grid")
@@ -200,15 +214,14 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="[pace_grid] %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
     points: list[dict[str, Any]] = []
-    units: dict[tuple[str, str], Optional[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes:
             for optim in args.optim:
-                units[size, optim] = standalone(args, size, optim, Path(tmp))
-                logger.info("%s %s: one worker alone trains %.0f samples/s", size, optim, units[size, optim])
                 for workers in args.workers:
+                    unit = standalone(args, size, optim, workers, Path(tmp))
+                    logger.info("%s %s W=%d: a worker trains %.0f samples/s, nobody slowed", size, optim, workers, unit)
                     for slow in args.slow:
-                        points.append(point(args, size, slow, optim, workers, units[size, optim] or 0.0, Path(tmp)))
+                        points.append(point(args, size, slow, optim, workers, unit, Path(tmp)))
                         head = {"command": sys.argv, "budget": args.budget, "ddp_lr": args.ddp_lr}
                         (args.out / f"{args.name}.json").write_text(
                             json.dumps({**head, "points": points}, indent=1, default=str) + "\n")
