@@ -90,7 +90,7 @@ def _refuse_unguarded_script() -> None:
 
 
 def train(overrides: Overrides = (), *, config: Optional[Config] = None) -> RunResult:
-    """Train one replica (or this rank's, under torchrun or with ``sync.coordinator``) and
+    """Train one replica (or this rank's, under torchrun or with ``elastic.coordinator``) and
     return how it ended. ``config`` replaces composing from ``overrides``."""
     from hogwild.leader.choose import leader_for
 

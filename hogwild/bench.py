@@ -233,7 +233,7 @@ def serve_coordinator(port: int, host: str = "127.0.0.1") -> threading.Event:
 
 
 class Coordinator:
-    """What an elastic job (``sync.coordinator=HOST:PORT``) keeps at its coordinator, read by a
+    """What an elastic job (``elastic.coordinator=HOST:PORT``) keeps at its coordinator, read by a
     client of the script's own: it connects when first asked, and again after the coordinator
     went away (killed, restarted). Scripts may rely on :meth:`whole` and :meth:`position`."""
 

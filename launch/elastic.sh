@@ -14,10 +14,10 @@ set -uo pipefail
 if [ "${USE_TORCHRUN:-0}" = 1 ]; then
   # The same with torchrun as the restarter: one process per machine, restarted on its own.
   exec torchrun --standalone --nproc-per-node=1 --max-restarts="${MAX_RESTARTS:-10}" -m hogwild.cli.train \
-    sync.coordinator="$COORDINATOR" sync.replicas="$REPLICAS" sync.slot="$SLOT" run_dir="$RUN_DIR" "$@"
+    elastic.coordinator="$COORDINATOR" elastic.replicas="$REPLICAS" elastic.slot="$SLOT" run_dir="$RUN_DIR" "$@"
 fi
 for attempt in $(seq 0 "${MAX_RESTARTS:-10}"); do
-  python -m hogwild.cli.train sync.coordinator="$COORDINATOR" sync.replicas="$REPLICAS" sync.slot="$SLOT" \
+  python -m hogwild.cli.train elastic.coordinator="$COORDINATOR" elastic.replicas="$REPLICAS" elastic.slot="$SLOT" \
     run_dir="$RUN_DIR" "$@"
   code=$?
   if [ "$code" -eq 0 ] || [ "$code" -eq 2 ]; then exit "$code"; fi

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from hogwild.checkpoint import store
 from hogwild.config.compose import to_config
+from hogwild.config.moved import moved_tree
 from hogwild.config.schema import Config
 from hogwild.config.targets import refuse_stored_targets
 from hogwild.data.datasets import Dataset, load_dataset
@@ -31,9 +32,10 @@ logger = logging.getLogger(__name__)
 
 
 def _merged_config(ckpt: dict[str, Any], overrides: Sequence[str]) -> DictConfig:
-    """The run's own config, with ``key=value`` overrides (e.g. data.root) on top."""
+    """The run's own config, with ``key=value`` overrides (e.g. data.root) on top; a key that moved
+    since the checkpoint was written is read at its new place (config/moved.py)."""
     try:
-        base = OmegaConf.merge(OmegaConf.structured(Config), ckpt["config"])
+        base = OmegaConf.merge(OmegaConf.structured(Config), moved_tree(ckpt["config"]))
     except Exception as e:  # noqa: BLE001 - a config this version cannot read
         key = getattr(e, "full_key", "") or "config"
         raise ConfigError(f"checkpoint: its config does not fit this version of hogwild "

@@ -1,5 +1,5 @@
 """``hogwild-coordinator``: the store that elastic replicas register, heartbeat and form
-their groups through (``sync.coordinator=HOST:PORT``). Run one per job on a host every
+their groups through (``elastic.coordinator=HOST:PORT``). Run one per job on a host every
 machine can reach; it holds no training state and uses almost no CPU.
 
     hogwild-coordinator --port 29400

@@ -102,7 +102,7 @@ def is_default_run_dir(path: Union[str, Path], env: Optional[Mapping[str, str]] 
 
 
 
-def split_endpoint(endpoint: str, key: str = "sync.coordinator") -> tuple[str, int]:
+def split_endpoint(endpoint: str, key: str = "elastic.coordinator") -> tuple[str, int]:
     """``host:port`` (the last colon splits, so an IPv6 host keeps its own); one line naming
     ``key`` when it is not one."""
     host, _, port = endpoint.rpartition(":")

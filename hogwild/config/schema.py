@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from hogwild.config.elastic import ElasticConfig
 from hogwild.config.registry import DATASETS, MODELS, TASKS
 from hogwild.config.pace import PaceConfig
 from hogwild.config.sync import SyncConfig
@@ -209,6 +210,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
 
     def __post_init__(self) -> None:

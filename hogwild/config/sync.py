@@ -1,12 +1,11 @@
-"""``sync.*``: how the replicas' leaders meet (rule, interval, staleness bound, timeouts),
-and, with ``sync.coordinator`` set, the elastic membership that survives a lost machine."""
+"""``sync.*``: how the replicas' leaders meet (rule, interval, staleness bound, timeouts, wire).
+Who is in the group when it is elastic is ``elastic.*`` (config/elastic.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from hogwild.config.env import split_endpoint
 from hogwild.config.registry import SYNC_RULES, WIRES
 from hogwild.config.validate import choice, positive, require, timeout
 from hogwild.errors import ConfigError
@@ -81,17 +80,6 @@ class SyncConfig:
     the fast ones' workers do not wait at sync.max_lag for a slow machine; its change then weighs the
     steps it made (sync.weighting=auto). auto: true for an adaptive optimizer (the barrier's), false
     under SGD, where it was not measured (docs/sync.md, "A slower machine")."""
-    coordinator: Optional[str] = None
-    """host:port of a hogwild-coordinator: elastic mode, each replica launched on its own; a lost
-    replica is dropped and the others go on (null: one torchrun job, a lost peer stops it)."""
-    replicas: int = 1
-    """Elastic mode: the job's replica slots (the data is split into this many shards)."""
-    slot: Optional[int] = None
-    """Elastic mode: this replica's slot, 0..replicas-1; a restarted replica keeps its slot."""
-    peer_timeout_s: float = 10.0
-    """Elastic mode: a replica whose heartbeat stops this long is dropped from the group."""
-    min_replicas: Optional[int] = None
-    """Elastic mode: live slots a new group needs (null: a majority of the last group)."""
 
     def __post_init__(self) -> None:
         if self.mode != AUTO:
@@ -123,15 +111,6 @@ class SyncConfig:
         weighted = [name for name in SYNC_RULES.names() if SYNC_RULES.get(name).weighted]  # type: ignore[attr-defined]
         require(self.weighting != "steps" or self.mode in (AUTO, *weighted), "sync.weighting",
                 f"steps applies to {', '.join(weighted)}, not sync.mode={self.mode}")
-        if self.coordinator is not None:
-            split_endpoint(self.coordinator)
-            require(self.replicas >= 2, "sync.replicas", f"elastic mode needs at least 2 slots, got {self.replicas}")
-            require(self.slot is not None and 0 <= self.slot < self.replicas, "sync.slot",
-                    f"must be set to 0..{self.replicas - 1} with sync.coordinator, got {self.slot}")
-            timeout(self.peer_timeout_s, "sync.peer_timeout_s")
-            m = self.min_replicas
-            require(m is None or 1 <= m <= self.replicas, "sync.min_replicas",
-                    f"must be in 1..{self.replicas}, got {m}")
 
     def climbs(self) -> bool:
         """``sync.compress=auto`` acts: a paced average on whole fp32 rounds of a user's own choosing

@@ -2,7 +2,7 @@
 
 A collective is waited for in short polls, not one blocking call: between polls the leader
 checks its peers' heartbeats and the coordinator's epoch, so a peer that was killed, stopped
-(SIGSTOP) or dropped by the others fails the round within ``sync.peer_timeout_s`` instead of
+(SIGSTOP) or dropped by the others fails the round within ``elastic.peer_timeout_s`` instead of
 ``sync.timeout_s``, while a peer that is merely slow (still heartbeating) is waited for.
 """
 
@@ -47,7 +47,7 @@ class ElasticComm(Comm):
     def form(self, ep: Epoch) -> None:
         """Build epoch ``ep``'s group; waits until all its members arrive, or until one of them
         is known lost (its heartbeat stopped, or a newer epoch exists): a member that died
-        between the epoch's publication and here costs ``sync.peer_timeout_s``, not the
+        between the epoch's publication and here costs ``elastic.peer_timeout_s``, not the
         constructor's ``sync.timeout_s``."""
         self.abandon()
         what = f"the group of epoch {ep.number}"
@@ -129,7 +129,7 @@ class ElasticComm(Comm):
         if dead:
             how = ", ".join(f"{s} {why}" for s, why in dead.items())
             raise PeerLost(f"sync: replica(s) {how} for {self.m.peer_timeout_s:.0f}s "
-                           f"(sync.peer_timeout_s) during {what}")
+                           f"(elastic.peer_timeout_s) during {what}")
 
     def _group(self) -> Any:
         if self.pg is None:

@@ -1,5 +1,5 @@
 """The coordinator: the store that elastic replicas register, heartbeat and form their groups
-through (``sync.coordinator=HOST:PORT``); ``hogwild-coordinator`` (cli/coordinator.py) runs it."""
+through (``elastic.coordinator=HOST:PORT``); ``hogwild-coordinator`` (cli/coordinator.py) runs it."""
 
 from __future__ import annotations
 

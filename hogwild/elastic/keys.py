@@ -22,7 +22,7 @@ class JobKeys:
         try:  # the first keys a replica reads: a bad signature here is a token that differs, or none
             theirs = self.link.compare_set("job", "", fingerprint)
             if theirs != fingerprint:
-                raise UserError(f"sync.coordinator {self.endpoint}: this replica's {fingerprint} differs from "
+                raise UserError(f"elastic.coordinator {self.endpoint}: this replica's {fingerprint} differs from "
                                 f"the running job's {theirs}; start it with the job's settings")
             agreed = self.link.compare_set("run_dir", "", run_dir)
         except Malformed as e:

@@ -12,7 +12,7 @@ that call goes through:
 So the numbering goes on across the restart: a replica's first heartbeat on the new
 coordinator comes after its restore, and a new epoch needs live members, so an epoch that a
 live replica is in is back in the store before anyone can count that replica and form the
-next one (elastic/membership.py). Replicas that just came back also wait ``sync.peer_timeout_s``
+next one (elastic/membership.py). Replicas that just came back also wait ``elastic.peer_timeout_s``
 before forming anything, so the slower ones can restore first.
 
 While the coordinator is away the replicas go on training: the current epoch's group
@@ -67,7 +67,7 @@ def connect(endpoint: str, timeout_s: float) -> dist.TCPStore:
     # thread when the process exits aborts it ("terminate called without an active exception").
     while not _listening(host, port):
         if time.monotonic() >= deadline:
-            raise UserError(f"sync.coordinator: no coordinator reachable at {endpoint} within {timeout_s:.0f}s "
+            raise UserError(f"elastic.coordinator: no coordinator reachable at {endpoint} within {timeout_s:.0f}s "
                             "(sync.timeout_s; start one with hogwild-coordinator): connection refused")
         time.sleep(0.2)
     try:
@@ -76,7 +76,7 @@ def connect(endpoint: str, timeout_s: float) -> dist.TCPStore:
         return Bounded(max(MIN_CALL_S, deadline - time.monotonic())).call(
             lambda: dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s)), "connect")
     except (RuntimeError, TimeoutError, dist.DistError) as e:
-        raise UserError(f"sync.coordinator: no coordinator reachable at {endpoint} within {timeout_s:.0f}s "
+        raise UserError(f"elastic.coordinator: no coordinator reachable at {endpoint} within {timeout_s:.0f}s "
                         f"(sync.timeout_s; start one with hogwild-coordinator): {first_line(e)}") from None
 
 
@@ -161,7 +161,7 @@ class Link:
             return self._bounded.call(fn, what)
         except CallTimedOut as e:
             self._lost(e)
-            raise CoordinatorAway(f"sync.coordinator {self.endpoint} unreachable: {e}") from None
+            raise CoordinatorAway(f"elastic.coordinator {self.endpoint} unreachable: {e}") from None
 
     def _do(self, op: str, *args: object) -> object:
         self.on_call()
@@ -175,7 +175,7 @@ class Link:
             return self._bounded_call(run, op)
         except dist.DistNetworkError as e:
             self._lost(e)
-            raise CoordinatorAway(f"sync.coordinator {self.endpoint} unreachable: {first_line(e)}") from None
+            raise CoordinatorAway(f"elastic.coordinator {self.endpoint} unreachable: {first_line(e)}") from None
 
     def _lost(self, e: BaseException) -> None:
         self._store, self._next_try = None, 0.0
@@ -187,15 +187,15 @@ class Link:
     def _reconnect(self) -> None:
         now = time.monotonic()
         if now < self._next_try:
-            raise CoordinatorAway(f"sync.coordinator {self.endpoint} unreachable")
+            raise CoordinatorAway(f"elastic.coordinator {self.endpoint} unreachable")
         self._next_try = now + self.retry_s
         if not _listening(self.host, self.port):
-            raise CoordinatorAway(f"sync.coordinator {self.endpoint} unreachable")
+            raise CoordinatorAway(f"elastic.coordinator {self.endpoint} unreachable")
         try:
             store = dist.TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=self.timeout_s))
             self._restore(store)
         except (RuntimeError, dist.DistError) as e:
-            raise CoordinatorAway(f"sync.coordinator {self.endpoint}: {first_line(e)}") from None
+            raise CoordinatorAway(f"elastic.coordinator {self.endpoint}: {first_line(e)}") from None
         self._store = store
         with self.memory.lock:
             lasted = self.memory.came_back(now)

@@ -25,7 +25,7 @@ never poisons the next one. Keys in the coordinator's store:
 The coordinator may die and come back: elastic/link.py puts the keys back, epoch number included.
 
 Split brain is ruled out by the epoch counter living in one place and by quorum: a new epoch
-needs a majority of the last one's slots alive (or ``sync.min_replicas``). A minority waits
+needs a majority of the last one's slots alive (or ``elastic.min_replicas``). A minority waits
 and never writes; a replica that finds a newer epoch without itself is dropped.
 """
 
@@ -109,7 +109,7 @@ class Membership:
         signer = Signer(token_from_env())
         progress = Progress()
         # A leader's round makes a dozen store calls, each bounded by call_deadline (about
-        # sync.peer_timeout_s): under load they add up, and each is its loop moving on.
+        # elastic.peer_timeout_s): under load they add up, and each is its loop moving on.
         self.link = Link(endpoint, timeout_s, self.memory, call_deadline(peer_timeout_s), signer=signer,
                          on_call=lambda: self.liveness.moving())
         heartbeat = Heartbeat(endpoint, slot, peer_timeout_s / 5, timeout_s, self.memory, signer, progress)
@@ -217,10 +217,10 @@ class Membership:
         held = self.link.compare_set(key, "", mine)
         if held != mine:
             if self.liveness.alive([self.slot]):
-                raise UserError(f"sync.slot={self.slot}: the slot is held by a live replica ({held}); start "
+                raise UserError(f"elastic.slot={self.slot}: the slot is held by a live replica ({held}); start "
                                 "this one in a free slot, or stop that one first")
             if self.link.compare_set(key, held, mine) != mine:
-                raise UserError(f"sync.slot={self.slot}: another process took the slot at the same moment")
+                raise UserError(f"elastic.slot={self.slot}: another process took the slot at the same moment")
         self.memory.keep(key, mine)
         self._claimed = True
 
@@ -249,7 +249,7 @@ class Membership:
                 return ep
             time.sleep(POLL_S)
         if self.memory.away_since is not None:
-            raise Fault(f"sync.coordinator {self.endpoint} unreachable for {self.memory.away_for():.0f}s "
+            raise Fault(f"elastic.coordinator {self.endpoint} unreachable for {self.memory.away_for():.0f}s "
                         "(sync.timeout_s) while the group had to change")
         raise Fault(f"sync: no group with a quorum formed within {self.timeout_s:.0f}s (sync.timeout_s); "
                     f"slots alive: {self.liveness.alive(list(range(self.slots)))}")

@@ -61,14 +61,14 @@ class Signer:
     def unwrap(self, key: str, raw: bytes) -> bytes:
         if self.token is None:
             if _SIGNED.match(raw):
-                raise Malformed(f"sync.coordinator: the value under {key!r} is signed: the running job uses a "
+                raise Malformed(f"elastic.coordinator: the value under {key!r} is signed: the running job uses a "
                                 f"coordinator token; set {TOKEN_ENV} to the job's token")
             return raw
         if not raw:
             return raw
         mac, _, payload = raw.partition(b".")
         if not hmac.compare_digest(mac, self._mac(key, payload)):
-            raise Malformed(f"sync.coordinator: the value under {key!r} is not signed with this replica's "
+            raise Malformed(f"elastic.coordinator: the value under {key!r} is not signed with this replica's "
                             f"{TOKEN_ENV} (a different token, or something else writes to the coordinator's port)")
         return payload
 
@@ -78,7 +78,7 @@ def parse(key: str, raw: bytes, fn: Callable[[bytes], T]) -> T:
     try:
         return fn(raw)
     except (ValueError, TypeError, IndexError, UnicodeDecodeError, OverflowError):
-        raise Malformed(f"sync.coordinator: malformed value under {key!r}: {raw[:60]!r}; is something other "
+        raise Malformed(f"elastic.coordinator: malformed value under {key!r}: {raw[:60]!r}; is something other "
                         f"than this job's replicas writing to the coordinator's port? (see {TOKEN_ENV})") from None
 
 

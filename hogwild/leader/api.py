@@ -205,7 +205,7 @@ class Group(ABC):
     members' counts are the job's."""
 
     env: DistEnv
-    """Where this leader sits: torchrun's rank, or the elastic slot among ``sync.replicas``."""
+    """Where this leader sits: torchrun's rank, or the elastic slot among ``elastic.replicas``."""
 
     @abstractmethod
     def connect(self, cfg: Config, run_dir: Path, rep: Replica) -> tuple[Comm, Path]:

@@ -17,12 +17,12 @@ from hogwild.report.summary import RunResult
 
 def leader_for(cfg: Config, run_dir: str, env: Optional[DistEnv] = None,
                overrides: Optional[Sequence[str]] = None) -> Leader:
-    """The leader ``cfg`` asks for: elastic with ``sync.coordinator``, else a torchrun group.
+    """The leader ``cfg`` asks for: elastic with ``elastic.coordinator``, else a torchrun group.
     ``overrides``: the command line's, recorded in ``.hydra/overrides.yaml``."""
     faults.install()  # a test's fault plan, read from this process's environment (replica/faults.py)
     ctl = Control()
     cfg = resolved(cfg)  # a Config handed in whole (hogwild.train(config=...)): its sync defaults decided
-    if cfg.sync.coordinator:
+    if cfg.elastic.coordinator:
         from hogwild.leader.elastic import ElasticGroup
 
         return Leader(cfg, run_dir, ElasticGroup(cfg, ctl, env), ctl, overrides)

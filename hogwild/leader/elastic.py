@@ -1,4 +1,4 @@
-"""The elastic group (``sync.coordinator=HOST:PORT``): each replica is launched on its own,
+"""The elastic group (``elastic.coordinator=HOST:PORT``): each replica is launched on its own,
 registers with the coordinator, and the group survives losing a replica.
 
 - A failed collective (a peer killed, stopped or dropped) does not stop the job: the
@@ -65,7 +65,7 @@ def job_fingerprint(cfg: Config, plan: Plan, params: int) -> str:
             f"sync.dtype={sc.dtype} sync.fragments={sc.fragments} sync.compress={sc.compress} "
             f"sync.row_sparse={sc.row_sparse} "
             f"sync.weighting={sc.weighting} "
-            f"workers={plan.workers} sync.replicas={sc.replicas} train.seed={cfg.train.seed} "
+            f"workers={plan.workers} elastic.replicas={cfg.elastic.replicas} train.seed={cfg.train.seed} "
             f"train.batch_size={cfg.train.batch_size}")
 
 
@@ -76,9 +76,9 @@ class ElasticGroup(Group):
     epoch is current. It sees the replica only through the :class:`Here` handed to :meth:`start`."""
 
     def __init__(self, cfg: Config, ctl: Control, env: Optional[DistEnv] = None) -> None:
-        sc = cfg.sync
-        assert sc.slot is not None and sc.coordinator is not None
-        self.env = dataclasses.replace(env or DistEnv.from_env(), rank=sc.slot, world_size=sc.replicas)
+        ec = cfg.elastic
+        assert ec.slot is not None and ec.coordinator is not None
+        self.env = dataclasses.replace(env or DistEnv.from_env(), rank=ec.slot, world_size=ec.replicas)
         self.cfg, self.ctl = cfg, ctl
         self.connected = False  # the membership and its communicator exist from connect() on
         self.lock: Optional[RunDirLock] = None
@@ -98,12 +98,12 @@ class ElasticGroup(Group):
     def connect(self, cfg: Config, run_dir: Path, rep: Replica) -> tuple[Comm, Path]:
         """Register with the coordinator (the group itself forms in :meth:`start`); the folder this
         slot writes to is its own ``run_dir``, or the job's if it was given none (elastic/outputs.py)."""
-        sc = cfg.sync
-        assert sc.coordinator is not None
+        sc, ec = cfg.sync, cfg.elastic
+        assert ec.coordinator is not None
         # Here, not in __init__: the leader's signal handlers are installed by now, so a SIGTERM
         # while the coordinator is slow to answer stops this replica cleanly.
-        self.membership = Membership(sc.coordinator, self.env.rank, self.env.world_size, sc.peer_timeout_s,
-                                     sc.min_replicas, sc.timeout_s, lambda: self.ctl.signalled)
+        self.membership = Membership(ec.coordinator, self.env.rank, self.env.world_size, ec.peer_timeout_s,
+                                     ec.min_replicas, sc.timeout_s, lambda: self.ctl.signalled)
         # Its parts, each for its concern: the job's keys at the coordinator, and liveness.
         self.keys, self.liveness = self.membership.keys, self.membership.liveness
         self.comm = ElasticComm(self.membership, sc.timeout_s)
@@ -322,8 +322,8 @@ class ElasticGroup(Group):
         self.elect()  # the writer may take the lock a dropped writer has let go
         away = self.keys.away_for()
         if away > self.cfg.sync.timeout_s:  # the group could not change any more: stop while it is whole
-            self.ctl.fail(f"sync.coordinator {self.membership.endpoint} unreachable for {away:.0f}s (sync.timeout_s); "
-                          "stopping with a final sync and checkpoint")
+            self.ctl.fail(f"elastic.coordinator {self.membership.endpoint} unreachable for {away:.0f}s "
+                          "(sync.timeout_s); stopping with a final sync and checkpoint")
         return not self.ctl.stopping and self.membership.changed()
 
     def reform(self) -> None:

@@ -6,7 +6,7 @@ host, and the job's invariants checked after every run.
     python scripts/chaos/chaos.py --faults 500 --seed 1 --first-run 17                # go on after run 16
 
 Each run: a coordinator process and 3 replicas x 1 worker (mlp on digits, every step slowed
-20 ms so training outlasts the faults, ``sync.peer_timeout_s=2``), then ``--per-run`` faults
+20 ms so training outlasts the faults, ``elastic.peer_timeout_s=2``), then ``--per-run`` faults
 drawn from KINDS, one after another. Before the next fault the job must be whole again: every
 slot a member of the newest epoch, no join pending, every slot training. That time is the
 fault's recovery. Once the faults are over the job runs to its end at full speed and is checked:
@@ -86,8 +86,8 @@ class Run:
         self.start_coordinator()
         # Training outlasts the faults (about 10 s each on a loaded host); the rest runs at full speed.
         self.epochs = max(100, faults * 40)
-        self.args = [f"sync.coordinator=127.0.0.1:{self.port}", f"sync.replicas={SLOTS}", "workers=1",
-                     f"run_dir={self.run_dir}", f"sync.peer_timeout_s={PEER_S}", f"sync.interval={INTERVAL}",
+        self.args = [f"elastic.coordinator=127.0.0.1:{self.port}", f"elastic.replicas={SLOTS}", "workers=1",
+                     f"run_dir={self.run_dir}", f"elastic.peer_timeout_s={PEER_S}", f"sync.interval={INTERVAL}",
                      "sync.timeout_s=60", f"train.epochs={self.epochs}", "checkpoint.every_s=1",
                      "checkpoint.keep=100000", "eval.every_s=60", "train.log_every_s=5"]
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
@@ -113,7 +113,7 @@ class Run:
     def _launch(self, slot: int, log: Path) -> subprocess.Popen[bytes]:
         env = clean_env(OMP_NUM_THREADS="1", HOGWILD_SLOW_WHILE=str(self.slow),
                    HOGWILD_FAULT=",".join(f"slow:{g}:{STEP_MS}" for g in range(SLOTS)), LOCAL_WORLD_SIZE=str(SLOTS))
-        return subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", f"sync.slot={slot}", *self.args],
+        return subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", f"elastic.slot={slot}", *self.args],
                                 cwd=self.dir, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
     def kill(self, slot: int) -> None:
@@ -393,7 +393,7 @@ def table(faults: list[Fault], runs: list[dict[str, Any]], seed: int) -> str:
     def pct(xs: list[float], q: float) -> float:
         return float(np.percentile(xs, q)) if xs else float("nan")
     lines = [f"{len(faults)} faults in {len(runs)} runs (seed {seed}); 3 replicas x 1 worker on this host, "
-             f"sync.peer_timeout_s={PEER_S:g}, every step slowed {STEP_MS} ms", "",
+             f"elastic.peer_timeout_s={PEER_S:g}, every step slowed {STEP_MS} ms", "",
              "| fault | injected | survived | recovery p50 s | recovery p95 s | steps lost per fault (mean) |",
              "|---|---|---|---|---|---|"]
     for kind in KINDS:

@@ -79,11 +79,11 @@ def elastic_job(kill: bool, root: Path) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(dir=root))
     port = free_port()
     stop = serve_coordinator(port)
-    args = [*COMMON, f"sync.coordinator=127.0.0.1:{port}", f"sync.replicas={REPLICAS}", f"run_dir={run_dir}",
-            "sync.peer_timeout_s=2"]
+    args = [*COMMON, f"elastic.coordinator=127.0.0.1:{port}", f"elastic.replicas={REPLICAS}", f"run_dir={run_dir}",
+            "elastic.peer_timeout_s=2"]
 
     def start(slot: int) -> subprocess.Popen[str]:
-        return subprocess.Popen(train_cmd([f"sync.slot={slot}", *args]), env=ENV, stdout=subprocess.DEVNULL,
+        return subprocess.Popen(train_cmd([f"elastic.slot={slot}", *args]), env=ENV, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, text=True)
     t0 = time.monotonic()
     procs = [start(s) for s in range(REPLICAS)]

@@ -21,7 +21,7 @@ from hogwild.errors import ConfigError
 
 EXAMPLES = int(os.environ.get("HOGWILD_HYPOTHESIS_EXAMPLES", "60"))
 # Keys whose values are paths or shell-facing names the run acts on: covered by their own tests.
-SKIP = {"run_dir", "data.root", "data.path", "resume", "sync.coordinator"}
+SKIP = {"run_dir", "data.root", "data.path", "resume", "elastic.coordinator"}
 
 
 def _keys(cls: type = schema.Config, prefix: str = "") -> list[str]:

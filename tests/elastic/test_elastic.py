@@ -47,8 +47,8 @@ class Job:
             ready = threading.Event()
             threading.Thread(target=serve, args=("127.0.0.1", self.port, ready, self.stop), daemon=True).start()
             assert ready.wait(30)
-        self.args = [f"sync.coordinator=127.0.0.1:{self.port}", f"sync.replicas={SLOTS}", "workers=1",
-                     f"run_dir={self.run_dir}", f"sync.peer_timeout_s={PEER_TIMEOUT_S}", "sync.interval=20",
+        self.args = [f"elastic.coordinator=127.0.0.1:{self.port}", f"elastic.replicas={SLOTS}", "workers=1",
+                     f"run_dir={self.run_dir}", f"elastic.peer_timeout_s={PEER_TIMEOUT_S}", "sync.interval=20",
                      "train.log_every_s=1", *args]
         self.procs: dict[int, Union[subprocess.Popen[str], Forked]] = {}
         self.logs: dict[int, list[Path]] = {s: [] for s in range(SLOTS)}
@@ -91,7 +91,7 @@ class Job:
                         HOGWILD_LEADER_FAULT=self.leader_fault,
                         HOGWILD_SLOW_WHILE=str(self.slow_while), LOCAL_WORLD_SIZE=str(SLOTS),
                         PYTHONPATH=str(REPO))  # a test's own data and models (tests.stream_helpers) import
-        args = [f"sync.slot={slot}", *self.args, *extra]
+        args = [f"elastic.slot={slot}", *self.args, *extra]
         if not (len(self.logs[slot]) > 1 if fresh is None else fresh):
             self.procs[slot] = self.zygote.start("hogwild.cli.train", args, cwd=self.tmp, env=env, log=log)
         else:
@@ -241,8 +241,8 @@ def test_a_minority_waits_writes_nothing_and_stops_at_once_on_sigterm(job_factor
 
 def test_an_unreachable_coordinator_fails_in_one_line(tmp_path: Path, zygote: Zygote) -> None:
     port = free_port()
-    proc = zygote.start("hogwild.cli.train", [f"sync.coordinator=127.0.0.1:{port}", "sync.replicas=2", "sync.slot=0",
-                                              "sync.timeout_s=2", f"run_dir={tmp_path / 'r'}"],
+    proc = zygote.start("hogwild.cli.train", [f"elastic.coordinator=127.0.0.1:{port}", "elastic.replicas=2",
+                                              "elastic.slot=0", "sync.timeout_s=2", f"run_dir={tmp_path / 'r'}"],
                         cwd=tmp_path, env=clean_env(), log=tmp_path / "stderr.log",
                         stdout=tmp_path / "stdout.log")
     code, stderr = proc.wait(120), (tmp_path / "stderr.log").read_text()
@@ -427,7 +427,7 @@ def test_a_stream_restored_in_elastic_mode_reads_on_from_its_saved_state(tmp_pat
     # their saved states, slot 1's skip. Not a job killed mid-run: a periodic checkpoint's positions
     # come from the round before it, and a worker past them by more than the records it keeps
     # skips, as documented, so which way a restarted worker read on depended on the load.
-    args = ["sync.replicas=2", "workers=2", "sync.interval=4", f"run_dir={tmp_path / 'run'}",
+    args = ["elastic.replicas=2", "workers=2", "sync.interval=4", f"run_dir={tmp_path / 'run'}",
             "data._target_=tests.stream_helpers.numbered", "+data.n=64", "+data.stateful=true",
             "model._target_=tests.stream_helpers.Net", "train.batch_size=4", "eval.every_s=1000"]
     env = clean_env(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
@@ -440,7 +440,7 @@ def test_a_stream_restored_in_elastic_mode_reads_on_from_its_saved_state(tmp_pat
         assert ready.wait(30)
         n = next(jobs)
         logs = [tmp_path / f"job{n}_slot{s}.log" for s in range(2)]
-        procs = [zygote.start("hogwild.cli.train", [f"sync.slot={s}", f"sync.coordinator=127.0.0.1:{port}", *args,
+        procs = [zygote.start("hogwild.cli.train", [f"elastic.slot={s}", f"elastic.coordinator=127.0.0.1:{port}", *args,
                                                     *extra], cwd=tmp_path, env=env, log=logs[s]) for s in range(2)]
         try:
             codes = [p.wait(240) for p in procs]
@@ -483,7 +483,7 @@ def test_a_restarted_writer_and_refused_replicas_never_touch_what_the_job_wrote(
     # Both at once, forked from the zygote (tests/zygote.py) while slot 1 is live all along: fresh
     # interpreters waited for one after the other added their start-up (an import of torch each) to
     # the job's slow steps.
-    cases = {"duplicate": ["sync.slot=1"], "other job": ["sync.slot=1", "model.hidden=64"]}
+    cases = {"duplicate": ["elastic.slot=1"], "other job": ["elastic.slot=1", "model.hidden=64"]}
     stderr = {what: tmp_path / f"refused_{what.replace(' ', '_')}.log" for what in cases}
     refused = {what: job.zygote.start("hogwild.cli.train", [*job.args, *extra], cwd=tmp_path, env=clean_env(),
                                       log=stderr[what], stdout=stderr[what].with_suffix(".out"))

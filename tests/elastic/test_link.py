@@ -107,7 +107,7 @@ def test_a_coordinator_that_accepts_and_never_answers_fails_the_start_in_one_lin
     held: list[socket.socket] = []
     threading.Thread(target=lambda: held.append(silent.accept()[0]), daemon=True).start()
     t0 = time.monotonic()
-    with pytest.raises(UserError, match=r"sync.coordinator: no coordinator reachable at 127.0.0.1:\d+ within 2s"):
+    with pytest.raises(UserError, match=r"elastic.coordinator: no coordinator reachable at 127.0.0.1:\d+ within 2s"):
         Link(f"127.0.0.1:{silent.getsockname()[1]}", 2.0, Memory())
     assert time.monotonic() - t0 < 10, "the connect waited on a server that never answers"
     # The abandoned connect waits on the open connection until it is reset, and then logs a C++

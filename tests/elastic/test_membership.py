@@ -21,7 +21,7 @@ from tests.elastic.helpers import coordinator_thread
 
 pytestmark = pytest.mark.timeout(120)
 
-PEER_S = 1.0  # sync.peer_timeout_s: heartbeats every 0.2 s
+PEER_S = 1.0  # elastic.peer_timeout_s: heartbeats every 0.2 s
 TIMEOUT_S = 20.0  # sync.timeout_s: long enough for a busy machine, only reached by the quorum test
 
 
@@ -150,7 +150,7 @@ def test_a_replica_of_another_job_is_refused_and_the_run_dir_is_the_first_ones(c
     try:
         assert a.keys.agree_job("model=mlp params=9610", "runs/a") == "runs/a"
         assert b.keys.agree_job("model=mlp params=9610", "runs/elsewhere") == "runs/a"
-        with pytest.raises(UserError, match=r"sync.coordinator .*model=convnet.* differs from the running job's"):
+        with pytest.raises(UserError, match=r"elastic.coordinator .*model=convnet.* differs from the running job's"):
             c.keys.agree_job("model=convnet params=1", "runs/a")
     finally:
         _close([a, b, c])
@@ -214,7 +214,7 @@ def test_a_second_process_in_a_live_slot_is_refused(coordinator: str) -> None:
         _joined(ms)
         twin = Membership(coordinator, 1, 3, PEER_S, None, TIMEOUT_S)
         ms.append(twin)
-        with pytest.raises(UserError, match=r"sync.slot=1: the slot is held by a live replica \(\w+ pid \d+"):
+        with pytest.raises(UserError, match=r"elastic.slot=1: the slot is held by a live replica \(\w+ pid \d+"):
             twin.join()
         assert not ms[0].changed(), "the refused twin asked to join anyway"
     finally:
@@ -267,7 +267,7 @@ def test_a_member_whose_loop_is_stuck_is_dropped_though_its_heartbeat_beats(coor
         while not (2 in ms[0].liveness.stale((1, 2)) and 2 in ms[1].liveness.stale((0, 2))):
             assert time.monotonic() < deadline, "a stuck member was never seen as lost"
             time.sleep(0.05)
-        assert time.monotonic() - t0 >= PEER_S * 0.9, "lost before sync.peer_timeout_s without progress"
+        assert time.monotonic() - t0 >= PEER_S * 0.9, "lost before elastic.peer_timeout_s without progress"
         beat = ms[0].liveness.beat_of(2)  # read by another member: slot 2's own calls would count as turns
         assert beat is not None and beat.ticks > 0
         epochs = _all([ms[0].advance, ms[1].advance])

@@ -52,7 +52,7 @@ def test_a_malformed_value_is_one_line_not_a_traceback(coordinator: str, key: st
     m = _one(coordinator)
     try:
         _intruder(coordinator).set(key, value)
-        with pytest.raises(Malformed, match=rf"sync.coordinator: malformed value under '{key}'") as e:
+        with pytest.raises(Malformed, match=rf"elastic.coordinator: malformed value under '{key}'") as e:
             m.read(1) if key.startswith("members") else m.liveness.stale((0,)) if key.startswith("hb") else m.current()
         assert isinstance(e.value, Fault) and "\n" not in str(e.value)
     finally:

@@ -17,7 +17,7 @@ from tests.conftest import REPO, clean_env, metrics
 from tests.elastic.helpers import coordinator_thread
 from tests.zygote import Zygote
 
-ARGS = ["sync.replicas=2", "workers=1", "sync.interval=10", "train.max_steps=60", "sync.peer_timeout_s=2"]
+ARGS = ["elastic.replicas=2", "workers=1", "sync.interval=10", "train.max_steps=60", "elastic.peer_timeout_s=2"]
 
 
 def _job(tmp_path: Path, zygote: Zygote, slot0_run_dir: Optional[Path]) -> str:
@@ -28,8 +28,8 @@ def _job(tmp_path: Path, zygote: Zygote, slot0_run_dir: Optional[Path]) -> str:
     env = clean_env(OMP_NUM_THREADS="1", LOCAL_WORLD_SIZE="2", PYTHONPATH=str(REPO))
     logs = [tmp_path / f"slot{s}.log" for s in range(2)]
     with coordinator_thread() as port:
-        common = [f"sync.coordinator=127.0.0.1:{port}", *ARGS]
-        first = zygote.start("hogwild.cli.train", ["sync.slot=1", f"run_dir={tmp_path / 'e1'}", *common],
+        common = [f"elastic.coordinator=127.0.0.1:{port}", *ARGS]
+        first = zygote.start("hogwild.cli.train", ["elastic.slot=1", f"run_dir={tmp_path / 'e1'}", *common],
                              cwd=tmp_path, env=env, log=logs[1])
         procs = [first]
         try:
@@ -39,7 +39,7 @@ def _job(tmp_path: Path, zygote: Zygote, slot0_run_dir: Optional[Path]) -> str:
                 assert first.poll() is None and time.monotonic() < deadline, logs[1].read_text()[-3000:]
                 time.sleep(0.05)
             mine = [f"run_dir={slot0_run_dir}"] if slot0_run_dir is not None else []
-            procs.append(zygote.start("hogwild.cli.train", ["sync.slot=0", *mine, *common], cwd=tmp_path, env=env,
+            procs.append(zygote.start("hogwild.cli.train", ["elastic.slot=0", *mine, *common], cwd=tmp_path, env=env,
                                       log=logs[0]))
             codes = [p.wait(240) for p in procs]
         finally:

@@ -25,8 +25,8 @@ from tests.elastic.helpers import coordinator_thread
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 WORKERS = 2
-ARGS = ["sync.replicas=2", f"workers={WORKERS}", "sync.interval=10", "train.max_steps=1000000",
-        "sync.peer_timeout_s=2", "sync.timeout_s=60", "eval.every_s=1000"]
+ARGS = ["elastic.replicas=2", f"workers={WORKERS}", "sync.interval=10", "train.max_steps=1000000",
+        "elastic.peer_timeout_s=2", "sync.timeout_s=60", "eval.every_s=1000"]
 
 
 def shm() -> set[str]:
@@ -119,9 +119,9 @@ def test_ctrl_c_leaves_nothing_in_dev_shm(tmp_path: Path, phase: str) -> None:
         try:
             for s in range(slots):
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "hogwild.cli.train", f"sync.slot={s}", f"sync.coordinator=127.0.0.1:{port}",
-                     f"run_dir={run_dir}", *ARGS], cwd=tmp_path, env=env, stdout=logs[s].open("w"),
-                    stderr=subprocess.STDOUT, text=True, start_new_session=True))
+                    [sys.executable, "-m", "hogwild.cli.train", f"elastic.slot={s}",
+                     f"elastic.coordinator=127.0.0.1:{port}", f"run_dir={run_dir}", *ARGS], cwd=tmp_path, env=env,
+                    stdout=logs[s].open("w"), stderr=subprocess.STDOUT, text=True, start_new_session=True))
             reach(run_dir, procs, logs)
             for p in procs:
                 os.killpg(p.pid, signal.SIGINT)
