@@ -7,7 +7,7 @@ hundred, ``gpt_large`` about a second on this host), a straggler (scripts/races/
 
 - ``adamw``: hogwild 1 x W on the barrier (its defaults, and every ``--variant``) against DDP on W
   processes, both under the race's AdamW recipe (scripts/harness/arms.py), every arm evaluated alike;
-- ``sgd``: hogwild 1 x W on the Hogwild path (``optim=sgd``), where a slow worker should cost the
+- ``sgd``: hogwild 1 x W on the Hogwild path (``optim.name=sgd``), where a slow worker should cost the
   others nothing; its samples a second against the limit is the whole figure.
 
 The limit: the sum of each worker's standalone rate, in samples a second: a W-th of what hogwild's W
@@ -49,7 +49,8 @@ logger = logging.getLogger("pace_grid")
 REPO = Path(__file__).resolve().parents[2]
 BLOCK = 64
 """Tokens a sample (the race's context)."""
-SGD = ("optim=sgd", "optim.lr=0.5", "optim.momentum=0.0", "optim.weight_decay=0.0")
+# optim.name, not optim=sgd: +experiment=gpt is applied after a group choice and would keep its AdamW.
+SGD = ("optim.name=sgd", "optim.lr=0.5", "optim.momentum=0.0", "optim.weight_decay=0.0")
 
 
 def share(slow: str, workers: int) -> float:
