@@ -238,3 +238,16 @@ def test_the_code_passes_ruff_at_120_characters() -> None:
     found = [line for line in proc.stdout.splitlines() if re.match(r"\S+:\d+:\d+: ", line)]
     assert proc.returncode == 0 and not found, "ruff (pyproject.toml's [tool.ruff]):\n" + (
         "\n".join(found) or proc.stdout + proc.stderr)
+
+
+def test_elastic_comm_asks_membership_and_does_not_reach_into_its_parts() -> None:
+    """ElasticComm (elastic/comm.py) reads what Membership answers (``self.m.rank()``,
+    ``self.m.slot``), never an attribute of one of its attributes (``self.m.epoch.members``): the
+    membership's parts can change without the comm."""
+    import ast
+
+    tree = ast.parse((PKG / "elastic" / "comm.py").read_text())
+    reached = [ast.unparse(n) for n in ast.walk(tree)
+               if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute)
+               and ast.unparse(n.value).startswith("self.m.")]
+    assert reached == [], reached
