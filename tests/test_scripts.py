@@ -162,3 +162,13 @@ def test_the_cycle_check_sees_a_cycle(tmp_path: Path) -> None:
     assert graph["scripts.races.link"] == {"scripts.races.lm_race"}
     assert graph["scripts.races.rows"] == {"scripts.harness.common"}
     assert _on_a_cycle(graph) == ["scripts.races.link", "scripts.races.lm_race"]
+
+
+def test_every_script_is_listed_by_its_question_in_docs_benchmarks() -> None:
+    """docs/benchmarks.md names every script of scripts/ (the harness's modules included), so a
+    reader finds the one that answers a question without reading them all."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md").read_text()
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    missing = [str(p.relative_to(scripts)) for p in scripts.rglob("*.py")
+               if p.name != "__init__.py" and f"`{p.name}`" not in page]
+    assert not missing, missing
