@@ -75,6 +75,8 @@ LONG = {
     "tests/replica/test_compile.py::test_a_compiled_worker": 11,
     "tests/leader/test_distributed.py::test_max_lag_bounds": 11,
     "tests/cli/test_user_model.py::test_image_folder": 11,
+    "tests/elastic/test_signal_shm.py::": 9,
+    "tests/config/test_pace.py::test_the_documented": 8,
 }
 
 
