@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.test_layout import _reachable
 
 SCRIPTS = sorted((REPO / "scripts").rglob("*.py"))
 ALLOWED = {"hogwild", "hogwild.bench"}
@@ -113,16 +114,7 @@ def _script_graph(root: Path = REPO) -> dict[str, set[str]]:
 
 
 def _on_a_cycle(graph: dict[str, set[str]]) -> list[str]:
-    def reach(start: str) -> set[str]:
-        seen, todo = set(), [start]
-        while todo:
-            for dep in graph.get(todo.pop(), set()):
-                if dep not in seen:
-                    seen.add(dep)
-                    todo.append(dep)
-        return seen
-
-    return sorted(m for m in graph if m in reach(m))
+    return sorted(m for m in graph if m in _reachable(graph, m))
 
 
 def test_no_script_imports_one_that_imports_it_back() -> None:

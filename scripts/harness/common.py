@@ -9,10 +9,11 @@ import json
 import logging
 import os
 import socket
+import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[2]
 logger = logging.getLogger(__name__)
@@ -121,3 +122,14 @@ def pyplot() -> Any:
         logger.warning("matplotlib not installed (pip install -e '.[bench]'): no PNG")
         return None
     return plt
+
+
+def arm_summary(rs: list[dict[str, Any]], keys: Sequence[str]) -> dict[str, Any]:
+    """One arm's runs of a race: the median of each of ``keys`` and of the curve's last loss over the runs
+    that did not fail, how many did, and the runs themselves (only those two where every run failed)."""
+    ok = [r for r in rs if "error" not in r]
+    if not ok:
+        return {"failed": len(rs), "runs": rs}
+    out: dict[str, Any] = {k: statistics.median(r[k] for r in ok) for k in keys}
+    out.update(curve_end=statistics.median(r["curve"][-1]["loss"] for r in ok), failed=len(rs) - len(ok), runs=rs)
+    return out

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from scripts.harness import links
-from scripts.harness.common import metrics, pyplot, result_line, table_head, train_cmd
+from scripts.harness.common import arm_summary, metrics, pyplot, result_line, table_head, train_cmd
 from scripts.harness.arms import LM_ARMS, SIZES, Race, gpt, hogwild_overrides
 from scripts.harness.arms import SCRIPT as ARMS_SCRIPT
 
@@ -102,17 +102,8 @@ def time_to(curve: list[dict[str, float]], loss: float) -> float:
 def summary(runs: dict[str, list[dict[str, Any]]], ours: set[str]) -> dict[str, dict[str, Any]]:
     """Medians per arm; each of ``ours`` (hogwild's arms) also gets its time to the loss the best
     other arm ends with."""
-    out: dict[str, dict[str, Any]] = {}
-    for arm, rs in runs.items():
-        ok = [r for r in rs if "error" not in r]
-        if not ok:
-            out[arm] = {"failed": len(rs), "runs": rs}
-            continue
-        med = lambda k: statistics.median(r[k] for r in ok)  # noqa: E731
-        out[arm] = {"loss": med("loss"), "curve_end": statistics.median(r["curve"][-1]["loss"] for r in ok),
-                    "train_s": med("train_s"), "steps_per_replica": med("steps_per_replica"),
-                    "tokens_per_s": med("tokens_per_s"), "tx_bytes_per_step": med("tx_bytes_per_step"),
-                    "eval_fraction": med("eval_fraction"), "failed": len(rs) - len(ok), "runs": rs}
+    out = {arm: arm_summary(rs, ("loss", "train_s", "steps_per_replica", "tokens_per_s", "tx_bytes_per_step",
+                                  "eval_fraction")) for arm, rs in runs.items()}
     others = {a: v for a, v in out.items() if a not in ours and "loss" in v}
     if others:
         best = min(others, key=lambda a: others[a]["curve_end"])

@@ -40,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
 from scripts.harness.arms import LR, SIZES  # noqa: E402
-from scripts.harness.common import busy_core, pyplot, table_head  # noqa: E402
+from scripts.harness.common import arm_summary, busy_core, pyplot, table_head  # noqa: E402
 from scripts.races.lm_race import time_to  # noqa: E402
 from scripts.races import straggler_race  # noqa: E402
 from scripts.races.straggler_race import ddp_arm, hogwild_arm, slowing  # noqa: E402
@@ -119,16 +119,10 @@ def point(args: argparse.Namespace, size: str, slow: str, optim: str, workers: i
 
 
 def _summary(runs: dict[str, list[dict[str, Any]]], limit: float) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for arm, rs in runs.items():
-        ok = [r for r in rs if "error" not in r]
-        if not ok:
-            out[arm] = {"failed": len(rs), "runs": rs}
-            continue
-        med = lambda k: statistics.median(r[k] for r in ok)  # noqa: E731
-        out[arm] = {"loss": med("loss"), "curve_end": statistics.median(r["curve"][-1]["loss"] for r in ok),
-                    "samples_per_s": med("samples_per_s"), "of_limit": med("samples_per_s") / limit,
-                    "train_s": med("train_s"), "failed": len(rs) - len(ok), "runs": rs}
+    out = {arm: arm_summary(rs, ("loss", "samples_per_s", "train_s")) for arm, rs in runs.items()}
+    for v in out.values():
+        if "loss" in v:
+            v["of_limit"] = v["samples_per_s"] / limit
     ddp = out.get("ddp", {})
     if "curve_end" in ddp:
         for arm, v in out.items():
