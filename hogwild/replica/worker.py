@@ -361,9 +361,9 @@ def _rate(recipe: Recipe, ctrl: np.void) -> Optional[Callable[[int], float]]:
 
 
 def _gradient(step_fn: StepFn, updater: Updater, params: list[Tensor], step: int, n: int,
-              clip: Optional[float]) -> tuple[list[Computed], float, bool]:
+              clip: Optional[float]) -> tuple[list[Computed], list[Optional[Tensor]], float, bool]:
     """The gradient of batch ``step`` (or its next part), or the mean of ``n`` accumulated batches,
-    in each ``.grad``: its parts, its loss, and whether it is finite (clipped when it is)."""
+    in each ``.grad``: its parts, the gradients, its loss, and whether it is finite (clipped when it is)."""
     # A batch may be cut (pace.balance, pace.chunks); accumulated batches are always whole.
     split = updater.split() if n == 1 else WHOLE
     if split.chunks > 1:
@@ -377,7 +377,7 @@ def _gradient(step_fn: StepFn, updater: Updater, params: list[Tensor], step: int
     ok = bool(np.isfinite(lval)) and grads_finite(grads)
     if ok and clip is not None:
         clip_grad_norm(grads, clip)
-    return parts, lval, ok
+    return parts, grads, lval, ok
 
 
 def _wait_for_go(ctrl: np.void, leader_alive: Callable[[], bool]) -> bool:
@@ -440,16 +440,16 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
             break  # the run stops while a step is applied
         # train.accumulate batches make one update; the last of a quota that does not divide may be short.
         n = min(recipe.accumulate, spec.quota - step)
-        parts, lval, ok = _gradient(step_fn, updater, params, step, n, recipe.clip)
+        parts, grads, lval, ok = _gradient(step_fn, updater, params, step, n, recipe.clip)
         batch, whole = sum(c.samples for c in parts), sum(c.whole for c in parts)
         _phase[0] = OPTIM
         # A poisoned update never reaches the shared model (under the barrier it arrives to say so).
         t_apply, waited_before_apply = time.perf_counter(), updater.wait_s
-        got = updater.apply([p.grad for p in params], ok, rate, int(stats["pos"].sum()), batch, batch / whole)
+        got = updater.apply(grads, ok, rate, int(stats["pos"].sum()), batch, batch / whole)
         row["update_s"] += time.perf_counter() - t_apply - (updater.wait_s - waited_before_apply)
         if ok:
             if marks is not None:  # after the write: a round that misses the stamp still sees the row
-                marks.mark([p.grad for p in params], int(ctrl["row_epoch"]))
+                marks.mark(grads, int(ctrl["row_epoch"]))
             row["loss"] = lval if row["loss"] <= 0 else 0.98 * float(row["loss"]) + 0.02 * lval
         # A batch in parts counts once, with its last part: applied if every part was, else skipped.
         reached = min(reached, got if ok else -1)
