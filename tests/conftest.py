@@ -23,8 +23,9 @@ FAST = ["train.epochs=40", "eval.every_s=1", "train.log_every_s=1"]
 
 
 def cores_of_this_test_process() -> list[int]:
-    """The cores a pytest-xdist test process keeps to: an equal share of the machine's, or one
-    core round robin when there are more test processes than cores; all of them outside xdist."""
+    """The cores a pytest-xdist test process keeps to: an equal share of the machine's; when there
+    are more test processes than cores, one core each for the first ones and every core for the
+    rest, which run where the others leave a core idle; all of them outside xdist."""
     cores = sorted(os.sched_getaffinity(0))
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
@@ -32,7 +33,7 @@ def cores_of_this_test_process() -> list[int]:
         return cores
     i = int(worker[2:])
     if len(cores) < count:
-        return [cores[i % len(cores)]]
+        return [cores[i]] if i < len(cores) else cores
     share = len(cores) // count
     return cores[i * share:(i + 1) * share]
 
