@@ -35,6 +35,26 @@ def paced_interval(round_s: float, cpu_s: float, steps_per_s: float) -> float:
     return steps_per_s * max(round_s / PACE_WALL, cpu_s / PACE_CPU)
 
 
+UNEVEN = 0.75
+"""A fleet whose slowest replica runs at most this share of the fastest one's speed is uneven: its
+paced interval covers the wait for the last to arrive (:func:`round_ask`)."""
+
+
+def round_ask(wanted: list[tuple[float, float]], uneven: bool) -> Optional[float]:
+    """The interval a round's time asks for. In an ``uneven`` fleet under ``sync.interval_by_speed``
+    the longest round any replica saw: the replicas' intervals follow their speeds, so what the first
+    to arrive waits for the last is the slow ones' jitter (a machine held by a CPU quota runs in
+    bursts), and an interval that left it out had the full-speed worker of a fleet at 1, 1/2 and 1/4
+    of a core waiting at ``sync.max_lag`` for rounds every five steps (572 samples a second against
+    816; benchmarks/stragglers.md §23). Elsewhere the shortest (:func:`link_ask`): between machines of
+    one speed the longest took balanced fleets from rounds every 2.5 steps to every 4 and ended 0.03
+    higher; with equal steps a slower replica's wait grows with the interval."""
+    if not uneven:
+        return link_ask(wanted)
+    times = [t for t, _ in wanted if math.isfinite(t) and t > 0]
+    return max(times) if times else None
+
+
 def link_ask(wanted: list[tuple[float, float]]) -> Optional[float]:
     """The interval the link asks for, from every replica's (time, CPU) asks: the shortest round
     any replica saw (the others also waited for the last to arrive, which is not the link's cost);
@@ -75,6 +95,8 @@ class SyncSchedule:
     agreed one times its speed over the fastest replica's (:meth:`record_speeds`)."""
     shares: list[float] = field(default_factory=list)
     """This replica's speed over the fastest one's, in its last rounds (``by_speed``)."""
+    slowest: list[float] = field(default_factory=list)
+    """The slowest replica's speed over the fastest one's, in the last rounds (``by_speed``)."""
 
     @classmethod
     def from_config(cls, cfg: SyncConfig, distributed: bool = True, per_step: int = 1) -> "SyncSchedule":
@@ -127,6 +149,14 @@ class SyncSchedule:
         if not self.by_speed or not known or not 0 <= rank < len(speeds) or speeds[rank] <= 0:
             return
         self.shares = [*self.shares[1 - SHARE_ROUNDS:], min(1.0, speeds[rank] / max(known))]
+        self.slowest = [*self.slowest[1 - SHARE_ROUNDS:], min(known) / max(known)]
+
+    @property
+    def uneven(self) -> bool:
+        """Under ``by_speed``: the slowest replica's recent median share is :data:`UNEVEN` or less."""
+        if not self.by_speed or not self.slowest:
+            return False
+        return sorted(self.slowest)[len(self.slowest) // 2] <= UNEVEN
 
     def record_drift(self, drifts: list[float]) -> Optional[DriftRecord]:
         """Every replica's drift of one round (non-finite ones, from unhealthy replicas, are
@@ -141,12 +171,11 @@ class SyncSchedule:
 
     def record_pace(self, wanted: list[tuple[float, float]]) -> None:
         """Every replica's wanted intervals for its round's time and its leader's CPU
-        (:func:`paced_interval`; 0 or NaN: none measured yet). A round's time is the shortest any
-        replica saw: the others also waited in it for the last to arrive, which is not the link's
-        cost. The busiest leader's CPU counts. Every leader sees the same list, so all take the same
-        interval; one round at most halves or doubles it, so a hiccup, or the first round's
-        connection set-up, does not swing it."""
-        link = link_ask(wanted)
+        (:func:`paced_interval`; 0 or NaN: none measured yet). A round's time is what
+        :func:`round_ask` takes of them; the busiest leader's CPU counts. Every leader sees the
+        same list, so all take the same interval; one round at most halves or doubles it, so a
+        hiccup, or the first round's connection set-up, does not swing it."""
+        link = round_ask(wanted, self.uneven)
         cpus = [c for _, c in wanted if math.isfinite(c) and c > 0]
         if not self.paced or (link is None and not cpus):
             return

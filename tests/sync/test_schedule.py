@@ -121,9 +121,10 @@ def test_lag_limit_is_one_interval_past_the_pending_round_by_default() -> None:
 
 
 def test_a_paced_interval_starts_at_ten_optimizer_steps_and_follows_the_link_and_the_busiest_leader() -> None:
-    """sync.interval=auto: every round's cost sets the next interval. A round's time is the
-    shortest any replica saw (the others also waited for the last to arrive), its CPU the busiest
-    leader's; every leader sees the same asks, so all take the same interval, at most halving or
+    """sync.interval=auto: every round's cost sets the next interval. With intervals of equal steps
+    (interval_by_speed off), a round's time is the shortest any replica saw (the others also waited
+    for the last to arrive, a wait that grows with the interval), its CPU the busiest leader's;
+    every leader sees the same asks, so all take the same interval, at most halving or
     doubling it per round, never below two optimizer steps."""
     s = SyncSchedule.from_config(SyncConfig(interval="auto"), per_step=4)  # 4 workers on the barrier
     assert s.paced and s.interval == 40 and s.next_sync_at == 40 and s.floor == 8
@@ -140,6 +141,31 @@ def test_a_paced_interval_starts_at_ten_optimizer_steps_and_follows_the_link_and
     for _ in range(10):
         s.record_pace([(1.0, 1.0), (2.0, 1.0)])
     assert s.interval == 8
+
+
+def test_an_uneven_fleet_s_paced_interval_covers_the_longest_wait_for_the_last_to_arrive() -> None:
+    """Under interval_by_speed the replicas reach a round together but for the slow ones' jitter.
+    Where the slowest runs at 3/4 of the fastest's speed or less, the interval grows until the first
+    to arrive has its round back within 3/4 of it, so its workers do not stop at sync.max_lag (a
+    fleet at 1, 1/2 and 1/4 of a core rounded every 5 steps and its full-speed worker waited);
+    between machines of one speed the shortest round counts, as with equal steps (above)."""
+    even = SyncSchedule.from_config(SyncConfig(interval="auto", interval_by_speed="true"))
+    uneven = SyncSchedule.from_config(SyncConfig(interval="auto", interval_by_speed="true"))
+    for _ in range(3):
+        even.record_speeds([10.0, 9.0], rank=0)  # one speed, but for noise
+        uneven.record_speeds([10.0, 5.0, 2.5], rank=0)
+    assert not even.uneven and uneven.uneven
+    for s in (even, uneven):
+        s.record_pace([(16.0, 1.0), (4.0, 1.0)])  # the first to arrive waited 3/4 of the interval
+    assert even.interval == 5 and uneven.interval == 16
+    uneven.record_pace([(40.0, 1.0), (4.0, 1.0)])  # a burst of waiting: at most twice per round
+    assert uneven.interval == 32
+    uneven.record_pace([(4.0, 1.0), (3.0, 1.0)])  # the jitter gone: back down, half per round at most
+    assert uneven.interval == 16
+    # One round of even speeds does not make the fleet even: the median of the last 5 rounds does.
+    uneven.record_speeds([10.0, 10.0, 10.0], rank=0)
+    assert uneven.uneven
+    assert not SyncSchedule.from_config(SyncConfig(interval="auto", interval_by_speed="false")).uneven
 
 
 def test_a_fixed_interval_ignores_the_paces_it_is_sent() -> None:
