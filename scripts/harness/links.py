@@ -31,6 +31,21 @@ def chosen_methods(names: str, variants: list[str], table: dict[str, Optional[li
     return [m for m in names.split(",") if m] + [v.partition("=")[0] for v in variants]
 
 
+def known(methods: list[str], table: dict[str, Optional[list[str]]], choices: list[str]) -> list[str]:
+    """``methods`` when ``table`` has every one; else the race stops in one line naming ``choices``."""
+    unknown = [m for m in methods if m not in table]
+    if unknown:
+        raise SystemExit(f"--methods: unknown {unknown}; choose from {', '.join(choices)}")
+    return methods
+
+
+def runs_folder(out: Path) -> Path:
+    """``out/runs``, made with ``out``: where a race's runs write."""
+    root = out / "runs"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
 def ns(i: int) -> str:
     return f"hwlink{i}"
 
@@ -98,6 +113,15 @@ def available() -> Optional[str]:
     probe = subprocess.run(["ip", "netns", "add", "hwlinkprobe"], capture_output=True, text=True)
     subprocess.run(["ip", "netns", "del", "hwlinkprobe"], capture_output=True)
     return None if probe.returncode == 0 else f"ip netns add failed: {probe.stderr.strip()}"
+
+
+def cannot_run() -> bool:
+    """True, after a warning that says why, where this race's machines cannot be made here (never
+    on loopback)."""
+    why = None if LOOPBACK else available()
+    if why:
+        logger.warning("skipping the link benchmark: %s", why)
+    return why is not None
 
 
 def tx_bytes(i: int) -> float:

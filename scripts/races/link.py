@@ -209,9 +209,7 @@ def main() -> None:
         raise SystemExit(f"--cores-per-machine {cores}: {args.machines} machines of {cores} cores need "
                          f"{args.machines * cores}, this host has {os.cpu_count()}")
     if args.workload in LM_SIZES:
-        why = None if links.LOOPBACK else links.available()
-        if why:
-            logger.warning("skipping the link benchmark: %s", why)
+        if links.cannot_run():
             return
         from scripts.races.lm_race import main_lm
 
@@ -223,17 +221,10 @@ def main() -> None:
     if args.ddp_rank is not None:
         _ddp_rank(args.ddp_rank, args.machines, args.port, w)
         return
-    why = None if links.LOOPBACK else links.available()
-    if why:
-        logger.warning("skipping the link benchmark: %s", why)
+    if links.cannot_run():
         return
-    methods = links.chosen_methods(args.methods, args.variant, METHODS)
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise SystemExit(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    root = args.out / "runs"
-    root.mkdir(exist_ok=True)
+    methods = links.known(links.chosen_methods(args.methods, args.variant, METHODS), METHODS, list(METHODS))
+    root = links.runs_folder(args.out)
     params = w_params(w)
     shaping = "loopback" if links.LOOPBACK else links.setup(args.machines, args.rate, args.delay_ms)
     shares = links.cpu_shares(args.machines)

@@ -62,6 +62,7 @@ def hogwild_result(workload: str, run_dir: Path, replicas: int, sent: float = 0.
             "tx_bytes_per_step": sent / steps, "bytes_per_step": m["sync_bytes_per_step"], "syncs": m["syncs"],
             "link_s": m["sync_link_s"], "sync_cpu_s": m["sync_cpu_s"], "lag_wait_s": m["lag_wait_s"],
             "steps_per_sync": m["steps_per_sync"], "final_interval": m["final_interval"], "update": m.get("update"),
+            "steps_per_sync_per_replica": m.get("steps_per_sync_per_replica"),
             "sync_mode": m.get("sync_mode"), "sync_wire": m.get("sync_wire"),
             "sync_wire_climbs": m.get("sync_wire_climbs"), "time_s": m.get("time_s"),
             "barrier_wait_fraction": m.get("barrier_wait_fraction"), "samples": m.get("samples"),
@@ -172,12 +173,8 @@ def main_lm(args: argparse.Namespace) -> None:
     methods = [f"{m}@{lr:g}" if table.get(m, []) is None and args.lrs else m
                for m in methods for lr in (args.lrs if table.get(m, []) is None and args.lrs else [None])]
     table.update({m: None for m in methods if "@" in m})
-    unknown = [m for m in methods if m not in table]
-    if unknown:
-        raise SystemExit(f"--methods: unknown {unknown}; choose from {', '.join(LM_ARMS)}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    root = args.out / "runs"
-    root.mkdir(exist_ok=True)
+    links.known(methods, table, list(LM_ARMS))
+    root = links.runs_folder(args.out)
     shaping = "loopback" if links.LOOPBACK else links.setup(args.machines, args.rate, args.delay_ms)
     cores = f"{links.CORES}" if links.CORES > 1 else ""
     label = args.name or f"{args.workload}_{args.machines}x{cores}_" + ("loopback" if links.LOOPBACK else args.rate)

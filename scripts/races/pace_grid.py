@@ -42,7 +42,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness,
 from scripts.harness.arms import LR, SIZES  # noqa: E402
 from scripts.harness.common import arm_summary, busy_core, pyplot, table_head  # noqa: E402
 from scripts.races.lm_race import time_to  # noqa: E402
-from scripts.races import straggler_race  # noqa: E402
 from scripts.races.straggler_race import ddp_arm, hogwild_arm, slowing  # noqa: E402
 
 logger = logging.getLogger("pace_grid")
@@ -68,11 +67,7 @@ def _run_args(args: argparse.Namespace, size: str, workers: int, override: tuple
 def _hogwild(args: argparse.Namespace, size: str, workers: int, slow: str, root: Path,
              override: tuple[str, ...], checkout: Path = REPO) -> dict[str, Any]:
     """A hogwild run; ``checkout``: the source tree whose hogwild runs (``--baseline``'s, an earlier commit)."""
-    straggler_race.REPO = checkout  # the run's working directory, whose hogwild package ``python -m`` imports
-    try:
-        r = hogwild_arm(_run_args(args, size, workers, override), slowing(slow)[0], root, 0)
-    finally:
-        straggler_race.REPO = REPO
+    r = hogwild_arm(_run_args(args, size, workers, override), slowing(slow)[0], root, 0, checkout=checkout)
     per = (r.get("time_s") or {}).get("per_worker") or []
     r["samples_per_s"] = r["tokens_per_s"] / BLOCK
     r["per_worker"] = [{k: round(w.get(k, 0.0), 2) for k in ("forward_backward", "barrier_wait", "update", "train")}

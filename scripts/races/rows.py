@@ -237,14 +237,10 @@ def main() -> None:
     if a.ddp_rank is not None:
         ddp_rank(a)
         return
-    why = None if a.loopback else links.available()
-    if why:
-        logger.warning("skipping: %s", why)
+    if links.cannot_run():
         return
-    methods = links.chosen_methods(a.methods, a.variant, METHODS)
-    a.out.mkdir(parents=True, exist_ok=True)
-    root = a.out / "runs"
-    root.mkdir(exist_ok=True)
+    methods = links.known(links.chosen_methods(a.methods, a.variant, METHODS), METHODS, list(METHODS))
+    root = links.runs_folder(a.out)
     shaping = "loopback" if a.loopback else links.setup(a.machines, a.rate, 0)
     shares = links.cpu_shares(a.machines)  # more machines than cores: an equal share of them each
     if shares:
