@@ -94,3 +94,42 @@ def test_a_stalled_process_stops_and_is_always_left_running() -> None:
 def _state(pid: int) -> str:
     stat = Path(f"/proc/{pid}/stat").read_text()
     return stat[stat.rindex(")") + 2]
+
+
+def _straggler_race() -> object:
+    import importlib
+
+    return importlib.import_module("scripts.races.straggler_race")
+
+
+def test_a_fleet_slows_each_machine_to_its_own_fraction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    race = _straggler_race()
+    monkeypatch.setattr(race, "cgroup_version", lambda: "v1")
+    seen: list[tuple[list[int], float, str]] = []
+    monkeypatch.setattr(race, "throttled", lambda pids, f, name: seen.append((pids, f, name)) or name)
+    slow, slowed, label = race.fleet_slowing([1.0, 0.5, 0.25])  # type: ignore[attr-defined]
+    assert slowed == [1, 2] and "1, 0.5, 0.25 of a core" in label
+    slow([11, 12], 0), slow([21, 22], 1)
+    # Machine 1 (its leader and worker) at half a core, machine 2 at a quarter, each in a group of its own.
+    assert seen == [([11, 12], 0.5, "hogwild_straggler0"), ([21, 22], 0.25, "hogwild_straggler1")]
+
+
+def test_a_fleet_s_machines_are_each_credited_their_own_samples() -> None:
+    race = _straggler_race()
+    # 30 rounds; the fast replica stepped 20 a round, the slow one 10; 32 samples a step, 30 s.
+    run = {"samples": 900 * 32, "steps": 900, "syncs": 30, "train_s": 30.0, "steps_per_sync_per_replica": [20.0, 10.0]}
+    assert race.machine_rates(run) == pytest.approx([640.0, 320.0])  # type: ignore[attr-defined]
+    # DDP's runs (lockstep: no rounds to count) and a failed run are left out of the table.
+    arms = {"hogwild": {"runs": [run, {"error": "timeout"}]}, "ddp": {"runs": [{"loss": 1.8, "steps": 400}]}}
+    lines = race.fleet_lines([1.0, 0.5], arms)  # type: ignore[attr-defined]
+    assert lines[-1] == "| hogwild | 640, 640 | 320, 640 |"  # per core: both machines at the same pace
+
+
+@pytest.mark.parametrize("fleet, says", [("1,x", "fractions of a core, comma-separated"),
+                                         ("1,1.5", "two machines or more")])
+def test_a_bad_fleet_is_one_line(fleet: str, says: str) -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "races" / "straggler_race.py"), "--fleet", fleet],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and proc.stderr.strip() == f"--fleet {fleet}: " + (
+        "fractions of a core, comma-separated (1,0.5,0.25)" if "fractions" in says
+        else "two machines or more, each at a fraction in (0, 1]"), proc.stderr

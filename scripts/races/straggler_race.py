@@ -9,7 +9,10 @@ the whole split off the clock). Arms:
 - ``hogwild``: 1 x 2 (one replica, two workers on the barrier); its first worker is the straggler.
   ``--machines 2``: 2 x 1 under torchrun on this host, replica 1's leader and worker the straggler.
   ``--workers W --stragglers K``: 1 x W, its first K workers each slowed alike (a lent 16-core machine).
-- ``ddp``: DDP on two processes (W with ``--workers``); its last rank (K ranks) the straggler.
+  ``--fleet 1,0.5,0.25``: a fleet of machines of one worker each under torchrun, replica r (its
+  leader and worker) held to the r-th fraction of a core (1: not held).
+- ``ddp``: DDP on two processes (W with ``--workers``); its last rank (K ranks) the straggler; under
+  ``--fleet``, rank r held as replica r is.
 
 Stragglers (scripts/harness/stragglers.py): ``--slow throttle:F`` (a cgroup CPU quota of F of a core),
 ``stalls`` (stopped 1 s every 3 s), ``busy`` (a busy process pinned to core 0 the whole run: §17's
@@ -18,6 +21,7 @@ shared core), ``none`` (balanced). Output as scripts/races/lm_race.py's: JSON, t
     python scripts/races/straggler_race.py --slow throttle:0.5 --repeats 3 --name straggler_throttle
     python scripts/races/straggler_race.py --slow stalls --repeats 3
     python scripts/races/straggler_race.py --machines 2 --slow throttle:0.5 --repeats 3
+    python scripts/races/straggler_race.py --fleet 1,0.5,0.25 --size gpt_small --budget 30 --repeats 3
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import contextlib
 import json
 import logging
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -79,6 +84,13 @@ def _each(slow: Slow, stragglers: list[list[int]]) -> Iterator[None]:
         yield
 
 
+def fleet_slowing(fleet: list[float]) -> tuple[Slow, list[int], str]:
+    """``--fleet``: what holds the i-th slowed machine to its fraction, the ranks slowed, and a label."""
+    slowed = [r for r, f in enumerate(fleet) if f < 1]
+    label = "machines at " + ", ".join(f"{f:g}" for f in fleet) + f" of a core (cgroup {cgroup_version()})"
+    return (lambda pids, i=0: throttled(pids, fleet[slowed[i]], name=f"hogwild_straggler{i}")), slowed, label
+
+
 def _replica_pids(launcher: int, rank: int) -> list[int]:
     """Under torchrun on this host: replica ``rank``'s leader and its spawned workers."""
     from scripts.harness.stragglers import children
@@ -95,7 +107,9 @@ def _replica_pids(launcher: int, rank: int) -> list[int]:
 
 
 def hogwild_arm(args: argparse.Namespace, slow: Optional[Slow], root: Path, seed: int,
-                extra: tuple[str, ...] = ()) -> dict[str, Any]:
+                extra: tuple[str, ...] = (), checkout: Optional[Path] = None) -> dict[str, Any]:
+    """A hogwild run; ``checkout``: the source tree it runs from (its working directory, whose hogwild
+    ``python -m`` imports; default this one)."""
     run_dir = Path(tempfile.mkdtemp(dir=root))
     workers = args.workers // args.machines
     cmd = train_cmd([*hogwild_overrides(args.size, args.budget, args.eval_every_s), f"workers={workers}",
@@ -104,16 +118,18 @@ def hogwild_arm(args: argparse.Namespace, slow: Optional[Slow], root: Path, seed
     # A process group of its own (to kill the job's tree), not a session: with the kernel's
     # autogroup a new session is a scheduling group that shares CPU as one process against the
     # busy process, while DDP's ranks shared the busy process's group task by task (benchmarks/stragglers.md §22).
-    proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(cmd, cwd=checkout or REPO, env=clean_env(OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, process_group=0)
     try:
         if slow is None:
             err = proc.communicate(timeout=TIMEOUT_S)[1]
         else:
-            find = ((lambda: worker_pids(proc.pid)[:args.stragglers]) if args.machines == 1
-                    else (lambda: _replica_pids(proc.pid, 1)))
-            pids = wait_for(find, proc, "the straggler")
-            with _each(slow, [[p] for p in pids] if args.machines == 1 else [pids]):
+            def replicas() -> list[list[int]]:  # every slowed replica's processes, once all are up
+                found = [_replica_pids(proc.pid, r) for r in args.slowed]
+                return found if all(found) else []
+
+            find = (lambda: [[p] for p in worker_pids(proc.pid)[:args.stragglers]]) if args.machines == 1 else replicas
+            with _each(slow, wait_for(find, proc, "the straggler")):
                 err = proc.communicate(timeout=TIMEOUT_S)[1]
     finally:
         if proc.poll() is None:
@@ -132,7 +148,7 @@ def ddp_arm(args: argparse.Namespace, slow: Optional[Slow], seed: int) -> dict[s
                               cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in range(args.workers)]
     try:
-        slowed = [[p.pid] for p in procs[-args.stragglers:]] if slow is not None else []
+        slowed = [[procs[r].pid] for r in args.slowed] if slow is not None else []
         with _each(slow, slowed) if slow is not None else contextlib.nullcontext():
             logs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
     finally:
@@ -143,11 +159,34 @@ def ddp_arm(args: argparse.Namespace, slow: Optional[Slow], seed: int) -> dict[s
     return {**r, "tx_bytes_per_step": 0.0, "seed": seed}
 
 
+def machine_rates(run: dict[str, Any]) -> list[float]:
+    """A hogwild run's samples a second by replica: its mean steps between rounds times its rounds
+    (metrics.json's ``steps_per_sync_per_replica``, ``syncs``), over the run's training seconds."""
+    batch = run["samples"] / max(run["steps"], 1)
+    return [gap * run["syncs"] * batch / run["train_s"] for gap in run.get("steps_per_sync_per_replica") or []]
+
+
+def fleet_lines(fleet: list[float], res: dict[str, dict[str, Any]]) -> list[str]:
+    """Each machine's samples a second (medians over the runs) by hogwild arm, and per core it holds."""
+    lines = ["", "| arm | " + " | ".join(f"machine {r} ({f:g} core): samples/s, per core" for r, f in enumerate(fleet))
+             + " |", "|---|" + "---|" * len(fleet)]
+    for arm, v in res.items():
+        rates = [machine_rates(r) for r in v.get("runs", []) if "samples" in r]  # hogwild's, finished
+        rates = [r for r in rates if len(r) == len(fleet)]
+        if rates:
+            cells = [statistics.median(r[i] for r in rates) for i in range(len(fleet))]
+            lines.append(f"| {arm} | " + " | ".join(f"{c:,.0f}, {c / f:,.0f}" for c, f in zip(cells, fleet)) + " |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--slow", default="throttle:0.5", help="throttle:F | stalls | busy | none")
     ap.add_argument("--machines", type=int, choices=(1, 2), default=1,
                     help="hogwild 1 x 2 (a slow worker) or 2 x 1 (a slow machine: replica 1's leader and worker)")
+    ap.add_argument("--fleet", default=None, metavar="F0,F1,...",
+                    help="a fleet of one-worker machines, machine r at the r-th fraction of a core (overrides "
+                         "--slow, --machines, --workers and --stragglers)")
     ap.add_argument("--workers", type=int, default=2, help="hogwild's workers in all, DDP's ranks")
     ap.add_argument("--stragglers", type=int, default=1, help="how many of them are slowed (--machines 1)")
     ap.add_argument("--size", choices=sorted(SIZES), default="gpt")
@@ -159,25 +198,43 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=["hogwild", "ddp"], help="hogwild, ddp, and --variant names")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=OVERRIDE[,OVERRIDE...]",
                     help="one more hogwild arm, e.g. nobalance=optim.balance=false (repeatable)")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="a checkout of an earlier commit whose hogwild runs as one more arm, 'before'")
     ap.add_argument("--out", type=Path, default=REPO / "bench_results" / "stragglers")
     ap.add_argument("--name", default=None)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="[straggler_race] %(message)s")
     slow, core, label = slowing(args.slow)
+    if args.fleet is not None:
+        try:
+            fleet = [float(f) for f in args.fleet.split(",")]
+        except ValueError:
+            raise SystemExit(f"--fleet {args.fleet}: fractions of a core, comma-separated (1,0.5,0.25)") from None
+        if len(fleet) < 2 or not all(0 < f <= 1 for f in fleet):
+            raise SystemExit(f"--fleet {args.fleet}: two machines or more, each at a fraction in (0, 1]")
+        fleet_slow, args.slowed, label = fleet_slowing(fleet)
+        slow = fleet_slow if args.slowed else None
+        args.machines = args.workers = len(fleet)
+        args.stragglers = max(len(args.slowed), 1)
+    else:
+        # 2 x 1: replica 1 (DDP's rank 1); 1 x W: DDP's last K ranks (hogwild's first K workers, above)
+        args.slowed = [1] if args.machines == 2 else list(range(args.workers - args.stragglers, args.workers))
     if not 1 <= args.stragglers <= args.workers or args.workers % args.machines:
         raise SystemExit(f"--workers {args.workers} --stragglers {args.stragglers} --machines {args.machines}: "
                          "the workers split evenly over the machines and the stragglers are some of them")
-    name = args.name or f"{args.size}_{args.machines}x_{args.slow.replace(':', '')}" + (
-        f"_w{args.workers}s{args.stragglers}" if args.workers != 2 else "")
+    name = args.name or f"{args.size}_{args.machines}x_" + (
+        f"fleet{args.fleet.replace(',', '_')}" if args.fleet else args.slow.replace(':', '')) + (
+        f"_w{args.workers}s{args.stragglers}" if args.workers != 2 and not args.fleet else "")
     args.out.mkdir(parents=True, exist_ok=True)
     from examples.gpt import GPT, GPTConfig
 
     head = {"machines": args.machines, "shaping": f"this host's {os.cpu_count()} cores, {label}" + (
-                f", {args.stragglers} of {args.workers} so" if args.stragglers > 1 else ""), "workload": args.size,
+                f", {args.stragglers} of {args.workers} so" if args.stragglers > 1 and not args.fleet else ""),
+            "fleet": args.fleet, "workload": args.size,
             "budget": args.budget, "eval_every_s": args.eval_every_s, "lr": args.lr, "command": sys.argv,
             "params": sum(p.numel() for p in GPT(GPTConfig(**SIZES[args.size])).parameters())}
     variants = {name: tuple(o.split(",")) for name, _, o in (v.partition("=") for v in args.variant)}
-    arms = {"hogwild": (), **variants}
+    arms = {"hogwild": (), **variants, **({"before": ()} if args.baseline else {})}
     unknown = [m for m in args.methods if m not in arms and m != "ddp"]
     if unknown:
         raise SystemExit(f"--methods: unknown {unknown}; choose from hogwild, ddp, or a --variant's name")
@@ -187,7 +244,8 @@ def main() -> None:
             for m in args.methods:
                 logger.info("repeat %d/%d: %s", rep + 1, args.repeats, m)
                 try:
-                    r = hogwild_arm(args, slow, Path(tmp), 0, arms[m]) if m in arms else ddp_arm(args, slow, 0)
+                    r = (hogwild_arm(args, slow, Path(tmp), 0, arms[m], args.baseline if m == "before" else REPO)
+                         if m in arms else ddp_arm(args, slow, 0))
                     logger.info("%s: loss %.4f, %d steps", m, r["loss"], r["steps"])
                 except (RuntimeError, subprocess.TimeoutExpired, StopIteration) as e:
                     logger.error("%s failed: %s", m, str(e)[-800:])
@@ -195,7 +253,11 @@ def main() -> None:
                 runs[m].append(r)
                 (args.out / f"{name}.json").write_text(
                     json.dumps({**head, "arms": summary(runs, set(arms))}, indent=1, default=str) + "\n")
-    report(head, summary(runs, set(arms)), name, args.out)
+    res = summary(runs, set(arms))
+    report(head, res, name, args.out)
+    if args.fleet:
+        with (args.out / f"{name}.md").open("a") as f:
+            f.write("\n".join(fleet_lines([float(x) for x in args.fleet.split(",")], res)) + "\n")
 
 
 if __name__ == "__main__":
