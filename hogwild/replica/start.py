@@ -195,6 +195,11 @@ def _serve(code: str, passfds: Any) -> None:
         # A SIGTERM to the process group is the leader's to handle: a server killed by it could
         # start no worker, and it leaves anyway once its leader closes the pipe it reads.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # multiprocessing's server hands its children the SIGINT disposition it found here: left as
+        # Python's default, a Ctrl-C in the moment between a worker's fork and its own SIG_IGN
+        # (replica/worker.py) printed a KeyboardInterrupt traceback from _bootstrap (seen in a
+        # suite run: test_signal_shm's warm-up case). Ctrl-C is the leader's.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         exec(code, {"__name__": "__mp_fork_server__"})  # noqa: S102 - multiprocessing's own command
     except BaseException:  # noqa: BLE001 - SystemExit is how the server ends (its leader is gone)
         pass
