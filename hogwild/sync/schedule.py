@@ -45,13 +45,13 @@ def round_ask(wanted: list[tuple[float, float]], uneven: bool) -> Optional[float
     the longest round any replica saw: the replicas' intervals follow their speeds, so what the first
     to arrive waits for the last is the slow ones' jitter (a machine held by a CPU quota runs in
     bursts), and an interval that left it out had the full-speed worker of a fleet at 1, 1/2 and 1/4
-    of a core waiting at ``sync.max_lag`` for rounds every five steps (572 samples a second against
-    816; benchmarks/stragglers.md §23). Elsewhere the shortest (:func:`link_ask`): between machines of
+    of a core waiting at ``sync.max_lag`` for rounds every five steps (647 samples a second against
+    840; benchmarks/stragglers.md §23). Elsewhere the shortest (:func:`link_ask`): between machines of
     one speed the longest took balanced fleets from rounds every 2.5 steps to every 4 and ended 0.03
     higher; with equal steps a slower replica's wait grows with the interval."""
     if not uneven:
         return link_ask(wanted)
-    times = [t for t, _ in wanted if math.isfinite(t) and t > 0]
+    times = _measured_times(wanted)
     return max(times) if times else None
 
 
@@ -59,8 +59,18 @@ def link_ask(wanted: list[tuple[float, float]]) -> Optional[float]:
     """The interval the link asks for, from every replica's (time, CPU) asks: the shortest round
     any replica saw (the others also waited for the last to arrive, which is not the link's cost);
     None where no replica measured one."""
-    times = [t for t, _ in wanted if math.isfinite(t) and t > 0]
+    times = _measured_times(wanted)
     return min(times) if times else None
+
+
+def _measured_times(wanted: list[tuple[float, float]]) -> list[float]:
+    """The time asks of the replicas that measured a round (0 or NaN: none yet)."""
+    return [t for t, _ in wanted if math.isfinite(t) and t > 0]
+
+
+def _median(recent: list[float]) -> float:
+    """The upper median of the last rounds' figures: one round's hiccup does not move it."""
+    return sorted(recent)[len(recent) // 2]
 
 
 @dataclass
@@ -119,8 +129,7 @@ class SyncSchedule:
         is not a slower machine), at least :data:`MIN_SHARE`."""
         if not self.shares:
             return 1.0
-        recent = sorted(self.shares)
-        return max(MIN_SHARE, recent[len(recent) // 2])
+        return max(MIN_SHARE, _median(self.shares))
 
     @property
     def mine(self) -> int:
@@ -156,7 +165,7 @@ class SyncSchedule:
         """Under ``by_speed``: the slowest replica's recent median share is :data:`UNEVEN` or less."""
         if not self.by_speed or not self.slowest:
             return False
-        return sorted(self.slowest)[len(self.slowest) // 2] <= UNEVEN
+        return _median(self.slowest) <= UNEVEN
 
     def record_drift(self, drifts: list[float]) -> Optional[DriftRecord]:
         """Every replica's drift of one round (non-finite ones, from unhealthy replicas, are
