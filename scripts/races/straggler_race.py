@@ -205,6 +205,7 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="[straggler_race] %(message)s")
     slow, core, label = slowing(args.slow)
+    fleet: list[float] = []
     if args.fleet is not None:
         try:
             fleet = [float(f) for f in args.fleet.split(",")]
@@ -255,9 +256,9 @@ def main() -> None:
                     json.dumps({**head, "arms": summary(runs, set(arms))}, indent=1, default=str) + "\n")
     res = summary(runs, set(arms))
     report(head, res, name, args.out)
-    if args.fleet:
+    if fleet:
         with (args.out / f"{name}.md").open("a") as f:
-            f.write("\n".join(fleet_lines([float(x) for x in args.fleet.split(",")], res)) + "\n")
+            f.write("\n".join(fleet_lines(fleet, res)) + "\n")
 
 
 if __name__ == "__main__":
