@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 # The memory sampler lives with the leader's own (report/memory.py); importing it here stays cheap:
 # that module needs the standard library only.
 from hogwild.report.memory import PeakPss
+# A swarm of elastic members without training (scripts/measures/coordinator_swarm.py); cheap likewise.
+from hogwild.elastic.swarm import swarm_member, watch_members
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Coordinator", "PeakPss", "available_cores", "build_model", "checkpoints", "digits", "evaluate",
            "last_checkpoint", "read_board", "ring_all_reduce_bytes", "serve_coordinator", "shard_sampler",
-           "sync_round", "sync_rule"]
+           "swarm_member", "sync_round", "sync_rule", "watch_members"]
 
 
 # ------------------------------------------------------------------ data, models, evaluation

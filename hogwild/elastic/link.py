@@ -56,6 +56,16 @@ def call_deadline(peer_timeout_s: float) -> float:
     return max(MIN_CALL_S, peer_timeout_s)
 
 
+# Who is told of each store call in this process (observe_calls): nobody, but in a measurement.
+_OBSERVERS: list[Callable[[str, str, float], None]] = []
+
+
+def observe_calls(observer: Callable[[str, str, float], None]) -> None:
+    """From now on, each store call of every link in this process to ``observer(operation, key,
+    seconds)``: the coordinator's load, counted where it comes from (scripts/measures/coordinator_swarm.py)."""
+    _OBSERVERS.append(observer)
+
+
 class CoordinatorAway(PeerLost):
     """The coordinator cannot be reached right now."""
 
@@ -164,6 +174,16 @@ class Link:
             raise CoordinatorAway(f"elastic.coordinator {self.endpoint} unreachable: {e}") from None
 
     def _do(self, op: str, *args: object) -> object:
+        if not _OBSERVERS:
+            return self._call(op, *args)
+        t0 = time.monotonic()
+        try:
+            return self._call(op, *args)
+        finally:
+            for observe in _OBSERVERS:
+                observe(op, str(args[0]) if args else "", time.monotonic() - t0)
+
+    def _call(self, op: str, *args: object) -> object:
         self.on_call()
         run = lambda: getattr(SignedStore(self._client(), self.signer), op)(*args)  # noqa: E731
         try:

@@ -13,6 +13,13 @@ never poisons the next one. Keys in the coordinator's store:
                      marks it "admitted:e", and the slot deletes it once healed: a joiner whose
                      group or heal failed is still a joiner in the next epoch, never a member
                      with a stale model
+    wants, wants/<i> how many writes to want/<slot> keys there were, and the slot of the i-th: a
+                     member asks "does anyone want in?" before each round, and reads again only the
+                     want keys written since it last asked (one call a round instead of one per slot)
+    lost/<e>, lost/<e>/<i>
+                     how many losses members of epoch e reported, and each ("slot:why"): a member
+                     reads the heartbeats of the WATCH members after it in the epoch, and learns of
+                     any other loss here (a few calls a check instead of one per member)
     epoch            the newest epoch (0: none formed yet)
     members/<e>      "0,1,2|2|1": epoch e's slots, those among them that must be healed, and the
                      heal source: the most advanced member by its heartbeat's round and step
@@ -47,6 +54,18 @@ from hogwild.errors import Fault, StopNow, UserError
 
 logger = logging.getLogger(__name__)
 
+# A member watches the heartbeats of this many members after it in its epoch's order, not every
+# member's: at R members, every member reading every heartbeat at each check is R x (R - 1) calls at
+# the coordinator, 2 million a second at 1,000 members (docs/scale.md). The members watched by
+# nobody alive are those after a run of dead ones, and the live member before that run watches its
+# first: every loss is seen by a live member while one lives. At 3 members each watches all.
+WATCH = 3
+WANTS = "wants"
+# A member waiting for an epoch asks the coordinator a few calls a poll. Every POLL_S (50 ms) at
+# 1,000 members was 60,000 calls a second while the job started: the members' own calls starved
+# their heartbeats, and the first epoch never formed (docs/scale.md). So the wait between polls
+# grows with the job's slots past POLL_SLOTS, to at most a tenth of elastic.peer_timeout_s.
+POLL_SLOTS = 16
 
 
 class Dropped(Fault):
@@ -121,6 +140,15 @@ class Membership:
         # put a second process into a live slot (see claim).
         self.incarnation = f"{uuid.uuid4().hex[:12]} pid {os.getpid()} on {socket.gethostname()}"
         self._claimed = False
+        self._wants: dict[int, Optional[bytes]] = {}  # every slot's want key as last read
+        self._wants_read, self._wants_back_at = 0, float("nan")  # entries of the log read; back_at then
+        self._reported: set[tuple[int, int]] = set()  # (epoch, slot) losses this member reported
+        self._lost_read: tuple[int, int, dict[int, str]] = (-1, 0, {})  # epoch, reports read, what they said
+
+    @property
+    def poll_s(self) -> float:
+        """The wait between a waiting member's polls (see POLL_SLOTS)."""
+        return max(POLL_S, min(self.peer_timeout_s / 10, POLL_S * self.slots / POLL_SLOTS))
 
     def current(self) -> int:
         return self.link.add("epoch", 0)
@@ -147,11 +175,38 @@ class Membership:
         """A newer epoch than this replica's exists. Raises CoordinatorAway."""
         return self.current() > self.epoch.number
 
+    def watched(self) -> tuple[int, ...]:
+        """The members whose heartbeats this one reads: the WATCH after it in the epoch, cyclically."""
+        members = self.epoch.members
+        if self.slot not in members:
+            return tuple(s for s in members if s != self.slot)
+        at = members.index(self.slot)
+        return tuple(members[(at + i) % len(members)] for i in range(1, min(WATCH, len(members) - 1) + 1))
+
     def lost_peers(self) -> dict[int, str]:
-        """The current epoch's other members judged lost from here, each with why ("silent", or
-        "stuck at ..."). Raises CoordinatorAway."""
-        dead = self.liveness.stale(tuple(s for s in self.epoch.members if s != self.slot))
-        return {s: self.liveness.why.get(s, "silent") for s in dead}
+        """The current epoch's other members judged lost, each with why ("silent", or "stuck at
+        ..."): those this member watches, judged from here, and those others reported.
+        Raises CoordinatorAway."""
+        number = self.epoch.number
+        dead = {s: self.liveness.why.get(s, "silent") for s in self.liveness.stale(self.watched())}
+        for s, why in dead.items():
+            if (number, s) not in self._reported:
+                i = self.link.add(f"lost/{number}", 1)
+                self.link.set(f"lost/{number}/{i}", f"{s}:{why}")
+                self._reported.add((number, s))
+        if self._lost_read[0] != number:
+            self._lost_read = (number, 0, {})
+        _, upto, known = self._lost_read
+        count = self.link.add(f"lost/{number}", 0) if number > 0 else 0
+        while upto < count:
+            raw = self.link.fetch(f"lost/{number}/{upto + 1}")
+            if raw is None:  # counted, not written yet: read on at the next check
+                break
+            slot, _, why = raw.decode(errors="replace").partition(":")
+            known[parse(f"lost/{number}/{upto + 1}", slot.encode(), int)] = why
+            upto += 1
+        self._lost_read = (number, upto, known)
+        return {**{s: why for s, why in known.items() if s in self.epoch.members and s != self.slot}, **dead}
 
     def read(self, number: int) -> Epoch:
         raw = self.link.get(f"members/{number}")
@@ -168,9 +223,21 @@ class Membership:
         later one is being healed there and asks no more; one admitted to an earlier epoch and
         still not healed asks again."""
         epoch = self.epoch.number if epoch is None else epoch
+        count = self.link.add(WANTS, 0)
+        if self._wants_back_at != self.memory.back_at or count < self._wants_read:
+            # First look, or the coordinator came back (its log starts again from 0 as the
+            # replicas put their keys back): every slot's key.
+            self._wants = {s: self.link.fetch(f"want/{s}") for s in range(self.slots)}
+            self._wants_read, self._wants_back_at = count, self.memory.back_at
+        while self._wants_read < count:  # the keys written since the last look
+            entry = self.link.fetch(f"{WANTS}/{self._wants_read + 1}")
+            if entry is None:  # counted, not written yet: read on at the next look
+                break
+            s = parse(f"{WANTS}/{self._wants_read + 1}", entry, int)
+            self._wants[s] = self.link.fetch(f"want/{s}")
+            self._wants_read += 1
         out = []
-        for s in range(self.slots):
-            raw = self.link.fetch(f"want/{s}")
+        for s, raw in sorted(self._wants.items()):
             if raw is None:
                 continue
             admitted = parse(f"want/{s}", raw, _admitted)
@@ -178,11 +245,25 @@ class Membership:
                 out.append(s)
         return out
 
+    def wanted(self, slot: int, value: Optional[str], keep: bool = False) -> None:
+        """Set (None: delete) ``want/<slot>`` and count the change (see :meth:`wanting`); ``keep``:
+        put it back after a coordinator restart (elastic/link.py)."""
+        if value is None:
+            self.link.delete(f"want/{slot}")
+        elif keep:
+            self.keys.put(f"want/{slot}", value)
+        else:
+            self.link.set(f"want/{slot}", value)
+        try:  # after the write: a member that reads the entry reads the key as it is now
+            self.link.set(f"{WANTS}/{self.link.add(WANTS, 1)}", str(slot))
+        except CoordinatorAway:
+            pass  # when it comes back, every member reads the want keys again (back_at)
+
     def settled(self, ep: Epoch) -> None:
         """This slot is healed (or needed no heal) in ``ep``: its join request is done."""
         if self.slot in ep.joiners:
             self.memory.forget(f"want/{self.slot}")
-            self.link.delete(f"want/{self.slot}")
+            self.wanted(self.slot, None)
 
     def changed(self) -> bool:
         """A newer epoch exists, or some slot asks to join: the group should re-form. While the
@@ -198,7 +279,7 @@ class Membership:
         epoch formed after the request lists this slot among its joiners."""
         self.claim()
         self._asked_at = self.current()
-        self.keys.put(f"want/{self.slot}", str(time.time()))
+        self.wanted(self.slot, str(time.time()), keep=True)
         # The heartbeat starts only after the request: a restarted slot that beat first would be
         # taken for its old self, still a member, and the others would wait for it in a group it
         # does not know about.
@@ -247,7 +328,7 @@ class Membership:
                 ep = None
             if ep is not None:
                 return ep
-            time.sleep(POLL_S)
+            time.sleep(self.poll_s)
         if self.memory.away_since is not None:
             raise Fault(f"elastic.coordinator {self.endpoint} unreachable for {self.memory.away_for():.0f}s "
                         "(sync.timeout_s) while the group had to change")
@@ -263,7 +344,7 @@ class Membership:
             self._try_form(newest)
         elif self._joining:
             if not self.link.check(f"want/{self.slot}"):  # taken for a dead joiner's: ask again
-                self.link.set(f"want/{self.slot}", str(time.time()))
+                self.wanted(self.slot, str(time.time()))
             ep = self.read(newest)
             if newest > self._asked_at and self.slot in ep.joiners:
                 self._joining, self.epoch = False, ep  # its request stays until it is healed (settled)
@@ -308,7 +389,7 @@ class Membership:
         # before admission: drop it, or every round would see it and re-form the group, forever.
         # A live joiner puts its request back while it waits (see _step).
         for s in sorted(set(asked) - set(alive)):
-            self.link.delete(f"want/{s}")
+            self.wanted(s, None)
         need = self.min_replicas or (len(old.members) // 2 + 1 if old.members else self.slots)
         kept = [s for s in alive if s in old.members] if old.members else alive
         if len(kept) < need:
@@ -328,7 +409,7 @@ class Membership:
             return
         self.memory.keep(f"members/{ep.number}", ep.encode())
         for s in ep.joiners:
-            self.link.set(f"want/{s}", f"admitted:{ep.number}")
+            self.wanted(s, f"admitted:{ep.number}")
         if self.link.compare_set("epoch", str(number), str(ep.number)) != str(ep.number):
             return  # last: whoever reads the epoch finds its members
         self.memory.saw_epoch(ep.number)

@@ -179,7 +179,7 @@ def test_a_joiner_that_died_before_admission_stops_asking(coordinator: str) -> N
         ms[2].close()
         _all([ms[0].advance, ms[1].advance])  # slot 2 lost
         ghost = Membership(coordinator, 2, 3, PEER_S, None, TIMEOUT_S)
-        ghost.keys.put("want/2", "1")  # asked to join, then died before its heartbeat ever ran
+        ghost.wanted(2, "1", keep=True)  # asked to join, then died before its heartbeat ever ran
         ghost.close()
         assert ms[0].changed()
         epochs = _all([ms[0].advance, ms[1].advance])
@@ -366,3 +366,68 @@ def test_an_epoch_names_a_joiner_as_its_source_only_when_all_are_joining() -> No
     assert Epoch.decode(4, "0,1,2|2|1", 3).source == 1
     with pytest.raises(ValueError):
         Epoch.decode(4, "0,1,2|1,2|2", 3)  # a joiner would heal the live member 0
+
+
+class _Counting:
+    """A member's link, counting the store calls it makes (the coordinator's load from it)."""
+
+    def __init__(self, m: Membership) -> None:
+        self.keys: list[str] = []
+        link = m.link
+        for op in ("fetch", "get", "add", "set", "check", "compare_set", "delete"):
+            real = getattr(link, op)
+            setattr(link, op, self._count(real))
+
+    def _count(self, real: Callable[..., object]) -> Callable[..., object]:
+        def call(key: str, *args: object) -> object:
+            self.keys.append(key)
+            return real(key, *args)
+        return call
+
+
+def test_a_member_reads_the_join_requests_only_when_one_changed(coordinator: str) -> None:
+    """Before each round a leader asks whether anyone wants in. It read every slot's want key:
+    one call a slot a round at each member, a million a round at 1,000 members. It reads them
+    again only when a request was written or deleted, and still sees every new one."""
+    ms = [Membership(coordinator, s, 6, PEER_S, 2, TIMEOUT_S) for s in range(2)]  # 2 of 6 slots are a quorum
+    try:
+        _joined(ms)
+        counted = _Counting(ms[0])
+        assert not ms[0].changed()  # the first look reads them all
+        counted.keys.clear()
+        assert not ms[0].changed() and not ms[0].changed()
+        assert counted.keys == ["epoch", "wants"] * 2, counted.keys
+        late = Membership(coordinator, 4, 6, PEER_S, 2, TIMEOUT_S)
+        epochs = _admit(ms, late)
+        assert epochs[0].members == (0, 1, 4), epochs
+        late.settled(epochs[-1])
+        assert not ms[0].changed()
+        late.close()
+    finally:
+        _close(ms)
+
+
+def test_each_member_reads_a_few_heartbeats_and_learns_every_loss(coordinator: str) -> None:
+    """A member read every other member's heartbeat at each check of a collective: R - 1 calls,
+    R x (R - 1) at the coordinator. It reads the WATCH after it; a loss one of those finds is
+    reported, and the members that do not watch the lost slot learn it from the report."""
+    from hogwild.elastic.membership import WATCH
+
+    ms = _slots(coordinator, 7, slots=7)
+    try:
+        _joined(ms)
+        counted = _Counting(ms[0])
+        ms[0].lost_peers()
+        assert {k for k in counted.keys if k.startswith("hb/")} == {f"hb/{s}" for s in range(1, 1 + WATCH)}
+        ms[5].close()  # silent from here: watched by 2, 3 and 4, not by 0 or 6
+        deadline = time.monotonic() + 30
+        seen: dict[int, dict[int, str]] = {}
+        while time.monotonic() < deadline and not all(5 in seen.get(s, {}) for s in (0, 2, 6)):
+            for s in (0, 2, 3, 4, 6):
+                seen[s] = ms[s].lost_peers()
+            time.sleep(0.1)
+        assert all(seen[s] == {5: "silent"} for s in (0, 2, 6)), seen
+        epochs = _all([m.advance for i, m in enumerate(ms) if i != 5])
+        assert all(ep.members == (0, 1, 2, 3, 4, 6) for ep in epochs), epochs
+    finally:
+        _close(ms)
