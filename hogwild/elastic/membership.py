@@ -224,9 +224,9 @@ class Membership:
         still not healed asks again."""
         epoch = self.epoch.number if epoch is None else epoch
         count = self.link.add(WANTS, 0)
-        if self._wants_back_at != self.memory.back_at or count < self._wants_read:
-            # First look, or the coordinator came back (its log starts again from 0 as the
-            # replicas put their keys back): every slot's key.
+        if self._wants_back_at != self.memory.back_at or not 0 <= count - self._wants_read <= self.slots:
+            # First look, the coordinator came back (its log starts again from 0 as the replicas
+            # put their keys back), or more entries to read than slots (a job's start): every key.
             self._wants = {s: self.link.fetch(f"want/{s}") for s in range(self.slots)}
             self._wants_read, self._wants_back_at = count, self.memory.back_at
         while self._wants_read < count:  # the keys written since the last look

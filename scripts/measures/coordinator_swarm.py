@@ -90,6 +90,11 @@ class Member:
                               stopped=lambda: self.dead.is_set() or swarm.done.is_set())
         self.m.tick()  # a leader reports its loop's turns (elastic/liveness.py)
 
+    def kill(self) -> None:
+        """Silent from now on, as a killed process: its heartbeat stops at once, its loop at its next turn."""
+        self.dead.set()
+        self.m.close()
+
     def _timed(self, what: str, fn: Any) -> Any:
         t0 = time.monotonic()
         try:
@@ -141,6 +146,9 @@ class LightMember:
 
     def __init__(self, swarm: "MemberProc", slot: int) -> None:
         self.swarm, self.slot, self.dead = swarm, slot, threading.Event()
+
+    def kill(self) -> None:
+        self.dead.set()
 
     def run(self) -> None:
         import torch.distributed as dist
@@ -210,7 +218,7 @@ class MemberProc:
         for line in sys.stdin:  # the driver's orders: "kill SLOT", "start SLOT N", "report", "stop"
             cmd = line.split()
             if cmd[0] == "kill":
-                self.members[int(cmd[1])].dead.set()
+                self.members[int(cmd[1])].kill()
                 self.event("killed", int(cmd[1]), -1, time.time())
             elif cmd[0] == "start":
                 self.start(int(cmd[1]), int(cmd[2]))
