@@ -194,10 +194,10 @@ class Membership:
                 i = self.link.add(f"lost/{number}", 1)
                 self.link.set(f"lost/{number}/{i}", f"{s}:{why}")
                 self._reported.add((number, s))
-        if self._lost_read[0] != number:
-            self._lost_read = (number, 0, {})
-        _, upto, known = self._lost_read
         count = self.link.add(f"lost/{number}", 0) if number > 0 else 0
+        _, upto, known = self._lost_read
+        if self._lost_read[0] != number or count < upto:  # a new epoch, or a restarted coordinator's count
+            upto, known = 0, dict(known) if self._lost_read[0] == number else {}
         while upto < count:
             raw = self.link.fetch(f"lost/{number}/{upto + 1}")
             if raw is None:  # counted, not written yet: read on at the next check
