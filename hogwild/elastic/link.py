@@ -259,6 +259,21 @@ class Link:
         except CoordinatorAway:
             return None
 
+    def append(self, log: str, value: str) -> None:
+        """Add ``value`` to ``log``: the key ``log`` counts its entries, ``log/<i>`` holds the i-th."""
+        self.set(f"{log}/{self.add(log, 1)}", value)
+
+    def entries(self, log: str, start: int, count: int) -> list[bytes]:
+        """Entries ``start + 1`` to ``count`` of ``log`` (:meth:`append`), up to the first not yet
+        written: it is counted a moment before it is written, and read at a later look."""
+        out: list[bytes] = []
+        for i in range(start + 1, count + 1):
+            raw = self.fetch(f"{log}/{i}")
+            if raw is None:
+                break
+            out.append(raw)
+        return out
+
     def fetch_as(self, key: str, fn: Callable[[bytes], T]) -> Optional[T]:
         """:meth:`fetch`, parsed by ``fn``; a value it cannot parse stops the replica in one line."""
         raw = self.fetch(key)

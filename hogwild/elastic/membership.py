@@ -189,22 +189,21 @@ class Membership:
         Raises CoordinatorAway."""
         number = self.epoch.number
         dead = {s: self.liveness.why.get(s, "silent") for s in self.liveness.stale(self.watched())}
+        log = f"lost/{number}"
         for s, why in dead.items():
             if (number, s) not in self._reported:
-                i = self.link.add(f"lost/{number}", 1)
-                self.link.set(f"lost/{number}/{i}", f"{s}:{why}")
+                self.link.append(log, f"{s}:{why}")
                 self._reported.add((number, s))
-        count = self.link.add(f"lost/{number}", 0) if number > 0 else 0
-        _, upto, known = self._lost_read
-        if self._lost_read[0] != number or count < upto:  # a new epoch, or a restarted coordinator's count
-            upto, known = 0, dict(known) if self._lost_read[0] == number else {}
-        while upto < count:
-            raw = self.link.fetch(f"lost/{number}/{upto + 1}")
-            if raw is None:  # counted, not written yet: read on at the next check
-                break
+        count = self.link.add(log, 0) if number > 0 else 0
+        read_in, upto, known = self._lost_read
+        if read_in != number:
+            upto, known = 0, {}
+        elif count < upto:  # a restarted coordinator counts from 0; the reports read stand
+            upto = 0
+        for i, raw in enumerate(self.link.entries(log, upto, count), start=upto + 1):
             slot, _, why = raw.decode(errors="replace").partition(":")
-            known[parse(f"lost/{number}/{upto + 1}", slot.encode(), int)] = why
-            upto += 1
+            known[parse(f"{log}/{i}", slot.encode(), int)] = why
+            upto = i
         self._lost_read = (number, upto, known)
         return {**{s: why for s, why in known.items() if s in self.epoch.members and s != self.slot}, **dead}
 
@@ -229,13 +228,10 @@ class Membership:
             # put their keys back), or more entries to read than slots (a job's start): every key.
             self._wants = {s: self.link.fetch(f"want/{s}") for s in range(self.slots)}
             self._wants_read, self._wants_back_at = count, self.memory.back_at
-        while self._wants_read < count:  # the keys written since the last look
-            entry = self.link.fetch(f"{WANTS}/{self._wants_read + 1}")
-            if entry is None:  # counted, not written yet: read on at the next look
-                break
-            s = parse(f"{WANTS}/{self._wants_read + 1}", entry, int)
+        for i, entry in enumerate(self.link.entries(WANTS, self._wants_read, count), start=self._wants_read + 1):
+            s = parse(f"{WANTS}/{i}", entry, int)  # a slot whose key was written since the last look
             self._wants[s] = self.link.fetch(f"want/{s}")
-            self._wants_read += 1
+            self._wants_read = i
         out = []
         for s, raw in sorted(self._wants.items()):
             if raw is None:
@@ -255,7 +251,7 @@ class Membership:
         else:
             self.link.set(f"want/{slot}", value)
         try:  # after the write: a member that reads the entry reads the key as it is now
-            self.link.set(f"{WANTS}/{self.link.add(WANTS, 1)}", str(slot))
+            self.link.append(WANTS, str(slot))
         except CoordinatorAway:
             pass  # when it comes back, every member reads the want keys again (back_at)
 
