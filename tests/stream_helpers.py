@@ -90,6 +90,13 @@ def batches(log_dir: Path) -> list[list[list[int]]]:
     return [[json.loads(line) for line in p.read_text().splitlines()] for p in sorted(log_dir.glob("*.jsonl"))]
 
 
+def first_batches(worker: list[list[int]], n: int, batch_size: int) -> list[int]:
+    """The ids of a worker's first ``n`` batches. A line of the log is one step's samples, and a
+    slower worker computes its batch in parts, a part a step (pace.balance), so a batch may span
+    several lines: a position counts whole batches, and the samples are what matches it."""
+    return [i for b in worker for i in b][:n * batch_size]
+
+
 class DatasetDictLike(dict):  # type: ignore[type-arg]
     """Stands in for ``datasets.DatasetDict`` (a dict of splits by name) where the package is absent."""
 

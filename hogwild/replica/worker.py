@@ -212,7 +212,9 @@ def _work(cfg: Config, spec: WorkerSpec, ds: Dataset, shared: ReplicaShared, cha
     # eval: a training-mode forward would move BatchNorm's shared running statistics; a compiled
     # model without them warms up its training graph instead (replica/compiled.py).
     model.train(warm_up_in_training_mode(model, spec.compile))
-    step_fn(int(board.row(spec.local_index)["pos"]))
+    # A worker resumed with its quota done warms up on its last batch: a stream read past its
+    # quota would begin an epoch that is never trained (and metrics.json's stream_epochs say so).
+    step_fn(max(0, min(int(board.row(spec.local_index)["pos"]), spec.quota - 1)))
     model.train()
     run_loop(step_fn, updater, params, spec, channels,
              Recipe(sched, cfg.optim.clip_grad_norm, cfg.train.max_time, cfg.train.accumulate), shared.marks)

@@ -21,7 +21,7 @@ import torch
 from hogwild.checkpoint import store as checkpoint
 from hogwild.data.streams import ItemsInMemory, StreamReader, StreamRecords, StreamSplit, encode
 from tests.conftest import REPO, clean_env, metrics, ranks, wait_training
-from tests.stream_helpers import Numbered, SelfSplitting, StatefulNumbered, batches
+from tests.stream_helpers import Numbered, SelfSplitting, StatefulNumbered, batches, first_batches
 
 B = 4
 
@@ -217,10 +217,18 @@ def test_a_run_killed_halfway_resumes_with_no_sample_read_twice_or_missed(tmp_pa
                            env=_env(tmp_path), capture_output=True, text=True, timeout=240)
     assert again.returncode == 0, again.stderr[-4000:]
     assert 0 < sum(start) < 32, start  # killed halfway
-    kept = [i for (g,), w in killed.items() for b in w[:int(start[g])] for i in b]
+    kept = [i for (g,), w in killed.items() for i in first_batches(w, int(start[g]), 8)]
     seen = Counter(kept + [i for w in batches(log) for b in w for i in b])
     assert sorted(seen) == list(range(64)) and set(seen.values()) == {4}, (start, seen)
     assert "by skipping" in again.stderr + again.stdout
+    # Resumed once more, the finished run trains nothing, and its workers are still in epoch 3
+    # (a warm-up that read past the quota began epoch 4).
+    assert metrics(out)["stream_epochs"] == [3, 3]
+    lines = sum(len(w) for w in batches(log))
+    done = subprocess.run([sys.executable, "-m", "hogwild.cli.train", *common, "resume=true"], cwd=REPO,
+                          env=_env(tmp_path), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert sum(len(w) for w in batches(log)) == lines and metrics(out)["stream_epochs"] == [3, 3]
 
 
 @pytest.mark.slow
@@ -253,8 +261,8 @@ def test_a_worker_killed_mid_run_is_respawned_and_continues_its_own_part(tmp_pat
     resumed = [int(n) for n in re.findall(r"stream resumed at batch (\d+) \(epoch \d+\) from its saved state", text)]
     assert len(resumed) == 1 and 0 < resumed[0] < 16, text[-3000:]
     logs = {int(p.stem): [json.loads(line) for line in p.read_text().splitlines()] for p in log.glob("*.jsonl")}
-    dead = logs.pop(victims[0])[:resumed[0]]  # what the board says it had trained on
-    seen = Counter(i for b in dead for i in b) + Counter(i for w in logs.values() for b in w for i in b)
+    dead = first_batches(logs.pop(victims[0]), resumed[0], 8)  # what the board says it had trained on
+    seen = Counter(dead) + Counter(i for w in logs.values() for b in w for i in b)
     assert sorted(seen) == list(range(64)) and set(seen.values()) == {4}, (resumed, seen)
 
 
@@ -303,7 +311,7 @@ def test_a_2_by_2_stream_job_killed_halfway_resumes_every_worker_where_the_check
         p.rename(p.with_suffix(".killed"))
     again = ranks(2, [*common, "resume=true"], cwd=REPO, env=_env(tmp_path))
     assert again.returncode == 0, again.stderr[-4000:]
-    kept = [i for g, w in killed.items() for b in w[:int(start[g])] for i in b]
+    kept = [i for g, w in killed.items() for i in first_batches(w, int(start[g]), 8)]
     seen = Counter(kept + [i for w in batches(log) for b in w for i in b])
     assert sorted(seen) == list(range(128)) and set(seen.values()) == {4}, (start, seen)
     assert "from its saved state" in again.stderr and "by skipping" in again.stderr
