@@ -17,8 +17,9 @@ for fewer (on the 10 Mbit/s link, one rung at a time spent the first 40 s of 90 
 never climbs down: a link that was slow once is not trusted to stay fast.
 
 Every leader climbs at the same round: the decision reads only the round's reduced control vector
-(the wanted intervals every leader sent) and the rung, which the rule's state carries to a
-checkpoint and to a joiner's heal.
+(the wanted intervals every leader sent), the rung, which the rule's state carries to a checkpoint
+and to a joiner's heal, and the schedule's floor (two optimizer steps: the same on replicas of
+equal workers). A leader whose workers are done still decides with the others (sync/rounds.py).
 """
 
 from __future__ import annotations

@@ -241,8 +241,12 @@ class Rounds:
                 logger.debug("paced interval %d -> %d (asked for the rounds' time, CPU: %s)", before,
                              self.schedule.interval, ", ".join(f"{t:.1f} {c:.1f}" for t, c in out.paces))
             self.asking = self._pace(dt, cpu, speed)
-            self._climb(out.paces)
             self.schedule.record_speeds(out.speeds, self.comm.rank)
+        if not flags.final:
+            # Every leader climbs at the same round, a finished replica too: its next round is the
+            # others' (a leader that skipped the climb sent whole fp32 against their int8, and
+            # Gloo failed the job with "collective mismatch").
+            self._climb(out.paces)
         self._last_snap, self._last_work = pos_at_snap, work
         ctl["next_sync_at"] = self.schedule.after_round(pos_at_snap)
         ctl["lag_limit"] = self.schedule.lag_limit

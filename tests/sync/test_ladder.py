@@ -85,9 +85,11 @@ def test_the_rung_travels_in_the_rule_s_state_to_a_checkpoint_or_a_joiner() -> N
     assert isinstance(old, Ladder) and old.wire_name == "fp32"
 
 
-def _replica(comm: Comm, steps: int) -> tuple[list[torch.Tensor], list[str], dict[str, object], list[float]]:
+def _replica(comm: Comm, steps: int, done: bool = False
+             ) -> tuple[list[torch.Tensor], list[str], dict[str, object], list[float]]:
     """A replica of 4,096 values that drifts between rounds, whose steps are so fast that any
-    round asks for thousands of steps: its rounds climb straight to the top."""
+    round asks for thousands of steps: its rounds climb straight to the top. ``done``: rank 0's
+    workers finished their quota before the first round (it takes part in the others' rounds)."""
     torch.manual_seed(comm.rank)
     flat, board = torch.randn(4096), Board(1)
     rounds = Rounds(flat, make_rule(PACED, comm, 4096), comm, board, SyncSchedule.from_config(PACED))
@@ -97,7 +99,7 @@ def _replica(comm: Comm, steps: int) -> tuple[list[torch.Tensor], list[str], dic
         board.stats["pos"] = [1000.0 * (k + 1)]
         board.stats["step_s"] = [0.001 * (k + 1)]
         before = rounds.rule.meter.sent
-        rounds.run(RoundFlags(), timeout_s=20.0)
+        rounds.run(RoundFlags(done=done and comm.rank == 0), timeout_s=20.0)
         after.append(flat.clone())
         wires.append(rounds.wire()["sync_wire"])
         sent.append(rounds.rule.meter.sent - before)
@@ -120,6 +122,15 @@ def test_two_replicas_climb_together_and_still_land_on_one_model() -> None:
     # (the fragments start from the last fp32 round's mean, not a broadcast).
     fp32 = a[3][0]
     assert all(sent < fp32 / 12 for sent in a[3][2:]), a[3]
+
+
+def test_a_replica_whose_workers_are_done_climbs_with_the_others() -> None:
+    """A replica that finished its quota first still meets the others' rounds: it climbs with them
+    (when it did not, the next round was whole fp32 on one side and int8 on the other, and Gloo
+    failed the job with "collective mismatch")."""
+    a, b = run_ranks(2, lambda comm: _replica(comm, 6, done=True))
+    assert a[1] == b[1] == ["fp32", "int8/4", *["int8/4"] * 4]
+    assert torch.equal(a[0][-1], b[0][-1])
 
 
 def test_sync_compress_takes_auto_or_off_and_names_itself_otherwise() -> None:
