@@ -42,6 +42,9 @@ logger = logging.getLogger(__name__)
 
 RUNG = "wire_rung"
 """The rung's key in the rule's state (a checkpoint, a joiner's heal)."""
+HOLD = "wire_hold"
+"""The rounds the rule still waits before it may climb again: in the state too, or a joiner healed
+right after a climb would climb a round before the others (a collective mismatch)."""
 
 
 def cost(rung: int, replicas: int) -> float:
@@ -160,14 +163,17 @@ class Ladder(SyncRule):
         return self.inner.held()
 
     def state_dict(self) -> dict[str, Tensor]:
-        return {**self.inner.state_dict(), RUNG: torch.tensor([self.rung], dtype=torch.int64)}
+        return {**self.inner.state_dict(), RUNG: torch.tensor([self.rung], dtype=torch.int64),
+                HOLD: torch.tensor([self._hold], dtype=torch.int64)}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         rung = int(state[RUNG]) if RUNG in state else 0
         if rung != self.rung:
             self._climb(min(rung, len(RUNGS) - 1))
-            self._hold = 0  # the state comes from a group that already measured this rung
-        self.inner.load_state_dict({k: v for k, v in state.items() if k != RUNG})
+            self._hold = 0  # a state saved without its hold: from a group that already measured this rung
+        if HOLD in state:
+            self._hold = int(state[HOLD])
+        self.inner.load_state_dict({k: v for k, v in state.items() if k not in (RUNG, HOLD)})
 
     @property
     def wire_name(self) -> str:

@@ -85,6 +85,31 @@ def test_the_rung_travels_in_the_rule_s_state_to_a_checkpoint_or_a_joiner() -> N
     assert isinstance(old, Ladder) and old.wire_name == "fp32"
 
 
+def _climbed(hold_rounds: int = 0) -> Ladder:
+    """A ladder that climbed to int8 (two replicas ask for 6 steps, the floor is 2), then saw
+    ``hold_rounds`` rounds whose asks were still measured on fp32."""
+    ladder = make_rule(PACED, LocalComm(), 100)
+    assert isinstance(ladder, Ladder)
+    ladder.prime(torch.randn(100))
+    assert ladder.after_round([(6.0, 0.0), (6.0, 0.0)], floor=2) and ladder.wire_name == "int8"
+    for _ in range(hold_rounds):
+        assert not ladder.after_round([(6.0, 0.0), (6.0, 0.0)], floor=2)
+    return ladder
+
+
+def test_a_replica_healed_just_after_a_climb_climbs_again_with_its_source() -> None:
+    """The hold after a climb travels in the rule's state: a joiner healed from a replica that just
+    climbed, and a member healed a round behind its source, decide every later round as it does."""
+    fresh = make_rule(PACED, LocalComm(), 100)
+    for source, healed in ((_climbed(), fresh), (_climbed(1), _climbed())):
+        healed.load_state_dict(source.state_dict())
+        for _ in range(3):
+            paces = [(6.0, 0.0), (6.0, 0.0)]
+            assert healed.after_round(paces, floor=2) == source.after_round(paces, floor=2)
+            assert healed.wire_name == source.wire_name
+        assert source.wire_name == "int8/4"
+
+
 def _replica(comm: Comm, steps: int, done: bool = False
              ) -> tuple[list[torch.Tensor], list[str], dict[str, object], list[float]]:
     """A replica of 4,096 values that drifts between rounds, whose steps are so fast that any
