@@ -54,8 +54,10 @@ def job_fingerprint(cfg: Config, plan: Plan, params: int) -> str:
     """Everything every replica of one elastic job must agree on, refused in one line when a
     replica registers with another: the wire type (the group's collectives), the optimizer and its
     update path (the state a heal sends), the seed and batch size (the shards must not overlap),
-    the fragment count and whether the wire may climb (every collective's size), and row-sparse
-    rounds (a union of rows is answered with rows, not a whole model)."""
+    the fragment count and whether the wire may climb (every collective's size), row-sparse
+    rounds (a union of rows is answered with rows, not a whole model), train.accumulate (the
+    steps a climb of the wire counts) and a train.target (the final model's check is a collective
+    only where one is set)."""
     data = cfg.data._target_ or cfg.data.name
     # The path decides the optimizer state a heal sends: one replica's barrier state means nothing
     # to a Hogwild replica's per-worker one.
@@ -66,7 +68,8 @@ def job_fingerprint(cfg: Config, plan: Plan, params: int) -> str:
             f"sync.row_sparse={sc.row_sparse} "
             f"sync.weighting={sc.weighting} "
             f"workers={plan.workers} elastic.replicas={cfg.elastic.replicas} train.seed={cfg.train.seed} "
-            f"train.batch_size={cfg.train.batch_size}")
+            f"train.batch_size={cfg.train.batch_size} train.accumulate={cfg.train.accumulate} "
+            f"train.target={cfg.train.target.metric}/{cfg.train.target.value}")
 
 
 class ElasticGroup(Group):

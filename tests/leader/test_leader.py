@@ -82,7 +82,8 @@ def test_a_round_of_a_running_job_re_forms_when_asked() -> None:
 @pytest.mark.parametrize("override", ["optim=adam", "sync.dtype=bf16", "data=sparse_synthetic", "train.seed=1",
                                       "sync.mode=diloco", "train.batch_size=64", "optim.state=shared",
                                       "sync.fragments=2", "sync.weighting=steps", "sync.row_sparse=true",
-                                      "optim.update=hogwild", "sync.compress=off"])
+                                      "optim.update=hogwild", "sync.compress=off", "train.accumulate=2",
+                                      "train.target_accuracy=0.9"])
 def test_an_elastic_jobs_identity_covers_what_replicas_must_share(override: str) -> None:
     """A replica with another optimizer, wire type, data or seed is refused when it registers
     (issue 24, item 8); one that only logs differently is the same job."""
