@@ -39,6 +39,7 @@ class Fragmented(SyncRule):
         super().__init__(cfg, comm, params)
         self.parts = [make(self.comm) for _ in range(cfg.fragments)]
         self.cursor = 0
+        self._final_from: Optional[int] = None
         self.regions: Optional[list[slice]] = None
         self._pending: Optional[dict[str, Tensor]] = None
 
@@ -66,6 +67,12 @@ class Fragmented(SyncRule):
         if not final:
             return [regions[self.cursor]]
         # The final round lands every fragment on the consensus, starting where the rotation is.
+        # One that a lost peer cut short runs again from where it began: a survivor one fragment
+        # further than another would start elsewhere (a collective mismatch, or the wrong stretches
+        # averaged together).
+        if self._final_from is None:
+            self._final_from = self.cursor
+        self.cursor = self._final_from
         return [regions[(self.cursor + i) % len(regions)] for i in range(len(regions))]
 
     def exchange(self, snap: Tensor, ctl: Tensor, rank: int, timeout_s: float,

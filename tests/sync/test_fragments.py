@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import pytest
 import torch
 
 from hogwild.config.schema import SyncConfig
 from hogwild.errors import ConfigError
-from hogwild.sync.comm import Comm, LocalComm
+from hogwild.sync.comm import Comm, LocalComm, PeerLost
 from hogwild.sync.fragments import bounds
 from hogwild.sync.rounds import Measures, RoundFlags, sync_round
 from hogwild.sync.rules import make_rule
@@ -52,6 +53,28 @@ def test_each_round_syncs_the_next_fragment_and_the_final_round_all() -> None:
     assert r0[0][5:] == _start(0)[5:].tolist() and r1[0][5:] == _start(1)[5:].tolist()
     assert r0[1] == r1[1] == mean.tolist()  # round 2: the second half; now all agree
     assert r0[2] == r1[2] == (mean + 0.5).tolist()  # the final round lands every fragment
+
+
+def test_a_final_round_cut_short_runs_again_from_its_first_fragment() -> None:
+    """A peer lost in the final round re-forms the group, and the survivors run it again: each
+    from the fragment where the final round began, however far it got before."""
+    class LosesAPeer(LocalComm):
+        calls = 0
+
+        def all_reduce(self, t: torch.Tensor, timeout_s: Optional[float] = None, what: str = "") -> torch.Tensor:
+            self.calls += 1
+            if self.calls == 3:  # the final round's second fragment
+                raise PeerLost("sync: a sync round failed")
+            return t
+
+    rule = make_rule(SyncConfig(mode="average", fragments=3), LosesAPeer())
+    flat = _start(0)
+    rule.prime(flat)
+    sync_round(flat, rule, RoundFlags())  # the rotation is at fragment 1
+    first = rule.plan(N, final=True)
+    with pytest.raises(PeerLost):
+        sync_round(flat, rule, RoundFlags(final=True))
+    assert rule.plan(N, final=True) == first and first[0] == bounds(N, 3)[1]
 
 
 def test_a_round_sends_one_fragment_of_the_model() -> None:
