@@ -13,7 +13,8 @@ from tests.conftest import REPO
 PKG = REPO / "hogwild"
 # The flow, from what the user says to what the user runs. A package may import its own
 # modules, the shared modules (errors, files, native) and the packages before it, never one after.
-ORDER = ("config", "data", "replica", "sync", "checkpoint", "report", "elastic", "leader", "api", "bench", "cli")
+ORDER = ("config", "data", "replica", "sync", "checkpoint", "report", "elastic", "leader", "api", "bench", "cli",
+         "jobs", "components")
 SHARED = {"errors", "files", "logs", "native", "__init__"}  # __init__ re-exports api lazily
 # Elastic mode is the conductor's business: elastic/ stands on sync/ alone, and only the
 # conductor (and the CLI that picks it) may know it.

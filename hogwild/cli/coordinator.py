@@ -3,6 +3,7 @@ their groups through (``elastic.coordinator=HOST:PORT``). Run one per job on a h
 machine can reach; it holds no training state and uses almost no CPU.
 
     hogwild-coordinator --port 29400
+    hogwild-coordinator --port 29400 --exit-after-finish 60   # as one of the job's roles (TorchX)
 """
 
 from __future__ import annotations
@@ -37,19 +38,32 @@ def _port(text: str) -> int:
     return port
 
 
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text!r}")
+    return seconds
+
+
 @guarded
 def main(argv: Optional[list[str]] = None) -> None:
     ap = _OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--host", default="0.0.0.0",
                     help="the one address to listen on (default: 0.0.0.0, every IPv4 interface)")
     ap.add_argument("--port", type=_port, default=29400, help="0..65535 (0: any free port, logged)")
+    ap.add_argument("--exit-after-finish", type=_seconds, default=None, metavar="SECONDS",
+                    help="exit 0 this long after the job finished (a coordinator run as one of the job's roles, "
+                         "as the TorchX component does); default: serve until stopped")
     args = ap.parse_args(argv)
     logs.setup()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        serve(args.host, args.port, stop=stop)
+        serve(args.host, args.port, stop=stop, exit_after_finish=args.exit_after_finish)
     except (OSError, RuntimeError, dist.DistError) as e:
         say_error(f"--port {args.port}: cannot listen on {args.host}:{args.port}: {first_line(e)}")
         raise SystemExit(EXIT_USAGE) from None

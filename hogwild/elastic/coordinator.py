@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -36,7 +37,15 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(host: str, port: int, ready: threading.Event | None = None, stop: threading.Event | None = None) -> None:
+FINISHED = "finished"
+"""The key the job's last writer sets when the job is done (leader/elastic.py)."""
+
+
+def serve(host: str, port: int, ready: threading.Event | None = None, stop: threading.Event | None = None,
+          exit_after_finish: float | None = None) -> None:
+    """Serve until ``stop`` is set, or (``exit_after_finish``) that many seconds after the job
+    finished: a scheduler that runs the coordinator as a role of the job (TorchX, Kubernetes) sees
+    the job end, and a replica that wakes in the grace still learns that it finished."""
     sock = listen(host, port)
     bound = sock.getsockname()[1]
     try:
@@ -52,6 +61,13 @@ def serve(host: str, port: int, ready: threading.Event | None = None, stop: thre
     stop = stop or threading.Event()
     if ready is not None:
         ready.set()
+    finished_at: float | None = None
     while not stop.wait(1.0):  # a timeout, so SIGINT/SIGTERM handlers get to run promptly
-        pass
+        if exit_after_finish is None:
+            continue
+        if finished_at is None and store.check([FINISHED]):
+            finished_at = time.monotonic()
+            logger.info("the job finished: the coordinator exits in %gs", exit_after_finish)
+        if finished_at is not None and time.monotonic() - finished_at >= exit_after_finish:
+            break
     del store

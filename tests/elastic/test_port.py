@@ -172,6 +172,8 @@ def test_a_port_in_use_is_one_line_naming_the_port(tmp_path) -> None:  # type: i
     (["--port", "70000"], "--port: must be in 0..65535, got 70000"),
     (["--port", "x"], "--port: must be a whole number, got 'x'"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--exit-after-finish", "soon"], "--exit-after-finish: must be a number of seconds, got 'soon'"),
+    (["--exit-after-finish", "-1"], "--exit-after-finish: must be 0 or more seconds, got '-1'"),
 ])
 def test_coordinator_argument_errors_are_one_line(args: list[str], says: str,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
@@ -186,3 +188,25 @@ def test_coordinator_argument_errors_are_one_line(args: list[str], says: str,
     err = capsys.readouterr().err
     assert err.strip() == f"hogwild: error: {says}", err
     assert "Traceback" not in err
+
+
+def test_a_coordinator_told_to_exit_leaves_once_the_job_finished_and_its_grace_passed() -> None:
+    """--exit-after-finish: the coordinator as a role of the job (the TorchX component) ends when
+    the job does, after the grace in which a late replica still reads that it finished."""
+    import threading
+    import time
+
+    from hogwild.elastic.coordinator import FINISHED, serve
+
+    port, ready = free_port(), threading.Event()
+    thread = threading.Thread(target=serve, args=("127.0.0.1", port, ready), kwargs={"exit_after_finish": 1.0},
+                              daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+    time.sleep(1.5)
+    assert thread.is_alive()  # no job finished yet: it serves on
+    client.set(FINISHED, "3")
+    t0 = time.monotonic()
+    thread.join(15)
+    assert not thread.is_alive() and time.monotonic() - t0 >= 1.0
