@@ -4,10 +4,13 @@ host, and the job's invariants checked after every run.
     python scripts/chaos/chaos.py --faults 500 --seed 1 --out bench_results/chaos   # benchmarks/faults.md §10
     python scripts/chaos/chaos.py --faults 8 --per-run 4 --out /tmp/chaos            # a quick look
     python scripts/chaos/chaos.py --faults 500 --seed 1 --first-run 17                # go on after run 16
+    python scripts/chaos/chaos.py --slots 16 --kinds kill --distinct-slots --faults 20 --per-run 4 \
+        --peer-timeout 10 --out bench_results/chaos16       # R = 16, a quarter of them killed each run (docs/scale.md)
 
-Each run: a coordinator process and 3 replicas x 1 worker (mlp on digits, every step slowed
-20 ms so training outlasts the faults, ``elastic.peer_timeout_s=2``), then ``--per-run`` faults
-drawn from KINDS, one after another. Before the next fault the job must be whole again: every
+Each run: a coordinator process and ``--slots`` replicas x 1 worker (3; mlp on digits, every step
+slowed 20 ms so training outlasts the faults, ``elastic.peer_timeout_s=2``), then ``--per-run``
+faults drawn from KINDS (or only ``--kinds``), one after another; ``--distinct-slots`` draws each
+run's faults on slots not hit yet in it. Before the next fault the job must be whole again: every
 slot a member of the newest epoch, no join pending, every slot training. That time is the
 fault's recovery. Once the faults are over the job runs to its end at full speed and is checked:
 
@@ -48,7 +51,7 @@ from scripts.harness.common import clean_env, free_port, write_results  # noqa: 
 from hogwild.bench import Coordinator, checkpoints, last_checkpoint, read_board  # noqa: E402
 
 logger = logging.getLogger("chaos")
-SLOTS, PEER_S, STEP_MS, INTERVAL = 3, 2.0, 20, 20
+SLOTS, PEER_S, STEP_MS, INTERVAL = 3, 2.0, 20, 20  # main() sets SLOTS and PEER_S from --slots, --peer-timeout
 REDO = 2 * INTERVAL  # sync.interval + sync.max_lag (its default, one interval): a slot's steps past its last round
 BOUND_S = 120.0  # the longest a recovery, or the end of a run, may take on this host
 END_BOUND_S = 300.0
@@ -85,7 +88,8 @@ class Run:
         self.coordinator: Optional[subprocess.Popen[bytes]] = None
         self.start_coordinator()
         # Training outlasts the faults (about 10 s each on a loaded host); the rest runs at full speed.
-        self.epochs = max(100, faults * 40)
+        # A slot's shard is 1 / SLOTS of the data: more slots, more epochs for as many steps.
+        self.epochs = max(100, faults * 40) * max(1, SLOTS // 3)
         self.args = [f"elastic.coordinator=127.0.0.1:{self.port}", f"elastic.replicas={SLOTS}", "workers=1",
                      f"run_dir={self.run_dir}", f"elastic.peer_timeout_s={PEER_S}", f"sync.interval={INTERVAL}",
                      "sync.timeout_s=60", f"train.epochs={self.epochs}", "checkpoint.every_s=1",
@@ -320,8 +324,11 @@ def check_end(run: Run) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------- campaign
-def campaign(out: Path, total: int, per_run: int, seed: int, first_run: int = 0) -> None:
-    """Runs ``first_run`` onwards; a later start appends to the journal (a campaign that was cut off)."""
+def campaign(out: Path, total: int, per_run: int, seed: int, first_run: int = 0,
+             kinds: Optional[dict[str, int]] = None, distinct: bool = False) -> None:
+    """Runs ``first_run`` onwards; a later start appends to the journal (a campaign that was cut off).
+    ``kinds``: the faults drawn and their weights (KINDS); ``distinct``: no slot hit twice in a run."""
+    kinds = kinds or KINDS
     out.mkdir(parents=True, exist_ok=True)
     journal = (out / "chaos.jsonl").open("a" if first_run else "w")
     injected = first_run * per_run  # the earlier runs' share
@@ -337,9 +344,10 @@ def campaign(out: Path, total: int, per_run: int, seed: int, first_run: int = 0)
             run.settle(time.monotonic(), "the start")
             while len(done) < per_run and injected + len(done) < total and not run.near_end():
                 run.gap()
-                kind = run.rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
+                kind = run.rng.choices(list(kinds), weights=list(kinds.values()))[0]
+                hit = {d.slot for d in done} if distinct and len(done) < SLOTS else set()
                 f = Fault(index, len(done), kind, None if kind.startswith(("coordinator", "all")) else
-                          run.rng.randrange(SLOTS))
+                          run.rng.choice([s for s in range(SLOTS) if s not in hit]))
                 try:
                     INJECT[f.kind](run, f)
                 except Broken as e:
@@ -389,14 +397,15 @@ def finished(journal: Path) -> tuple[list[Fault], list[dict[str, Any]]]:
     return [f for i in order for f in done[i][0]], [done[i][1] for i in order]
 
 
-def table(faults: list[Fault], runs: list[dict[str, Any]], seed: int) -> str:
+def table(faults: list[Fault], runs: list[dict[str, Any]], seed: int, kinds: Optional[dict[str, int]] = None
+          ) -> str:
     def pct(xs: list[float], q: float) -> float:
         return float(np.percentile(xs, q)) if xs else float("nan")
-    lines = [f"{len(faults)} faults in {len(runs)} runs (seed {seed}); 3 replicas x 1 worker on this host, "
+    lines = [f"{len(faults)} faults in {len(runs)} runs (seed {seed}); {SLOTS} replicas x 1 worker on this host, "
              f"elastic.peer_timeout_s={PEER_S:g}, every step slowed {STEP_MS} ms", "",
              "| fault | injected | survived | recovery p50 s | recovery p95 s | steps lost per fault (mean) |",
              "|---|---|---|---|---|---|"]
-    for kind in KINDS:
+    for kind in kinds or KINDS:
         fs = [f for f in faults if f.kind == kind]
         rec = [f.recovery_s for f in fs if not f.broken]
         lost = [f.steps_lost for f in fs if f.steps_lost is not None]
@@ -427,6 +436,7 @@ def _until(cond: Callable[[], bool], bound_s: float, what: str) -> None:
 
 
 def main() -> None:
+    global SLOTS, PEER_S
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--faults", type=int, default=500, help="faults in all")
     ap.add_argument("--per-run", type=int, default=25, help="faults in one elastic run")
@@ -435,16 +445,26 @@ def main() -> None:
     ap.add_argument("--first-run", type=int, default=0,
                     help="go on with a campaign that was cut off: same seed, runs from this one, "
                          "appended to its journal")
+    ap.add_argument("--slots", type=int, default=SLOTS, help="replicas in each elastic run")
+    ap.add_argument("--kinds", default="", help=f"comma-separated faults to draw (default all: {', '.join(KINDS)})")
+    ap.add_argument("--distinct-slots", action="store_true", help="never hit a slot twice in one run")
+    ap.add_argument("--peer-timeout", type=float, default=PEER_S, help="elastic.peer_timeout_s")
     args = ap.parse_args()
-    if args.faults < 1 or args.per_run < 1 or args.first_run < 0:
-        ap.error("--faults and --per-run must be at least 1, --first-run at least 0")
+    if args.faults < 1 or args.per_run < 1 or args.first_run < 0 or args.slots < 2 or args.peer_timeout <= 0:
+        ap.error("--faults and --per-run must be at least 1, --first-run at least 0, --slots at least 2, "
+                 "--peer-timeout above 0")
+    chosen = [k for k in args.kinds.split(",") if k]
+    if any(k not in KINDS for k in chosen):
+        ap.error(f"--kinds: unknown {[k for k in chosen if k not in KINDS]}; choose from {', '.join(KINDS)}")
+    SLOTS, PEER_S = args.slots, args.peer_timeout
     args.out = args.out.resolve()  # the replicas run in their own folders: no relative paths
     if args.first_run and not (args.out / "chaos.jsonl").is_file():
         ap.error(f"--first-run: no journal to go on with at {args.out / 'chaos.jsonl'}")
     logging.basicConfig(level=logging.INFO, format="[chaos] %(asctime)s %(message)s", datefmt="%H:%M:%S")
-    campaign(args.out, args.faults, args.per_run, args.seed, args.first_run)
+    kinds = {k: KINDS[k] for k in chosen} or KINDS
+    campaign(args.out, args.faults, args.per_run, args.seed, args.first_run, kinds, args.distinct_slots)
     faults, runs = finished(args.out / "chaos.jsonl")
-    text = table(faults, runs, args.seed) + (f"\nRuns' wall time in all: "
+    text = table(faults, runs, args.seed, kinds) + (f"\nRuns' wall time in all: "
                                              f"{sum(r['wall_s'] for r in runs) / 60:.0f} min\n")
     write_results(args.out, "chaos", {"seed": args.seed, "faults": [asdict(f) for f in faults], "runs": runs}, text,
                   indent=1)
