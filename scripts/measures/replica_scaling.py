@@ -1,0 +1,179 @@
+"""What grows with the replica count R on one host: a round's time and its time in collectives,
+a leader's CPU per round, start-up, an elastic epoch's formation and the coordinator's load, for
+R = 2 to 32, under torchrun and in elastic mode (docs/scale.md, "Many replicas on one host").
+
+    python scripts/measures/replica_scaling.py --replicas 2 4 8 16 32 --out bench_results/scaling
+    python scripts/measures/replica_scaling.py --replicas 32 --launch torchrun --repeats 5   # R = 32, 5 runs
+
+Every run is the digits MLP, one worker a replica, ``--steps`` steps each and a round every
+``--interval`` (so every R has the same rounds), no evaluation or checkpoint on the way. On a host
+of C cores, R replicas share them: past R = C a round waits for replicas the scheduler has not run
+yet, so a round's time here is an upper bound on a real machine's, and the time inside
+collectives (``sync_link_s``) is the figure that follows the network's share. Each run says
+whether its replicas ended on one model (``replica_final_state``: one digest of every model).
+
+Elastic runs start a coordinator (``hogwild.cli.coordinator``) and R members, each told the R
+members share the host (``LOCAL_WORLD_SIZE``, as torchrun says it). Formation is the time from the
+last member's setup (its "replica i/R" line) to the first epoch's group at slot 0, its workers'
+warm-up included; the coordinator's load is its CPU seconds over the run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+from typing import Any, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
+from scripts.harness.common import clean_env, free_port, metrics, table_head, train_cmd, write_results  # noqa: E402
+
+logger = logging.getLogger("scaling")
+REPO = Path(__file__).resolve().parents[2]
+STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
+
+
+def _args(run_dir: Path, steps: int, interval: int) -> list[str]:
+    return ["workers=1", f"train.max_steps={steps}", f"sync.interval={interval}", "eval.every_s=100000",
+            "checkpoint.every_s=100000", f"run_dir={run_dir}", "resume=false"]
+
+
+def _cpu_s(pid: int) -> float:
+    """A live process's user + system CPU seconds, from /proc."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _when(log: str, pattern: str) -> Optional[float]:
+    """The time (epoch seconds) of the first line of ``log`` that holds ``pattern``."""
+    for line in log.splitlines():
+        if pattern in line:
+            m = STAMP.match(line)
+            if m:
+                return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    return None
+
+
+def _figures(m: dict[str, Any], wall_s: float, replicas: int) -> dict[str, Any]:
+    syncs = max(int(m.get("syncs") or 0), 1)
+    models = {s["model"] for s in m.get("replica_final_state") or []}
+    return {"wall_s": wall_s, "startup_s": m["startup_s"], "train_s": m["train_s"], "syncs": m["syncs"],
+            "round_s": m["mean_sync_s"], "in_collectives_s": m["sync_link_s"] / syncs,
+            "leader_cpu_ms_per_round": 1000 * m["sync_cpu_s"] / syncs,
+            "bytes_sent_per_round": m["sync_bytes_sent"] / syncs, "test_accuracy": m["test_accuracy"],
+            "one_model": len(models) == 1 and len(m.get("replica_final_state") or []) == replicas}
+
+
+def torchrun(replicas: int, steps: int, interval: int, work: Path, timeout_s: float) -> dict[str, Any]:
+    run_dir = work / f"torchrun{replicas}"
+    t0 = time.perf_counter()
+    proc = subprocess.run(train_cmd(_args(run_dir, steps, interval), replicas), cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout_s, env=clean_env(OMP_NUM_THREADS="1"))
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        return {"error": f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"}
+    return _figures(metrics(run_dir), wall, replicas)
+
+
+def elastic(replicas: int, steps: int, interval: int, work: Path, timeout_s: float,
+            peer_timeout_s: float = 10.0) -> dict[str, Any]:
+    run_dir, port = work / f"elastic{replicas}", free_port()
+    work.mkdir(parents=True, exist_ok=True)
+    env = clean_env(OMP_NUM_THREADS="1", LOCAL_WORLD_SIZE=str(replicas))
+    coord = subprocess.Popen([sys.executable, "-m", "hogwild.cli.coordinator", "--host", "127.0.0.1", "--port",
+                              str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    logs = [work / f"elastic{replicas}_slot{s}.log" for s in range(replicas)]
+    members: list[subprocess.Popen[bytes]] = []
+    try:
+        time.sleep(1.0)  # the coordinator's import; a member retries its first connection anyway
+        cpu0, t0 = _cpu_s(coord.pid), time.perf_counter()
+        for s, log in enumerate(logs):
+            members.append(subprocess.Popen(
+                [sys.executable, "-m", "hogwild.cli.train", *_args(run_dir, steps, interval),
+                 f"elastic.coordinator=127.0.0.1:{port}", f"elastic.replicas={replicas}", f"elastic.slot={s}",
+                 f"elastic.peer_timeout_s={peer_timeout_s:g}"], cwd=REPO, env=env, stdout=log.open("wb"),
+                stderr=subprocess.STDOUT))
+        codes = [p.wait(timeout=timeout_s) for p in members]
+        wall, coord_cpu = time.perf_counter() - t0, _cpu_s(coord.pid) - cpu0
+    finally:
+        for p in [*members, coord]:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    texts = [log.read_text(errors="replace") for log in logs]
+    if any(codes):
+        return {"error": f"exit codes {codes}: {texts[codes.index(next(c for c in codes if c))][-300:]}"}
+    ready = [_when(t, f"replica {s}/{replicas}:") for s, t in enumerate(texts)]
+    formed = min((t for t in (_when(x, "formed epoch 1:") for x in texts) if t is not None), default=None)
+    out = _figures(metrics(run_dir), wall, replicas)
+    out.update(formation_s=(formed - max(r for r in ready if r is not None)) if formed and any(ready) else None,
+               coordinator_cores=coord_cpu / wall)
+    return out
+
+
+COLUMNS = ("launch", "R", "wall s", "start-up s", "formation s", "round s", "in collectives s",
+           "leader CPU ms / round", "KB sent / round", "coordinator cores", "one model", "accuracy")
+
+
+def _row(launch: str, r: int, rs: list[dict[str, Any]]) -> str:
+    ok = [x for x in rs if "error" not in x]
+    if not ok:
+        return f"| {launch} | {r} | failed: {rs[0]['error']} |"
+
+    def med(key: str, fmt: str, scale: float = 1.0) -> str:
+        vals = [x[key] for x in ok if x.get(key) is not None]
+        return format(statistics.median(vals) * scale, fmt) if vals else "–"
+    agree = f"{sum(x['one_model'] for x in ok)} of {len(rs)}"
+    return (f"| {launch} | {r} | {med('wall_s', '.1f')} | {med('startup_s', '.1f')} | {med('formation_s', '.2f')} | "
+            f"{med('round_s', '.3f')} | {med('in_collectives_s', '.3f')} | {med('leader_cpu_ms_per_round', '.1f')} | "
+            f"{med('bytes_sent_per_round', '.1f', 1 / 1024)} | {med('coordinator_cores', '.3f')} | {agree} | "
+            f"{med('test_accuracy', '.3f')} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--replicas", type=int, nargs="+", default=[2, 4, 8, 16, 32])
+    ap.add_argument("--launch", nargs="+", default=["torchrun", "elastic"], choices=["torchrun", "elastic"])
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=200, help="steps of each replica")
+    ap.add_argument("--interval", type=int, default=10, help="sync.interval (steps of a replica)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take")
+    ap.add_argument("--peer-timeout", type=float, default=10.0, help="elastic.peer_timeout_s (elastic runs)")
+    ap.add_argument("--out", type=Path, default=Path("bench_results/scaling"))
+    args = ap.parse_args()
+    if min(args.replicas) < 2 or args.repeats < 1 or args.steps < args.interval or args.interval < 1:
+        ap.error("--replicas at least 2, --repeats at least 1, --interval at least 1 and at most --steps")
+    logging.basicConfig(level=logging.INFO, format="[scaling] %(asctime)s %(message)s", datefmt="%H:%M:%S")
+    runners = {"torchrun": torchrun, "elastic": partial(elastic, peer_timeout_s=args.peer_timeout)}
+    results: dict[str, dict[int, list[dict[str, Any]]]] = {k: {r: [] for r in args.replicas} for k in args.launch}
+    with tempfile.TemporaryDirectory(prefix="hogwild-scaling-") as tmp:
+        for i in range(args.repeats):  # repeats interleaved: a busy spell slows every R alike
+            for launch in args.launch:
+                for r in args.replicas:
+                    got = runners[launch](r, args.steps, args.interval, Path(tmp) / f"{i}", args.timeout)
+                    results[launch][r].append(got)
+                    logger.info("%s R=%d run %d/%d: %s", launch, r, i + 1, args.repeats,
+                                got.get("error") or f"{got['wall_s']:.1f}s, round {got['round_s']:.3f}s, "
+                                f"one model {got['one_model']}")
+    lines = [f"Replicas on this host ({args.steps} steps each, a round every {args.interval}, digits MLP, 1 worker "
+             f"a replica, elastic.peer_timeout_s={args.peer_timeout:g}; medians of {args.repeats} run(s))", "",
+             *table_head(*COLUMNS)]
+    lines += [_row(launch, r, results[launch][r]) for launch in args.launch for r in args.replicas]
+    write_results(args.out, "scaling", {"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
+                  "\n".join(lines) + "\n")
+    if any("error" in x or not x["one_model"] for per in results.values() for rs in per.values() for x in rs):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
