@@ -29,9 +29,10 @@ def test_the_elastic_roles_train_a_job_and_the_coordinator_leaves_when_it_finish
     the coordinator on the first host (here the variable is unset: this host), train to the end on
     one model, and the coordinator exits 0 once its grace after the job's end passed."""
     run_dir = tmp_path / "run"
-    roles = elastic_roles(["workers=1", "train.max_steps=60", "sync.interval=10", "eval.every_s=1000"], 2,
-                          str(run_dir), "${rank0_env}", "${replica_id}", port=free_port(), grace_s=1,
-                          python=sys.executable)
+    # A short heartbeat window (elastic.peer_timeout_s / 2) forms the epoch sooner: the test is the commands.
+    roles = elastic_roles(["workers=1", "train.max_steps=20", "sync.interval=5", "eval.every_s=1000",
+                           "elastic.peer_timeout_s=2"], 2, str(run_dir), "${rank0_env}", "${replica_id}",
+                          port=free_port(), grace_s=0.5, python=sys.executable)
     assert [(r.name, r.replicas) for r in roles] == [("coordinator", 1), ("replica", 2)]
     env = clean_env(OMP_NUM_THREADS="1", LOCAL_WORLD_SIZE="2")
     procs = [subprocess.Popen(["bash", "-c", _as_scheduled(role.command, i)], cwd=tmp_path, env=env,
@@ -44,7 +45,7 @@ def test_the_elastic_roles_train_a_job_and_the_coordinator_leaves_when_it_finish
             p.kill()
     assert [p.returncode for p in procs] == [0, 0, 0], [e[-1500:] for e in errs]
     m = json.loads((run_dir / "metrics.json").read_text())
-    assert m["elastic"] and m["replicas"] == 2 and m["steps"] == 120, m
+    assert m["elastic"] and m["replicas"] == 2 and m["steps"] == 40, m
     assert len({s["model"] for s in m["replica_final_state"]}) == 1, m["replica_final_state"]
     assert "the job finished: the coordinator exits" in errs[0]
 
