@@ -4,6 +4,7 @@ R = 2 to 32, under torchrun and in elastic mode (docs/scale.md, "Many replicas o
 
     python scripts/measures/replica_scaling.py --replicas 2 4 8 16 32 --out bench_results/scaling
     python scripts/measures/replica_scaling.py --replicas 32 --launch torchrun --repeats 5   # R = 32, 5 runs
+    python scripts/measures/replica_scaling.py --replicas 2 4 8 --launch shaped --rate 10mbit   # root: shaped links
 
 Every run is the digits MLP, one worker a replica, ``--steps`` steps each and a round every
 ``--interval`` (so every R has the same rounds), no evaluation or checkpoint on the way. On a host
@@ -15,7 +16,10 @@ whether its replicas ended on one model (``replica_final_state``: one digest of 
 Elastic runs start a coordinator (``hogwild.cli.coordinator``) and R members, each told the R
 members share the host (``LOCAL_WORLD_SIZE``, as torchrun says it). Formation is the time from the
 last member's setup (its "replica i/R" line) to the first epoch's group at slot 0, its workers'
-warm-up included; the coordinator's load is its CPU seconds over the run's.
+warm-up included; the coordinator's load is its CPU seconds over the run's. ``--launch shaped`` is
+torchrun with each replica a machine: a network namespace with its egress shaped to ``--rate`` (no
+added delay: this host's kernel has no netem) and an equal share of the cores; rounds at two rates
+tell a round's bandwidth term (bytes over the rate) from the rest (latency, CPU, waiting).
 """
 
 from __future__ import annotations
@@ -85,6 +89,32 @@ def torchrun(replicas: int, steps: int, interval: int, work: Path, timeout_s: fl
     return _figures(metrics(run_dir), wall, replicas)
 
 
+def shaped(replicas: int, steps: int, interval: int, work: Path, timeout_s: float) -> dict[str, Any]:
+    """torchrun with each replica a machine of its own: a network namespace whose egress is
+    shaped to ``--rate`` (scripts/harness/links.py), an equal share of the host's cores."""
+    from scripts.harness import links
+
+    links.setup(replicas, SHAPE["rate"], 0)
+    links.cpu_shares(replicas)
+    run_dir, port = work / f"shaped{replicas}", links.port()
+    cmds = [[sys.executable, "-m", "torch.distributed.run", f"--nnodes={replicas}", "--nproc-per-node=1",
+             f"--node-rank={i}", f"--master-addr={links.addr(0)}", f"--master-port={port}",
+             *train_cmd(_args(run_dir, steps, interval))[1:]] for i in range(replicas)]
+    t0 = time.perf_counter()
+    try:
+        links.on_machines(cmds, timeout_s)
+    except RuntimeError as e:
+        return {"error": str(e).strip().splitlines()[-1:]}
+    finally:
+        links.teardown(replicas)
+        links.drop_cpu_shares(replicas)
+    return _figures(metrics(run_dir), time.perf_counter() - t0, replicas)
+
+
+SHAPE = {"rate": "100mbit"}
+"""``--rate``: each machine's egress under ``--launch shaped``."""
+
+
 def elastic(replicas: int, steps: int, interval: int, work: Path, timeout_s: float,
             peer_timeout_s: float = 10.0) -> dict[str, Any]:
     run_dir, port = work / f"elastic{replicas}", free_port()
@@ -143,7 +173,10 @@ def _row(launch: str, r: int, rs: list[dict[str, Any]]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replicas", type=int, nargs="+", default=[2, 4, 8, 16, 32])
-    ap.add_argument("--launch", nargs="+", default=["torchrun", "elastic"], choices=["torchrun", "elastic"])
+    ap.add_argument("--launch", nargs="+", default=["torchrun", "elastic"], choices=["torchrun", "elastic", "shaped"],
+                    help="shaped: torchrun with each replica in a network namespace of its own, its egress "
+                         "at --rate (root, iproute2)")
+    ap.add_argument("--rate", default=SHAPE["rate"], help="tc's rate of each machine's egress (--launch shaped)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--steps", type=int, default=200, help="steps of each replica")
     ap.add_argument("--interval", type=int, default=10, help="sync.interval (steps of a replica)")
@@ -154,7 +187,14 @@ def main() -> None:
     if min(args.replicas) < 2 or args.repeats < 1 or args.steps < args.interval or args.interval < 1:
         ap.error("--replicas at least 2, --repeats at least 1, --interval at least 1 and at most --steps")
     logging.basicConfig(level=logging.INFO, format="[scaling] %(asctime)s %(message)s", datefmt="%H:%M:%S")
-    runners = {"torchrun": torchrun, "elastic": partial(elastic, peer_timeout_s=args.peer_timeout)}
+    SHAPE["rate"] = args.rate
+    if "shaped" in args.launch:
+        from scripts.harness import links
+
+        why = links.available()
+        if why:
+            ap.error(f"--launch shaped: {why}")
+    runners = {"torchrun": torchrun, "elastic": partial(elastic, peer_timeout_s=args.peer_timeout), "shaped": shaped}
     results: dict[str, dict[int, list[dict[str, Any]]]] = {k: {r: [] for r in args.replicas} for k in args.launch}
     with tempfile.TemporaryDirectory(prefix="hogwild-scaling-") as tmp:
         for i in range(args.repeats):  # repeats interleaved: a busy spell slows every R alike
@@ -166,7 +206,8 @@ def main() -> None:
                                 got.get("error") or f"{got['wall_s']:.1f}s, round {got['round_s']:.3f}s, "
                                 f"one model {got['one_model']}")
     lines = [f"Replicas on this host ({args.steps} steps each, a round every {args.interval}, digits MLP, 1 worker "
-             f"a replica, elastic.peer_timeout_s={args.peer_timeout:g}; medians of {args.repeats} run(s))", "",
+             f"a replica, elastic.peer_timeout_s={args.peer_timeout:g}, shaped links at {args.rate}; medians of "
+             f"{args.repeats} run(s))", "",
              *table_head(*COLUMNS)]
     lines += [_row(launch, r, results[launch][r]) for launch in args.launch for r in args.replicas]
     write_results(args.out, "scaling", {"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
