@@ -46,6 +46,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from hogwild.elastic.coordinator import FINISHED
 from hogwild.elastic.keys import JobKeys
 from hogwild.elastic.link import CoordinatorAway, Link, Memory, call_deadline
 from hogwild.elastic.liveness import POLL_S, Heartbeat, Liveness, Progress
@@ -332,7 +333,7 @@ class Membership:
                     f"slots alive: {self.liveness.alive(list(range(self.slots)))}")
 
     def _step(self) -> Optional[Epoch]:
-        if self.link.check("finished"):
+        if self.link.check(FINISHED):
             raise Fault(f"sync: the job at {self.endpoint} finished while replica {self.slot} was away; "
                         "nothing left for it to do (start a new coordinator for a new job)")
         newest = self.current()

@@ -31,6 +31,7 @@ from hogwild.checkpoint.resume import Restored, restore, resume_path
 from hogwild.config.env import DistEnv
 from hogwild.config.schema import Config
 from hogwild.elastic.comm import ElasticComm
+from hogwild.elastic.coordinator import FINISHED
 from hogwild.elastic.ledger import Ledger
 from hogwild.elastic.link import CoordinatorAway
 from hogwild.elastic.membership import Dropped, Epoch, Membership
@@ -379,7 +380,7 @@ class ElasticGroup(Group):
     def finish(self, result: RunResult) -> RunResult:
         if self.ctl.degraded:
             return result
-        self.keys.put("finished", str(self.membership.epoch.number))  # a replica that wakes later exits
+        self.keys.put(FINISHED, str(self.membership.epoch.number))  # a replica that wakes later exits
         if self.comm.rank == 0 and not self.writer:
             return dataclasses.replace(
                 result, status=Status.FAILED, exit_code=Status.FAILED.exit_code,
