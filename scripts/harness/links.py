@@ -14,9 +14,12 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Optional
+
+from scripts.harness.common import train_cmd
 
 logger = logging.getLogger("link")
 BRIDGE = "hwlinkbr"
@@ -232,3 +235,12 @@ def on_machines(cmds: list[list[str]], timeout: float,
 def port() -> int:
     """A port for a run's rendezvous, fresh each millisecond."""
     return 29500 + int(time.time() * 1000) % 2000
+
+
+def torchrun_on_machines(machines: int, args: list[str]) -> list[list[str]]:
+    """``hogwild-train ARGS`` under torchrun, one leader a machine, meeting at machine 0 on a fresh
+    port: each machine's command for :func:`on_machines`."""
+    master = port()
+    return [[sys.executable, "-m", "torch.distributed.run", f"--nnodes={machines}", "--nproc-per-node=1",
+             f"--node-rank={i}", f"--master-addr={addr(0)}", f"--master-port={master}", *train_cmd(args)[1:]]
+            for i in range(machines)]

@@ -96,10 +96,8 @@ def shaped(replicas: int, steps: int, interval: int, work: Path, timeout_s: floa
 
     links.setup(replicas, SHAPE["rate"], 0)
     links.cpu_shares(replicas)
-    run_dir, port = work / f"shaped{replicas}", links.port()
-    cmds = [[sys.executable, "-m", "torch.distributed.run", f"--nnodes={replicas}", "--nproc-per-node=1",
-             f"--node-rank={i}", f"--master-addr={links.addr(0)}", f"--master-port={port}",
-             *train_cmd(_args(run_dir, steps, interval))[1:]] for i in range(replicas)]
+    run_dir = work / f"shaped{replicas}"
+    cmds = links.torchrun_on_machines(replicas, _args(run_dir, steps, interval))
     t0 = time.perf_counter()
     try:
         links.on_machines(cmds, timeout_s)

@@ -45,7 +45,7 @@ from scripts.harness import links  # noqa: E402
 from scripts.harness.arms import LM_ARMS, LM_DEFAULT  # noqa: E402
 from scripts.harness.arms import SIZES as LM_SIZES  # noqa: E402
 from scripts.harness.baselines import WORKLOADS, Workload, workload_from_args  # noqa: E402
-from scripts.harness.common import metrics, put_result, pyplot, reached, result_line, train_cmd  # noqa: E402
+from scripts.harness.common import metrics, put_result, pyplot, reached, result_line  # noqa: E402
 
 from hogwild.bench import ring_all_reduce_bytes  # noqa: E402
 
@@ -66,13 +66,11 @@ METHODS: dict[str, Optional[list[str]]] = {
 
 def hogwild(w: Workload, machines: int, interval: int, extra: list[str], root: Path) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(dir=root))
-    port = links.port()
     # A method may set its own interval (fragments with a shorter one), which Hydra would refuse twice.
     interval_arg = [] if any(o.startswith("sync.interval=") for o in extra) else [f"sync.interval={interval}"]
-    cmds = [[sys.executable, "-m", "torch.distributed.run", f"--nnodes={machines}", "--nproc-per-node=1",
-             f"--node-rank={i}", f"--master-addr={links.addr(0)}", f"--master-port={port}",
-             *train_cmd([*w.hydra(), "workers=1", f"train.target_accuracy={w.target}", *interval_arg,
-                         f"run_dir={run_dir}", "checkpoint.every_s=3600", *extra])[1:]] for i in range(machines)]
+    cmds = links.torchrun_on_machines(machines, [*w.hydra(), "workers=1", f"train.target_accuracy={w.target}",
+                                                 *interval_arg, f"run_dir={run_dir}", "checkpoint.every_s=3600",
+                                                 *extra])
     _, sent = links.on_machines(cmds, links.RUN_TIMEOUT_S)
     m = metrics(run_dir)
     steps = max(m["steps"], 1) / machines

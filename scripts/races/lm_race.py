@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from scripts.harness import links
-from scripts.harness.common import arm_summary, metrics, pyplot, result_line, table_head, train_cmd
+from scripts.harness.common import arm_summary, metrics, pyplot, result_line, table_head
 from scripts.harness.arms import LM_ARMS, SIZES, Race, gpt, hogwild_overrides
 from scripts.harness.arms import SCRIPT as ARMS_SCRIPT
 
@@ -37,11 +37,9 @@ def hogwild_run(args: argparse.Namespace, extra: list[str], root: Path, seed: in
     """hogwild M x C on the machines (C: ``--cores-per-machine``), then its final checkpoint scored on
     the whole test split."""
     run_dir = Path(tempfile.mkdtemp(dir=root))
-    port = links.port()
-    cmds = [[sys.executable, "-m", "torch.distributed.run", f"--nnodes={args.machines}", "--nproc-per-node=1",
-             f"--node-rank={i}", f"--master-addr={links.addr(0)}", f"--master-port={port}",
-             *train_cmd([*hogwild_overrides(args.workload, args.budget, args.eval_every_s), f"workers={links.CORES}",
-                         f"train.seed={seed}", f"run_dir={run_dir}", *extra])[1:]] for i in range(args.machines)]
+    cmds = links.torchrun_on_machines(args.machines, [*hogwild_overrides(args.workload, args.budget, args.eval_every_s),
+                                                      f"workers={links.CORES}", f"train.seed={seed}",
+                                                      f"run_dir={run_dir}", *extra])
     _, sent = links.on_machines(cmds, links.RUN_TIMEOUT_S)
     return {**hogwild_result(args.workload, run_dir, args.machines, sent), "seed": seed}
 

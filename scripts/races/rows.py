@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from scripts.harness import links  # noqa: E402
-from scripts.harness.common import metrics, put_result, result_line, train_cmd  # noqa: E402
+from scripts.harness.common import metrics, put_result, result_line  # noqa: E402
 
 from hogwild.bench import ring_all_reduce_bytes  # noqa: E402
 
@@ -72,14 +72,10 @@ def workload(a: argparse.Namespace) -> list[str]:
 
 def hogwild(a: argparse.Namespace, extra: list[str], root: Path) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(dir=root))
-    port = links.port()
     target = ["train.target.metric=logloss", f"train.target.value={a.target}"] if a.stop_at_target else []
-    cmds = [[sys.executable, "-m", "torch.distributed.run", f"--nnodes={a.machines}", "--nproc-per-node=1",
-             f"--node-rank={i}", f"--master-addr={links.addr(0)}", f"--master-port={port}",
-             *train_cmd([*workload(a), f"workers={a.workers}", f"sync.interval={a.interval}",
-                         f"eval.every_s={a.eval_every_s}", "eval.max_fraction=0.5", "checkpoint.every_s=3600", *target,
-                         f"run_dir={run_dir}", *extra])[1:]]
-            for i in range(a.machines)]
+    cmds = links.torchrun_on_machines(a.machines, [*workload(a), f"workers={a.workers}", f"sync.interval={a.interval}",
+                                                   f"eval.every_s={a.eval_every_s}", "eval.max_fraction=0.5",
+                                                   "checkpoint.every_s=3600", *target, f"run_dir={run_dir}", *extra])
     _, sent = links.on_machines(cmds, a.run_timeout_s)
     m = metrics(run_dir)
     steps = max(m["steps"], 1) / a.machines
