@@ -89,12 +89,13 @@ def torchrun(replicas: int, steps: int, interval: int, work: Path, timeout_s: fl
     return _figures(metrics(run_dir), wall, replicas)
 
 
-def shaped(replicas: int, steps: int, interval: int, work: Path, timeout_s: float) -> dict[str, Any]:
+def shaped(replicas: int, steps: int, interval: int, work: Path, timeout_s: float, rate: str = "100mbit"
+           ) -> dict[str, Any]:
     """torchrun with each replica a machine of its own: a network namespace whose egress is
     shaped to ``--rate`` (scripts/harness/links.py), an equal share of the host's cores."""
     from scripts.harness import links
 
-    links.setup(replicas, SHAPE["rate"], 0)
+    links.setup(replicas, rate, 0)
     links.cpu_shares(replicas)
     run_dir = work / f"shaped{replicas}"
     cmds = links.torchrun_on_machines(replicas, _args(run_dir, steps, interval))
@@ -109,8 +110,6 @@ def shaped(replicas: int, steps: int, interval: int, work: Path, timeout_s: floa
     return _figures(metrics(run_dir), time.perf_counter() - t0, replicas)
 
 
-SHAPE = {"rate": "100mbit"}
-"""``--rate``: each machine's egress under ``--launch shaped``."""
 
 
 def elastic(replicas: int, steps: int, interval: int, work: Path, timeout_s: float,
@@ -174,7 +173,7 @@ def main() -> None:
     ap.add_argument("--launch", nargs="+", default=["torchrun", "elastic"], choices=["torchrun", "elastic", "shaped"],
                     help="shaped: torchrun with each replica in a network namespace of its own, its egress "
                          "at --rate (root, iproute2)")
-    ap.add_argument("--rate", default=SHAPE["rate"], help="tc's rate of each machine's egress (--launch shaped)")
+    ap.add_argument("--rate", default="100mbit", help="tc's rate of each machine's egress (--launch shaped)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--steps", type=int, default=200, help="steps of each replica")
     ap.add_argument("--interval", type=int, default=10, help="sync.interval (steps of a replica)")
@@ -185,14 +184,14 @@ def main() -> None:
     if min(args.replicas) < 2 or args.repeats < 1 or args.steps < args.interval or args.interval < 1:
         ap.error("--replicas at least 2, --repeats at least 1, --interval at least 1 and at most --steps")
     logging.basicConfig(level=logging.INFO, format="[scaling] %(asctime)s %(message)s", datefmt="%H:%M:%S")
-    SHAPE["rate"] = args.rate
     if "shaped" in args.launch:
         from scripts.harness import links
 
         why = links.available()
         if why:
             ap.error(f"--launch shaped: {why}")
-    runners = {"torchrun": torchrun, "elastic": partial(elastic, peer_timeout_s=args.peer_timeout), "shaped": shaped}
+    runners = {"torchrun": torchrun, "elastic": partial(elastic, peer_timeout_s=args.peer_timeout),
+               "shaped": partial(shaped, rate=args.rate)}
     results: dict[str, dict[int, list[dict[str, Any]]]] = {k: {r: [] for r in args.replicas} for k in args.launch}
     with tempfile.TemporaryDirectory(prefix="hogwild-scaling-") as tmp:
         for i in range(args.repeats):  # repeats interleaved: a busy spell slows every R alike
