@@ -17,9 +17,11 @@ SGD_INTERVAL = 50
 WEIGHTINGS = ("auto", "equal", "steps")
 BY_SPEED = ("auto", "true", "false")
 COMPRESS = ("auto", "off")
-RUNGS: tuple[tuple[str, int], ...] = (("fp32", 1), ("int8", 1), ("int8", 4))
+RUNGS: tuple[tuple[str, int], ...] = (("fp32", 1), ("int8", 1), ("int8", 4), ("fp32", 4))
 """``sync.compress=auto``: (sync.dtype, sync.fragments) of each rung of the wire's ladder, in the
-order a paced average climbs them (sync/ladder.py)."""
+order a paced average climbs them (sync/ladder.py). The last is for many replicas: from R = 8 on,
+int8's all_gather sends more than fp32's all_reduce. A rung's index is what a checkpoint keeps: new
+rungs go at the end."""
 
 
 @dataclass
@@ -63,8 +65,9 @@ class SyncConfig:
     syncs all): a round sends 1/fragments of the model."""
     compress: str = "auto"
     """auto | off. auto: a paced average (an adaptive optimizer's default rounds) on whole fp32
-    rounds switches to int8, or int8 in 4 fragments, the least that fits, once the link asks for two
-    optimizer steps between rounds or more (docs/sync.md, "Compression on a slow link"); off:
+    rounds switches to int8, or int8 in 4 fragments (fp32 in 4 fragments from 16 replicas on, where
+    int8's all_gather sends more), the least that fits, once the link asks for two optimizer steps
+    between rounds or more (docs/sync.md, "Compression on a slow link"); off:
     sync.dtype and sync.fragments as set. A sync.dtype or sync.fragments of your own turns it off."""
     row_sparse: bool = False
     """Send only the rows of embedding tables (parameters with sparse gradients) that some replica

@@ -49,22 +49,31 @@ right after a climb would climb a round before the others (a collective mismatch
 
 def cost(rung: int, replicas: int) -> float:
     """A round's bytes on ``rung`` against whole fp32 rounds: int8's ring all_gather sends
-    ``(R - 1) n`` bytes against fp32's all_reduce ``2 (R - 1) / R * 4n`` (R / 8 of them, no gain
-    from eight replicas on), and F fragments send 1 / F of the model (sync/wire.py)."""
+    ``(R - 1) n`` bytes against fp32's all_reduce ``2 (R - 1) / R * 4n``, so ``R / 8`` of them (a
+    quarter at two replicas, as much at eight, 128 times as much at 1,024), and F fragments send 1 / F
+    of the model (sync/wire.py)."""
     dtype, fragments = RUNGS[rung]
-    return (1.0 if dtype == "fp32" else min(1.0, replicas / 8)) / fragments
+    return (1.0 if dtype == "fp32" else replicas / 8) / fragments
 
 
 def fitting(rung: int, ask: float, floor: int, replicas: int) -> int:
-    """The rung to climb to from ``rung``, where the link asks for ``ask`` steps between rounds: the
-    lowest one above it whose rounds would ask for fewer than ``floor``, else the top (``rung``
-    itself when the link does not set the pace)."""
+    """The rung to climb to from ``rung``, where the link asks for ``ask`` steps between rounds.
+
+    Only a rung above that sends fewer bytes than this one, at this many replicas, is a step up. Of
+    those, fewer fragments first (each value travels more often), then fewer bytes; the first whose
+    rounds would ask for fewer than ``floor`` steps, else the cheapest; ``rung`` itself when the link
+    does not set the pace or nothing above is cheaper. Before 2026-11-28 the top rung was taken
+    whatever it sent: from 32 replicas on int8 in four fragments sends more than whole fp32 rounds
+    (docs/scale.md, "The simulator")."""
     if ask < floor:
         return rung
-    for higher in range(rung + 1, len(RUNGS)):
-        if ask * cost(higher, replicas) / cost(rung, replicas) < floor:
+    here = cost(rung, replicas)
+    cheaper = sorted((r for r in range(rung + 1, len(RUNGS)) if cost(r, replicas) < here),
+                     key=lambda r: (RUNGS[r][1], cost(r, replicas), r))
+    for higher in cheaper:
+        if ask * cost(higher, replicas) / here < floor:
             return higher
-    return len(RUNGS) - 1
+    return min(cheaper, key=lambda r: (cost(r, replicas), r)) if cheaper else rung
 
 
 class Ladder(SyncRule):

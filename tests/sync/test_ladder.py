@@ -31,8 +31,22 @@ def test_the_link_s_ask_is_the_shortest_round_any_replica_saw_and_picks_the_lowe
     assert fitting(0, 30.0, floor=2, replicas=2) == 2  # 10 Mbit/s: straight to int8 in fragments
     assert fitting(1, 3.0, floor=2, replicas=2) == 2
     assert fitting(2, 50.0, floor=2, replicas=2) == 2  # the top
-    # From eight replicas on int8's all_gather sends as much as fp32's all_reduce: only fragments help.
+    # At eight replicas int8's all_gather sends as much as fp32's all_reduce: only fragments help.
     assert cost(1, 8) == cost(0, 8) and fitting(0, 5.0, floor=2, replicas=8) == 2
+
+
+def test_many_replicas_never_climb_to_a_wire_that_sends_more_than_whole_fp32_rounds() -> None:
+    """int8's all_gather sends R / 8 of fp32's all_reduce: at 32 replicas int8 in four fragments sends
+    as much as whole fp32 rounds, at 1,024 replicas 32 times as much. The ladder used to climb to it
+    whatever it cost; from 16 replicas on its rung is whole fp32 values in four fragments."""
+    assert cost(1, 1024) == 128 and cost(2, 1024) == 32 and cost(3, 1024) == 0.25
+    for replicas in (16, 32, 64, 1024):
+        assert fitting(0, 5.0, floor=2, replicas=replicas) == 3, replicas  # fp32/4 asks for 1.25
+        assert fitting(0, 90.0, floor=2, replicas=replicas) == 3, replicas  # nothing fits: the cheapest
+        assert cost(fitting(0, 90.0, floor=2, replicas=replicas), replicas) < cost(0, replicas)
+    # Two replicas climb as before: int8 first (every value every round), its fragments past that.
+    assert fitting(0, 5.0, floor=2, replicas=2) == 1 and fitting(0, 90.0, floor=2, replicas=2) == 2
+    assert fitting(2, 90.0, floor=2, replicas=2) == 2  # fp32/4 sends more than int8/4 there: no step
 
 
 def test_only_a_paced_average_on_whole_fp32_rounds_climbs() -> None:
@@ -147,6 +161,19 @@ def test_two_replicas_climb_together_and_still_land_on_one_model() -> None:
     # (the fragments start from the last fp32 round's mean, not a broadcast).
     fp32 = a[3][0]
     assert all(sent < fp32 / 12 for sent in a[3][2:]), a[3]
+
+
+def test_sixteen_replicas_climb_to_fp32_fragments_and_each_round_sends_a_quarter() -> None:
+    """At 16 replicas int8 in four fragments would send half a whole fp32 round; fp32 in four
+    fragments sends a quarter, and the replicas still end on one model."""
+    ranks = run_ranks(16, lambda comm: _replica(comm, 6))
+    for r in ranks:
+        assert r[1] == ["fp32", "fp32/4", *["fp32/4"] * 4], r[1]
+    # A quarter of the model and the round's control vector (int8/4 here: 15 x 1,032 bytes a round,
+    # about half of fp32's 31.5 KB).
+    fp32 = ranks[0][3][0]
+    assert all(fp32 / 4 <= sent < fp32 / 3 for sent in ranks[0][3][2:]), ranks[0][3]
+    assert all(torch.equal(r[0][-1], ranks[0][0][-1]) for r in ranks)
 
 
 def test_a_replica_whose_workers_are_done_climbs_with_the_others() -> None:
