@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from hogwild.data.datasets import Dataset, ShardSampler
 
 __all__ = ["Coordinator", "PeakPss", "available_cores", "build_model", "checkpoints", "digits", "evaluate",
-           "last_checkpoint", "read_board", "ring_all_reduce_bytes", "serve_coordinator", "shard_sampler",
+           "last_checkpoint", "read_board", "round_rules", "serve_coordinator", "shard_sampler",
            "swarm_member", "sync_round", "sync_rule", "watch_members"]
 
 
@@ -135,12 +135,19 @@ def sync_round(flat: Tensor, rule: Any, *, final: bool = False) -> None:
     round_(flat, rule, RoundFlags(final=final))
 
 
-def ring_all_reduce_bytes(nbytes: float, world: int) -> float:
-    """What a ring all_reduce of ``nbytes`` sends per rank: the model hogwild's own byte counts
-    (``sync_bytes_per_step``) follow, so a baseline's count compares with them."""
-    from hogwild.sync.comm import ring_all_reduce_bytes as ring
+def round_rules() -> dict[str, Any]:
+    """What a script may know of rounds, as the code has it: ``ring_bytes(nbytes, world)`` (what a
+    ring all_reduce sends per rank, which hogwild's own byte counts, ``sync_bytes_per_step``, follow,
+    so a baseline's count compares with them); the paced interval's ``wall`` and ``cpu`` shares,
+    ``floor`` and ``uneven`` fleet bound; the wire ladder's ``rungs`` ((dtype, fragments) by index)
+    and ``fitting(rung, ask, floor, replicas)`` (scripts/models/scale_sim.py models them)."""
+    from hogwild.config.sync import RUNGS
+    from hogwild.sync import schedule
+    from hogwild.sync.comm import ring_all_reduce_bytes
+    from hogwild.sync.ladder import fitting
 
-    return ring(nbytes, world)
+    return {"ring_bytes": ring_all_reduce_bytes, "wall": schedule.PACE_WALL, "cpu": schedule.PACE_CPU,
+            "floor": schedule.PACE_FLOOR, "uneven": schedule.UNEVEN, "rungs": RUNGS, "fitting": fitting}
 
 
 # ------------------------------------------------------------------- a run's own records

@@ -47,7 +47,7 @@ from scripts.harness.arms import SIZES as LM_SIZES  # noqa: E402
 from scripts.harness.baselines import WORKLOADS, Workload, workload_from_args  # noqa: E402
 from scripts.harness.common import metrics, put_result, pyplot, reached, result_line  # noqa: E402
 
-from hogwild.bench import ring_all_reduce_bytes  # noqa: E402
+from hogwild.bench import round_rules  # noqa: E402
 
 logger = logging.getLogger("link")
 # Each method: hogwild's overrides on top of the defaults (None: not a hogwild run). The wires and
@@ -95,7 +95,7 @@ def ddp(w: Workload, machines: int, params: int) -> dict[str, Any]:
              "--epochs", str(w.max_epochs), "--seed", str(w.seed), "--split-seed", str(w.split_seed),
              *(["--loopback"] if links.LOOPBACK else [])]
             for i in range(machines)]
-    return _baseline(cmds, ring_all_reduce_bytes(4 * params, machines))  # every step's gradients
+    return _baseline(cmds, round_rules()["ring_bytes"](4 * params, machines))  # every step's gradients
 
 
 def torchft(w: Workload, machines: int, interval: int, params: int) -> dict[str, Any]:
@@ -106,7 +106,7 @@ def torchft(w: Workload, machines: int, interval: int, params: int) -> dict[str,
              key(w), "--interval", str(interval), "--target", str(w.target), "--epochs", str(w.max_epochs),
              "--seed", str(w.seed), "--split-seed", str(w.split_seed)]
             for i in range(machines)]
-    return _baseline(cmds, ring_all_reduce_bytes(4 * params, machines) / interval)  # fp32 pseudo-gradients
+    return _baseline(cmds, round_rules()["ring_bytes"](4 * params, machines) / interval)  # fp32 pseudo-gradients
 
 
 def key(w: Workload) -> str:

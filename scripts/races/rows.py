@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 from scripts.harness import links  # noqa: E402
 from scripts.harness.common import metrics, put_result, result_line  # noqa: E402
 
-from hogwild.bench import ring_all_reduce_bytes  # noqa: E402
+from hogwild.bench import round_rules  # noqa: E402
 
 logger = logging.getLogger("rows")
 
@@ -198,7 +198,7 @@ def ddp_rank(a: argparse.Namespace) -> None:
             "steps": s + 1, "step_s": clock / (s + 1), "final_logloss": last, "curve": curve,
             "tx_bytes_per_step": (links.own_tx_bytes(a.ddp_rank) - tx0) / (s + 1),
             # Ring all_reduce of the dense gradients; a sparse one all_gathers indices and rows.
-            "bytes_per_step": ring_all_reduce_bytes(4 * grads, world) if not a.sparse else float("nan")})
+            "bytes_per_step": round_rules()["ring_bytes"](4 * grads, world) if not a.sparse else float("nan")})
     sys.stdout.flush()
     os._exit(0)  # torch's exit after a Gloo DDP run can abort in a destructor (scripts/races/link.py)
 
