@@ -5,6 +5,8 @@ R = 2 to 32, under torchrun and in elastic mode (docs/scale.md, "Many replicas o
     python scripts/measures/replica_scaling.py --replicas 2 4 8 16 32 --out bench_results/scaling
     python scripts/measures/replica_scaling.py --replicas 32 --launch torchrun --repeats 5   # R = 32, 5 runs
     python scripts/measures/replica_scaling.py --replicas 2 4 8 --launch shaped --rate 10mbit   # root: shaped links
+    python scripts/measures/replica_scaling.py --replicas 16 32 --launch torchrun --interval auto \
+        --override optim.name=adamw --checkout /tmp/before   # the wire's ladder, against an earlier tree's
 
 Every run is the digits MLP, one worker a replica, ``--steps`` steps each and a round every
 ``--interval`` (so every R has the same rounds), no evaluation or checkpoint on the way. On a host
@@ -45,9 +47,15 @@ REPO = Path(__file__).resolve().parents[2]
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]")
 
 
-def _args(run_dir: Path, steps: int, interval: int) -> list[str]:
+OVERRIDES: list[str] = []
+"""``--override``: more of the job's settings, after the run's own (an optimizer, a wire)."""
+CHECKOUT = REPO
+"""``--checkout``: the tree whose hogwild the runs import (an earlier commit's, to race against)."""
+
+
+def _args(run_dir: Path, steps: int, interval: str) -> list[str]:
     return ["workers=1", f"train.max_steps={steps}", f"sync.interval={interval}", "eval.every_s=100000",
-            "checkpoint.every_s=100000", f"run_dir={run_dir}", "resume=false"]
+            "checkpoint.every_s=100000", f"run_dir={run_dir}", "resume=false", *OVERRIDES]
 
 
 def _cpu_s(pid: int) -> float:
@@ -75,13 +83,14 @@ def _figures(m: dict[str, Any], wall_s: float, replicas: int) -> dict[str, Any]:
             "round_s": m["mean_sync_s"], "in_collectives_s": m["sync_link_s"] / syncs,
             "leader_cpu_ms_per_round": 1000 * m["sync_cpu_s"] / syncs,
             "bytes_sent_per_round": m["sync_bytes_sent"] / syncs, "test_accuracy": m["test_accuracy"],
+            "wire": m.get("sync_wire"), "steps_per_sync": m.get("steps_per_sync"),
             "one_model": len(models) == 1 and len(m.get("replica_final_state") or []) == replicas}
 
 
-def torchrun(replicas: int, steps: int, interval: int, work: Path, timeout_s: float) -> dict[str, Any]:
+def torchrun(replicas: int, steps: int, interval: str, work: Path, timeout_s: float) -> dict[str, Any]:
     run_dir = work / f"torchrun{replicas}"
     t0 = time.perf_counter()
-    proc = subprocess.run(train_cmd(_args(run_dir, steps, interval), replicas), cwd=REPO, capture_output=True,
+    proc = subprocess.run(train_cmd(_args(run_dir, steps, interval), replicas), cwd=CHECKOUT, capture_output=True,
                           text=True, timeout=timeout_s, env=clean_env(OMP_NUM_THREADS="1"))
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
@@ -89,7 +98,7 @@ def torchrun(replicas: int, steps: int, interval: int, work: Path, timeout_s: fl
     return _figures(metrics(run_dir), wall, replicas)
 
 
-def shaped(replicas: int, steps: int, interval: int, work: Path, timeout_s: float, rate: str = "100mbit"
+def shaped(replicas: int, steps: int, interval: str, work: Path, timeout_s: float, rate: str = "100mbit"
            ) -> dict[str, Any]:
     """torchrun with each replica a machine of its own: a network namespace whose egress is
     shaped to ``--rate`` (scripts/harness/links.py), an equal share of the host's cores."""
@@ -112,7 +121,7 @@ def shaped(replicas: int, steps: int, interval: int, work: Path, timeout_s: floa
 
 
 
-def elastic(replicas: int, steps: int, interval: int, work: Path, timeout_s: float,
+def elastic(replicas: int, steps: int, interval: str, work: Path, timeout_s: float,
             peer_timeout_s: float = 10.0) -> dict[str, Any]:
     run_dir, port = work / f"elastic{replicas}", free_port()
     work.mkdir(parents=True, exist_ok=True)
@@ -128,7 +137,7 @@ def elastic(replicas: int, steps: int, interval: int, work: Path, timeout_s: flo
             members.append(subprocess.Popen(
                 [sys.executable, "-m", "hogwild.cli.train", *_args(run_dir, steps, interval),
                  f"elastic.coordinator=127.0.0.1:{port}", f"elastic.replicas={replicas}", f"elastic.slot={s}",
-                 f"elastic.peer_timeout_s={peer_timeout_s:g}"], cwd=REPO, env=env, stdout=log.open("wb"),
+                 f"elastic.peer_timeout_s={peer_timeout_s:g}"], cwd=CHECKOUT, env=env, stdout=log.open("wb"),
                 stderr=subprocess.STDOUT))
         codes = [p.wait(timeout=timeout_s) for p in members]
         wall, coord_cpu = time.perf_counter() - t0, _cpu_s(coord.pid) - cpu0
@@ -176,13 +185,26 @@ def main() -> None:
     ap.add_argument("--rate", default="100mbit", help="tc's rate of each machine's egress (--launch shaped)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--steps", type=int, default=200, help="steps of each replica")
-    ap.add_argument("--interval", type=int, default=10, help="sync.interval (steps of a replica)")
+    ap.add_argument("--interval", default="10", help="sync.interval (steps of a replica, or auto: paced)")
+    ap.add_argument("--override", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="more settings of every run (optim.name=adamw: the paced interval and its wire's ladder)")
+    ap.add_argument("--checkout", type=Path, default=None,
+                    help="run the hogwild of this tree (an earlier commit's: git worktree add DIR COMMIT)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take")
     ap.add_argument("--peer-timeout", type=float, default=10.0, help="elastic.peer_timeout_s (elastic runs)")
     ap.add_argument("--out", type=Path, default=Path("bench_results/scaling"))
     args = ap.parse_args()
-    if min(args.replicas) < 2 or args.repeats < 1 or args.steps < args.interval or args.interval < 1:
-        ap.error("--replicas at least 2, --repeats at least 1, --interval at least 1 and at most --steps")
+    fixed = args.interval.isdigit()
+    if min(args.replicas) < 2 or args.repeats < 1 or (fixed and not 1 <= int(args.interval) <= args.steps) or (
+            not fixed and args.interval != "auto"):
+        ap.error("--replicas at least 2, --repeats at least 1, --interval auto or at least 1 and at most --steps")
+    if args.checkout is not None and not (args.checkout / "hogwild" / "cli" / "train.py").is_file():
+        ap.error(f"--checkout {args.checkout}: no hogwild/cli/train.py there")
+    if args.checkout is not None and "shaped" in args.launch:
+        ap.error("--checkout: torchrun and elastic runs only (shaped machines run this tree)")
+    global CHECKOUT
+    OVERRIDES.extend(args.override)
+    CHECKOUT = (args.checkout or REPO).resolve()
     logging.basicConfig(level=logging.INFO, format="[scaling] %(asctime)s %(message)s", datefmt="%H:%M:%S")
     if "shaped" in args.launch:
         from scripts.harness import links
@@ -201,7 +223,8 @@ def main() -> None:
                     results[launch][r].append(got)
                     logger.info("%s R=%d run %d/%d: %s", launch, r, i + 1, args.repeats,
                                 got.get("error") or f"{got['wall_s']:.1f}s, round {got['round_s']:.3f}s, "
-                                f"one model {got['one_model']}")
+                                f"{got['bytes_sent_per_round'] / 1024:.1f} KB on {got['wire']}, one model "
+                                f"{got['one_model']}")
     lines = [f"Replicas on this host ({args.steps} steps each, a round every {args.interval}, digits MLP, 1 worker "
              f"a replica, elastic.peer_timeout_s={args.peer_timeout:g}, shaped links at {args.rate}; medians of "
              f"{args.repeats} run(s))", "",
