@@ -83,7 +83,8 @@ def _figures(m: dict[str, Any], wall_s: float, replicas: int) -> dict[str, Any]:
             "round_s": m["mean_sync_s"], "in_collectives_s": m["sync_link_s"] / syncs,
             "leader_cpu_ms_per_round": 1000 * m["sync_cpu_s"] / syncs,
             "bytes_sent_per_round": m["sync_bytes_sent"] / syncs, "test_accuracy": m["test_accuracy"],
-            "wire": m.get("sync_wire"), "steps_per_sync": m.get("steps_per_sync"),
+            "wire": m.get("sync_wire"), "steps_per_sync": m.get("steps_per_sync"), "lag_wait_s": m.get("lag_wait_s"),
+            "time_s": m.get("time_s"),
             "one_model": len(models) == 1 and len(m.get("replica_final_state") or []) == replicas}
 
 
