@@ -19,7 +19,7 @@ BY_SPEED = ("auto", "true", "false")
 COMPRESS = ("auto", "off")
 RUNGS: tuple[tuple[str, int], ...] = (("fp32", 1), ("int8", 1), ("int8", 4), ("fp32", 4))
 """``sync.compress=auto``: (sync.dtype, sync.fragments) of each rung of the wire's ladder, in the
-order a paced average climbs them (sync/ladder.py). The last is for many replicas: from R = 8 on,
+order a paced average climbs them (sync/ladder.py). The last is for many replicas: past R = 8,
 int8's all_gather sends more than fp32's all_reduce. A rung's index is what a checkpoint keeps: new
 rungs go at the end."""
 

@@ -114,7 +114,6 @@ class Job:
     checkpoint_s: float = 60.0
     samples_at_2: float = 7_700.0
     samples_exponent: float = 1.0
-    label: str = ""
 
     def speed(self) -> np.ndarray:
         s = np.ones(self.replicas) if not self.speeds else np.array(self.speeds, dtype=float)
@@ -173,14 +172,12 @@ def fitting_before(ask: float, replicas: int) -> int:
 def pick_wire(job: Job, step: float) -> tuple[str, int, int]:
     """(wire, fragments, interval): fixed, or paced with the wire's ladder as the code climbs it
     (``job.wire="before"``: as it climbed before 2026-11-28)."""
-    if job.wire not in ("auto", "before"):
-        clock, _, cpu = round_cost(job, job.wire, job.fragments)
-        ask = max(clock / (PACE_WALL * step), cpu / (PACE_CPU * step))
-        return job.wire, job.fragments, job.interval or max(PACE_FLOOR, math.ceil(ask))
-    clock, _, _ = round_cost(job, "fp32", 1)
-    link = clock / (PACE_WALL * step)
-    rung = fitting(0, link, PACE_FLOOR, job.replicas) if job.wire == "auto" else fitting_before(link, job.replicas)
-    wire, frags = RUNGS[rung]
+    wire, frags = job.wire, job.fragments
+    if wire in ("auto", "before"):
+        clock, _, _ = round_cost(job, "fp32", 1)
+        link = clock / (PACE_WALL * step)
+        rung = fitting(0, link, PACE_FLOOR, job.replicas) if wire == "auto" else fitting_before(link, job.replicas)
+        wire, frags = RUNGS[rung]
     clock, _, cpu = round_cost(job, wire, frags)
     ask = max(clock / (PACE_WALL * step), cpu / (PACE_CPU * step))
     return wire, frags, job.interval or max(PACE_FLOOR, math.ceil(ask))
@@ -336,8 +333,10 @@ def _run(path: str, arm: str = "hogwild") -> dict:  # type: ignore[type-arg]
     return _load(path)["arms"][arm]["runs"][0]
 
 
-def _median_run(path: str, key: str, arm: str = "hogwild") -> list[dict]:  # type: ignore[type-arg]
-    return sorted(_load(path)["arms"][arm]["runs"], key=lambda r: r[key])
+def _median_run(path: str, key: str, arm: str = "hogwild") -> dict:  # type: ignore[type-arg]
+    """The arm's run whose ``key`` is the median (the upper one of an even count)."""
+    runs = sorted(_load(path)["arms"][arm]["runs"], key=lambda r: r[key])
+    return runs[len(runs) // 2]
 
 
 def worker_step_s(run: dict, steps: float) -> float:  # type: ignore[type-arg]
@@ -353,7 +352,7 @@ def one_host_cases() -> list[Case]:
     for launch, path in (("torchrun", "scaling_r3/scaling.json"), ("elastic", "scaling_elastic/scaling.json")):
         for r, runs in _load(path)["results"][launch].items():
             job = Job(replicas=int(r), step_s=MLP_STEP_S, params=MLP_PARAMS, host_cores=2, interval=10,
-                      wire="fp32", label=f"{launch} R={r}, one host")
+                      wire="fp32")
             fit = {"torchrun": {"2": "MLP_STEP_S", "4": "SCHED_WAIT_S"}}.get(launch, {}).get(r, "")
             out.append(Case(f"{launch} R = {r} on one host" + (f" (median of {len(runs)})" if len(runs) > 1 else ""),
                             job, {"train_s": statistics.median(m["train_s"] for m in runs),
@@ -362,7 +361,7 @@ def one_host_cases() -> list[Case]:
     for rate, bps in (("1gbit", 1e9), ("100mbit", 1e8), ("10mbit", 1e7)):
         m = _load(f"scaling_shaped_{rate}/scaling.json")["results"]["shaped"]["2"][0]
         job = Job(replicas=2, step_s=MLP_STEP_S, params=MLP_PARAMS, cores=1, interval=10, wire="fp32",
-                  rate_bps=bps, label=f"2 x 1 at {rate}")
+                  rate_bps=bps)
         out.append(Case(f"R = 2 at {rate} (namespaces)", job, {
             "train_s": m["train_s"], "round_s": m["in_collectives_s"]}, max_steps=200))
     return out
@@ -377,10 +376,9 @@ def link_cases() -> list[Case]:
     out = []
     for rate, bps, path in (("100 Mbit/s", 1e8, "link/gpt_large_2x_100mbit_auto2.json"),
                             ("1 Gbit/s", 1e9, "link/gpt_large_2x_1gbit_defaults3.json")):
-        runs = _median_run(path, "steps_per_replica")
-        m = runs[len(runs) // 2]
+        m = _median_run(path, "steps_per_replica")
         job = Job(replicas=2, step_s=worker_step_s(m, m["steps_per_replica"]), params=GPT_LARGE, cores=1,
-                  rate_bps=bps, eval_share=m["eval_fraction"], samples_per_step=TOKENS, label=f"GPT 2 x 1, {rate}")
+                  rate_bps=bps, eval_share=m["eval_fraction"], samples_per_step=TOKENS)
         out.append(Case(f"GPT 1.8M, 2 x 1 at {rate}", job, {
             "steps_per_replica": m["steps_per_replica"], "interval": m["steps_per_sync"],
             "round_s": m["link_s"] / m["syncs"]}, budget_s=m["train_s"]))
@@ -388,7 +386,7 @@ def link_cases() -> list[Case]:
     w = m["time_s"]["workers"]
     step = (w["forward_backward"] + w["update"]) / 16 / m["steps_per_replica"]
     job = Job(replicas=4, workers=4, cores=4, step_s=step, params=GPT_LARGE, rate_bps=1e9, step_cv=LENT_CV,
-              eval_share=m["eval_fraction"], samples_per_step=TOKENS, label="GPT 4 x 4, lent host")
+              eval_share=m["eval_fraction"], samples_per_step=TOKENS)
     out.append(Case("GPT 1.8M, 4 x 4 at 1 Gbit/s (lent host)", job, {
         "steps_per_replica": m["steps_per_replica"], "interval": m["steps_per_sync"],
         "round_s": m["link_s"] / m["syncs"]}, budget_s=m["train_s"], fit="LENT_CV"))
@@ -398,17 +396,14 @@ def link_cases() -> list[Case]:
                 continue
             # A machine each in a network namespace, each held to an equal share of the 2 cores.
             job = Job(replicas=int(r), step_s=MLP_STEP_S, params=MLP_PARAMS, cores=1, interval=10, wire="fp32",
-                      rate_bps=bps, speeds=(2 / int(r),) * int(r), quota_period_s=LINKS_PERIOD_S,
-                      label=f"{r} x 1 at {rate}")
+                      rate_bps=bps, speeds=(2 / int(r),) * int(r), quota_period_s=LINKS_PERIOD_S)
             out.append(Case(f"R = {r} at {rate} (namespaces, {2 / int(r):g} core each)", job, {
                 "train_s": m[0]["train_s"], "round_s": m[0]["in_collectives_s"]}, max_steps=200,
                 outside="CFS quota slices: a throttled machine stalls its peers' hops"))
-    runs = _median_run("stragglers/fleet3.json", "steps_per_replica")
-    m = runs[len(runs) // 2]
+    m = _median_run("stragglers/fleet3.json", "steps_per_replica")
     own = m["steps_per_sync_per_replica"][0] * m["syncs"]
     job = Job(replicas=3, step_s=worker_step_s(m, own), params=112_384, speeds=(1.0, 0.5, 0.25), cores=1,
-              rate_bps=math.inf, eval_share=m["eval_fraction"], samples_per_step=TOKENS, quota_period_s=0.1,
-              label="GPT 0.1M, a fleet at 1, 1/2, 1/4")
+              rate_bps=math.inf, eval_share=m["eval_fraction"], samples_per_step=TOKENS, quota_period_s=0.1)
     out.append(Case("GPT 0.1M, 3 x 1 at 1, 1/2, 1/4 of a core", job, {
         "steps_per_replica": m["steps_per_replica"], "interval": m["steps_per_sync"]}, budget_s=m["train_s"]))
     return out
