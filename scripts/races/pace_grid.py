@@ -85,7 +85,8 @@ def standalone(args: argparse.Namespace, size: str, optim: str, workers: int, ro
 def point(args: argparse.Namespace, size: str, slow: str, optim: str, workers: int, unit: float,
           root: Path) -> dict[str, Any]:
     """Every arm at one point, interleaved repeat by repeat (a slow spell of the host hits all alike)."""
-    arms: dict[str, tuple[str, ...]] = {"hogwild": SGD if optim == "sgd" else ()}
+    own = (f"optim.lr={args.hogwild_lr}",) if args.hogwild_lr is not None else ()
+    arms: dict[str, tuple[str, ...]] = {"hogwild": SGD if optim == "sgd" else own}
     if args.baseline is not None:
         arms["before"] = arms["hogwild"]
     if optim == "adamw":
@@ -193,6 +194,8 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=40.0)
     ap.add_argument("--eval-every-s", type=float, default=5.0)
     ap.add_argument("--ddp-lr", type=float, default=2 * LR, help="DDP's peak rate (its best on the GPT: 6e-3)")
+    ap.add_argument("--hogwild-lr", type=float, default=None,
+                    help="hogwild's peak rate under AdamW (default: the recipe's, 3e-3; its best on the GPT: 6e-3)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=OVERRIDE[,OVERRIDE...]",
                     help="one more hogwild arm under AdamW, e.g. backup=pace.policy=backup (repeatable)")
     ap.add_argument("--baseline", type=Path, default=None,
@@ -212,7 +215,8 @@ def main() -> None:
                     logger.info("%s %s W=%d: a worker trains %.0f samples/s, nobody slowed", size, optim, workers, unit)
                     for slow in args.slow:
                         points.append(point(args, size, slow, optim, workers, unit, Path(tmp)))
-                        head = {"command": sys.argv, "budget": args.budget, "ddp_lr": args.ddp_lr}
+                        head = {"command": sys.argv, "budget": args.budget, "ddp_lr": args.ddp_lr,
+                                "hogwild_lr": args.hogwild_lr}
                         (args.out / f"{args.name}.json").write_text(
                             json.dumps({**head, "points": points}, indent=1, default=str) + "\n")
     text = table(points)
