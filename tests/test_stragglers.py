@@ -133,3 +133,33 @@ def test_a_bad_fleet_is_one_line(fleet: str, says: str) -> None:
     assert proc.returncode != 0 and proc.stderr.strip() == f"--fleet {fleet}: " + (
         "fractions of a core, comma-separated (1,0.5,0.25)" if "fractions" in says
         else "two machines or more, each at a fraction in (0, 1]"), proc.stderr
+
+
+def test_the_pace_grid_holds_back_ddp_s_last_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The grid builds the race's arguments itself; it once lacked the ranks to slow and every DDP
+    # run of the grid failed ('Namespace' object has no attribute 'slowed').
+    import argparse
+    import contextlib
+    import importlib
+
+    race = _straggler_race()
+    grid = importlib.import_module("scripts.races.pace_grid")
+
+    class FakeRank:
+        def __init__(self, cmd: list[str], **_: object) -> None:
+            self.pid = 1000 + int(cmd[cmd.index("--rank") + 1])
+
+        def communicate(self, timeout: float) -> tuple[str, None]:
+            return 'RESULT {"loss": 1.8, "tokens_per_s": 6400.0}\n', None
+
+        def poll(self) -> int:
+            return 0
+
+    held: list[list[int]] = []
+    monkeypatch.setattr(race.subprocess, "Popen", FakeRank)  # type: ignore[attr-defined]
+    slow = lambda pids, i: contextlib.nullcontext(held.append(pids))  # noqa: E731
+    opts = argparse.Namespace(budget=30.0, eval_every_s=3.0, ddp_lr=0.006)
+    for workers in (2, 4):
+        held.clear()
+        r = race.ddp_arm(grid._run_args(opts, "gpt_tiny", workers, ()), slow, 0)  # type: ignore[attr-defined]
+        assert held == [[1000 + workers - 1]] and r["loss"] == 1.8

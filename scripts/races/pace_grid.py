@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness,
 from scripts.harness.arms import LR, SIZES  # noqa: E402
 from scripts.harness.common import arm_summary, busy_core, pyplot, table_head  # noqa: E402
 from scripts.races.lm_race import time_to  # noqa: E402
-from scripts.races.straggler_race import ddp_arm, hogwild_arm, slowing  # noqa: E402
+from scripts.races.straggler_race import ddp_arm, hogwild_arm, slowed_ranks, slowing  # noqa: E402
 
 logger = logging.getLogger("pace_grid")
 REPO = Path(__file__).resolve().parents[2]
@@ -60,8 +60,9 @@ def share(slow: str, workers: int) -> float:
 
 
 def _run_args(args: argparse.Namespace, size: str, workers: int, override: tuple[str, ...]) -> argparse.Namespace:
-    return argparse.Namespace(workers=workers, machines=1, stragglers=1, size=size, budget=args.budget,
-                              eval_every_s=args.eval_every_s, override=list(override), lr=args.ddp_lr)
+    return argparse.Namespace(workers=workers, machines=1, stragglers=1, slowed=slowed_ranks(1, workers, 1), size=size,
+                              budget=args.budget, eval_every_s=args.eval_every_s, override=list(override),
+                              lr=args.ddp_lr)
 
 
 def _hogwild(args: argparse.Namespace, size: str, workers: int, slow: str, root: Path,

@@ -106,6 +106,12 @@ def _replica_pids(launcher: int, rank: int) -> list[int]:
     return []
 
 
+def slowed_ranks(machines: int, workers: int, stragglers: int) -> list[int]:
+    """The DDP ranks (and, across machines, the replicas) held back: 2 x 1 its replica 1; 1 x W the
+    last ``stragglers`` ranks (hogwild's first workers are found in start order instead)."""
+    return [1] if machines == 2 else list(range(workers - stragglers, workers))
+
+
 def hogwild_arm(args: argparse.Namespace, slow: Optional[Slow], root: Path, seed: int,
                 extra: tuple[str, ...] = (), checkout: Optional[Path] = None) -> dict[str, Any]:
     """A hogwild run; ``checkout``: the source tree it runs from (its working directory, whose hogwild
@@ -219,7 +225,7 @@ def main() -> None:
         args.stragglers = max(len(args.slowed), 1)
     else:
         # 2 x 1: replica 1 (DDP's rank 1); 1 x W: DDP's last K ranks (hogwild's first K workers, above)
-        args.slowed = [1] if args.machines == 2 else list(range(args.workers - args.stragglers, args.workers))
+        args.slowed = slowed_ranks(args.machines, args.workers, args.stragglers)
     if not 1 <= args.stragglers <= args.workers or args.workers % args.machines:
         raise SystemExit(f"--workers {args.workers} --stragglers {args.stragglers} --machines {args.machines}: "
                          "the workers split evenly over the machines and the stragglers are some of them")
