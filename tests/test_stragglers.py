@@ -163,3 +163,25 @@ def test_the_pace_grid_holds_back_ddp_s_last_rank(monkeypatch: pytest.MonkeyPatc
         held.clear()
         r = race.ddp_arm(grid._run_args(opts, "gpt_tiny", workers, ()), slow, 0)  # type: ignore[attr-defined]
         assert held == [[1000 + workers - 1]] and r["loss"] == 1.8
+
+
+def test_a_fleet_s_machines_are_read_against_their_own_standalone_rate() -> None:
+    race = _straggler_race()
+    run = {"samples": 900 * 32, "steps": 900, "syncs": 30, "train_s": 30.0, "steps_per_sync_per_replica": [20.0, 10.0]}
+    # Alone, the full-core machine trains 700 samples a second and the half-core one 300 (a quota's
+    # bursts give less than half of a core's 700): the fleet's 640 and 320 are 0.91 and 1.07 of them.
+    alone = {0: [{"samples_per_s": 700.0}, {"samples_per_s": 690.0}, {"samples_per_s": 710.0}],
+             1: [{"samples_per_s": 300.0}]}
+    lines = race.fleet_lines([1.0, 0.5], {"hogwild": {"runs": [run]}}, alone)  # type: ignore[attr-defined]
+    assert lines[-2] == "| standalone (1 x 1 alone) | 700, 700 | 300, 600 |"
+    assert lines[-1] == "| hogwild | 640, 640, **0.91** of standalone | 320, 640, **1.07** of standalone |"
+
+
+def test_the_pace_grid_s_limit_counts_a_quota_against_a_worker_s_share_of_the_cores() -> None:
+    import importlib
+
+    share = importlib.import_module("scripts.races.pace_grid").share  # type: ignore[attr-defined]
+    assert share("throttle:0.5", 2, cores=2) == 1.5 and share("throttle:0.5", 16, cores=16) == 15.5
+    # Four workers on two cores have half a core each: a quarter of a core is half a worker's rate,
+    # and three quarters of a core holds nothing back.
+    assert share("throttle:0.25", 4, cores=2) == 3.5 and share("throttle:0.75", 4, cores=2) == 4.0

@@ -12,8 +12,9 @@ hundred, ``gpt_large`` about a second on this host), a straggler (scripts/races/
 
 The limit: the sum of each worker's standalone rate, in samples a second: a W-th of what hogwild's W
 workers train with nobody slowed (one run per size and optimizer, before the points), ``W - 1 + F``
-of it with one worker at F of a core, ``W - 1/3`` for a worker stopped 1 s every 3 s, ``W x 2/3``
-beside the busy process (three processes on two cores). A worker alone would run its leader's
+of it with one worker at F of a core (with more workers than cores, F against the worker's share of
+them: W = 4 on two cores, a quarter of a core is half a worker), ``W - 1/3`` for a worker stopped 1 s
+every 3 s, ``W x 2/3`` beside the busy process (three processes on two cores). A worker alone would run its leader's
 evaluations without a peer, so the balanced run is the fairer unit (as the issue's own figure: 954
 samples a second unthrottled, 715 the limit with one worker at half a core).
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 import tempfile
@@ -52,10 +54,13 @@ BLOCK = 64
 SGD = ("optim.name=sgd", "optim.lr=0.5", "optim.momentum=0.0", "optim.weight_decay=0.0")
 
 
-def share(slow: str, workers: int) -> float:
-    """The limit in standalone workers: what the ``slow`` straggler leaves of ``workers``."""
+def share(slow: str, workers: int, cores: int = os.cpu_count() or 1) -> float:
+    """The limit in standalone workers: what the ``slow`` straggler leaves of ``workers``. More
+    workers than ``cores`` (W = 4 on two) each have cores / W of a core to begin with, so a quota
+    of F of a core leaves F / (cores / W) of a worker's rate, at most all of it."""
     if slow.startswith("throttle:"):
-        return workers - 1 + float(slow.split(":", 1)[1])
+        each = min(1.0, cores / workers)
+        return workers - 1 + min(float(slow.split(":", 1)[1]), each) / each
     return {"stalls": workers - 1 / 3, "busy": workers * 2 / 3, "none": float(workers)}[slow]
 
 

@@ -13,6 +13,10 @@ the whole split off the clock). Arms:
   leader and worker) held to the r-th fraction of a core (1: not held).
 - ``ddp``: DDP on two processes (W with ``--workers``); its last rank (K ranks) the straggler; under
   ``--fleet``, rank r held as replica r is.
+- ``standalone`` (with ``--fleet``): each machine alone, 1 x 1, its leader and worker held to its
+  fraction as in the fleet, and evaluating only where it does in the fleet (rank 0; a quarter of a
+  core spends most of itself on the race's evaluations otherwise), interleaved with the arms: each
+  machine's rate in the fleet is then also given as a share of its standalone rate (the fleet's bar).
 
 Stragglers (scripts/harness/stragglers.py): ``--slow throttle:F`` (a cgroup CPU quota of F of a core),
 ``stalls`` (stopped 1 s every 3 s), ``busy`` (a busy process pinned to core 0 the whole run: §17's
@@ -22,6 +26,7 @@ shared core), ``none`` (balanced). Output as scripts/races/lm_race.py's: JSON, t
     python scripts/races/straggler_race.py --slow stalls --repeats 3
     python scripts/races/straggler_race.py --machines 2 --slow throttle:0.5 --repeats 3
     python scripts/races/straggler_race.py --fleet 1,0.5,0.25 --size gpt_small --budget 30 --repeats 3
+    python scripts/races/straggler_race.py --fleet 1,0.5,0.25 --size gpt_small --budget 30 --methods standalone hogwild
 """
 
 from __future__ import annotations
@@ -124,8 +129,10 @@ def hogwild_arm(args: argparse.Namespace, slow: Optional[Slow], root: Path, seed
     # A process group of its own (to kill the job's tree), not a session: with the kernel's
     # autogroup a new session is a scheduling group that shares CPU as one process against the
     # busy process, while DDP's ranks shared the busy process's group task by task (benchmarks/stragglers.md §22).
-    proc = subprocess.Popen(cmd, cwd=checkout or REPO, env=clean_env(OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, process_group=0)
+    # A machine of a fleet raced alone sizes its threads as it does in the fleet (cores // machines).
+    sized = {"LOCAL_WORLD_SIZE": str(args.local_world)} if getattr(args, "local_world", None) else {}
+    proc = subprocess.Popen(cmd, cwd=checkout or REPO, env=clean_env(OMP_NUM_THREADS="1", **sized),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, process_group=0)
     try:
         if slow is None:
             err = proc.communicate(timeout=TIMEOUT_S)[1]
@@ -134,7 +141,12 @@ def hogwild_arm(args: argparse.Namespace, slow: Optional[Slow], root: Path, seed
                 found = [_replica_pids(proc.pid, r) for r in args.slowed]
                 return found if all(found) else []
 
-            find = (lambda: [[p] for p in worker_pids(proc.pid)[:args.stragglers]]) if args.machines == 1 else replicas
+            def alone() -> list[list[int]]:  # a machine alone: its leader and worker held together
+                workers = worker_pids(proc.pid)
+                return [[proc.pid, *workers]] if workers else []
+
+            find = (alone if getattr(args, "alone", False) else
+                    (lambda: [[p] for p in worker_pids(proc.pid)[:args.stragglers]]) if args.machines == 1 else replicas)
             with _each(slow, wait_for(find, proc, "the straggler")):
                 err = proc.communicate(timeout=TIMEOUT_S)[1]
     finally:
@@ -165,6 +177,22 @@ def ddp_arm(args: argparse.Namespace, slow: Optional[Slow], seed: int) -> dict[s
     return {**r, "tx_bytes_per_step": 0.0, "seed": seed}
 
 
+def standalone(args: argparse.Namespace, fleet: list[float], machine: int, root: Path) -> dict[str, Any]:
+    """``--methods standalone`` with ``--fleet``: the fleet's ``machine`` alone (1 x 1), its leader and
+    worker held together to its fraction of a core, evaluating only if it is rank 0 (the fleet's
+    evaluator): the rate the fleet's bar counts from."""
+    fraction = fleet[machine]
+    quiet = [] if machine == 0 else ["eval.every_s=1e9"]
+    # Its threads as in the fleet: a job sizes them to its cores at start, before the quota lands, and
+    # alone on this host's 2 cores it ran 2 threads against half a core's quota (233 samples a second
+    # where the fleet's machine trained 427).
+    one = argparse.Namespace(**{**vars(args), "machines": 1, "workers": 1, "stragglers": 1, "alone": True,
+                                "local_world": len(fleet), "override": [*args.override, *quiet]})
+    slow = (lambda pids, i=0: throttled(pids, fraction, name="hogwild_alone")) if fraction < 1 else None
+    r = hogwild_arm(one, slow, root, 0)
+    return {**r, "machine": machine, "fraction": fraction, "samples_per_s": r["samples"] / r["train_s"]}
+
+
 def machine_rates(run: dict[str, Any]) -> list[float]:
     """A hogwild run's samples a second by replica: its mean steps between rounds times its rounds
     (metrics.json's ``steps_per_sync_per_replica``, ``syncs``), over the run's training seconds."""
@@ -172,16 +200,24 @@ def machine_rates(run: dict[str, Any]) -> list[float]:
     return [gap * run["syncs"] * batch / run["train_s"] for gap in run.get("steps_per_sync_per_replica") or []]
 
 
-def fleet_lines(fleet: list[float], res: dict[str, dict[str, Any]]) -> list[str]:
-    """Each machine's samples a second (medians over the runs) by hogwild arm, and per core it holds."""
+def fleet_lines(fleet: list[float], res: dict[str, dict[str, Any]],
+                standalone_runs: Optional[dict[int, list[dict[str, Any]]]] = None) -> list[str]:
+    """Each machine's samples a second (medians over the runs) by hogwild arm, and per core it holds;
+    with ``standalone_runs`` (a machine's runs of :func:`standalone`), each also of its standalone rate."""
     lines = ["", "| arm | " + " | ".join(f"machine {r} ({f:g} core): samples/s, per core" for r, f in enumerate(fleet))
              + " |", "|---|" + "---|" * len(fleet)]
+    alone = {m: statistics.median(r["samples_per_s"] for r in rs) for m, rs in (standalone_runs or {}).items() if rs}
+    if alone:
+        lines.append("| standalone (1 x 1 alone) | " + " | ".join(
+            f"{alone[m]:,.0f}, {alone[m] / f:,.0f}" if m in alone else "–" for m, f in enumerate(fleet)) + " |")
     for arm, v in res.items():
         rates = [machine_rates(r) for r in v.get("runs", []) if "samples" in r]  # hogwild's, finished
         rates = [r for r in rates if len(r) == len(fleet)]
         if rates:
             cells = [statistics.median(r[i] for r in rates) for i in range(len(fleet))]
-            lines.append(f"| {arm} | " + " | ".join(f"{c:,.0f}, {c / f:,.0f}" for c, f in zip(cells, fleet)) + " |")
+            lines.append(f"| {arm} | " + " | ".join(
+                f"{c:,.0f}, {c / f:,.0f}" + (f", **{c / alone[m]:.2f}** of standalone" if m in alone else "")
+                for m, (c, f) in enumerate(zip(cells, fleet))) + " |")
     return lines
 
 
@@ -242,13 +278,22 @@ def main() -> None:
             "params": sum(p.numel() for p in GPT(GPTConfig(**SIZES[args.size])).parameters())}
     variants = {name: tuple(o.split(",")) for name, _, o in (v.partition("=") for v in args.variant)}
     arms = {"hogwild": (), **variants, **({"before": ()} if args.baseline else {})}
-    unknown = [m for m in args.methods if m not in arms and m != "ddp"]
+    unknown = [m for m in args.methods if m not in arms and m != "ddp" and not (m == "standalone" and fleet)]
     if unknown:
-        raise SystemExit(f"--methods: unknown {unknown}; choose from hogwild, ddp, or a --variant's name")
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in args.methods}
+        raise SystemExit(f"--methods: unknown {unknown}; choose from hogwild, ddp, or a --variant's name"
+                         " (standalone: with --fleet)")
+    alone: dict[int, list[dict[str, Any]]] = {m: [] for m in range(len(fleet))} if "standalone" in args.methods else {}
+    methods = [m for m in args.methods if m != "standalone"]
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     with tempfile.TemporaryDirectory() as tmp, busy_core(core):
         for rep in range(args.repeats):  # interleaved: a slow spell of the host hits both arms alike
-            for m in args.methods:
+            for m in alone:
+                logger.info("repeat %d/%d: machine %d (%g of a core), alone", rep + 1, args.repeats, m, fleet[m])
+                try:
+                    alone[m].append(standalone(args, fleet, m, Path(tmp)))
+                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                    logger.error("machine %d alone failed: %s", m, str(e)[-800:])
+            for m in methods:
                 logger.info("repeat %d/%d: %s", rep + 1, args.repeats, m)
                 try:
                     r = (hogwild_arm(args, slow, Path(tmp), 0, arms[m], args.baseline if m == "before" else REPO)
@@ -258,13 +303,14 @@ def main() -> None:
                     logger.error("%s failed: %s", m, str(e)[-800:])
                     r = {"error": str(e)[-2000:], "seed": 0}
                 runs[m].append(r)
-                (args.out / f"{name}.json").write_text(
-                    json.dumps({**head, "arms": summary(runs, set(arms))}, indent=1, default=str) + "\n")
+                (args.out / f"{name}.json").write_text(json.dumps(
+                    {**head, "arms": summary(runs, set(arms)), "standalone": {str(m): rs for m, rs in alone.items()}},
+                    indent=1, default=str) + "\n")
     res = summary(runs, set(arms))
     report(head, res, name, args.out)
     if fleet:
         with (args.out / f"{name}.md").open("a") as f:
-            f.write("\n".join(fleet_lines(fleet, res)) + "\n")
+            f.write("\n".join(fleet_lines(fleet, res, alone)) + "\n")
 
 
 if __name__ == "__main__":
