@@ -145,8 +145,10 @@ def hogwild_arm(args: argparse.Namespace, slow: Optional[Slow], root: Path, seed
                 workers = worker_pids(proc.pid)
                 return [[proc.pid, *workers]] if workers else []
 
-            find = (alone if getattr(args, "alone", False) else
-                    (lambda: [[p] for p in worker_pids(proc.pid)[:args.stragglers]]) if args.machines == 1 else replicas)
+            def first_workers() -> list[list[int]]:  # 1 x W: its first K workers, each on its own
+                return [[p] for p in worker_pids(proc.pid)[:args.stragglers]]
+
+            find = alone if getattr(args, "alone", False) else first_workers if args.machines == 1 else replicas
             with _each(slow, wait_for(find, proc, "the straggler")):
                 err = proc.communicate(timeout=TIMEOUT_S)[1]
     finally:
