@@ -92,9 +92,13 @@ def joining(run_dir: Path, procs: list[subprocess.Popen[str]], logs: list[Path])
 
 
 def warming_up(run_dir: Path, procs: list[subprocess.Popen[str]], logs: list[Path]) -> None:
-    """The group formed and slot 0's workers are starting: they build their model and shard."""
+    """Both leaders are up and slot 0's workers are starting: they build their model and shard.
+    Slot 1's leader is waited for too: a fresh interpreter still importing (a loaded host's CI once
+    had one) dies of the signal in an import with Python's traceback, before hogwild runs at all."""
     # The leader, its resource tracker and its fork server, then the workers.
     wait_for("workers", lambda: len(session(procs[0].pid)) >= 3 + WORKERS, procs, logs)
+    wait_for("both leaders", lambda: all(f"replica {s}/{len(logs)}:" in log.read_text() for s, log in enumerate(logs)),
+             procs, logs)
     assert applied(run_dir, 0) == 0, "slot 0 trained already: not its warm-up"
 
 
