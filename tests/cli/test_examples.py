@@ -118,11 +118,14 @@ def test_clicks_dlrm_on_sparse_tables_learns_most_of_the_true_models_auc(tmp_pat
     from hogwild.replica.tasks import auc
 
     small = ["data.kwargs.samples=40000", "data.kwargs.rows=2000"]
-    # This pass takes 2-3 s, and an evaluation a tenth of that: at the default eval.max_fraction=0.1
-    # one evaluation fits in the pass, and on a loaded host none (the suite saw the pass end at AUC
-    # 0.687 without a target seen). A larger share keeps a few evaluations in the pass.
+    # The pass takes a second or two, and an evaluation a tenth of a second or more on a loaded host.
+    # Under any budget below the whole pass, an early evaluation (before the model crosses 0.62) can
+    # spend the budget until the pass ends: CI saw AUC 0.687 at the end and no target seen, at
+    # eval.max_fraction=0.1 and again at 0.4. At 1.0 an evaluation waits only as long as the last
+    # took, at each of the 30 points of the step grid, while the workers train on (evaluations read a
+    # still copy): the crossing is seen on a loaded host too.
     out = run_cli(["+experiment=clicks", *small, "workers=2", "train.target.metric=auc", "train.target.value=0.62",
-                   "eval.max_fraction=0.4",
+                   "eval.max_fraction=1.0",
                    f"run_dir={tmp_path / 'run'}"], cwd=REPO, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     m = metrics(tmp_path / "run")
