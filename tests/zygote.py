@@ -58,6 +58,8 @@ while req is None:
         if os.path.exists(os.path.join(exits, str(pid))):  # an earlier child's, whose pid this one reuses
             os.unlink(os.path.join(exits, str(pid)))
         os.write(1, f"{pid}\n".encode())
+if req.get("session"):  # as Popen(start_new_session=True): a group of its own, for os.killpg
+    os.setsid()
 os.chdir(req["cwd"])
 os.environ.clear()
 os.environ.update(req["env"])
@@ -78,8 +80,10 @@ runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
 class Forked:
     """A child of the :class:`Zygote`, with the part of ``subprocess.Popen`` the tests use."""
 
-    def __init__(self, pid: int, exit_file: Path, args: list[str]) -> None:
+    def __init__(self, pid: int, exit_file: Path, args: list[str], out: Optional[Path] = None,
+                 err: Optional[Path] = None) -> None:
         self.pid, self.exit_file, self.args = pid, exit_file, args
+        self.out, self.err = out, err
         self.returncode: Optional[int] = None
 
     def poll(self) -> Optional[int]:
@@ -95,6 +99,13 @@ class Forked:
             time.sleep(0.02)
         assert self.returncode is not None
         return self.returncode
+
+    def communicate(self, timeout: Optional[float] = None) -> tuple[str, str]:
+        """As ``Popen.communicate`` with output to pipes: its stdout and stderr once it has exited
+        (stderr empty where both went to one file, as with ``stderr=STDOUT``)."""
+        self.wait(timeout)
+        out = self.out.read_text() if self.out else ""
+        return out, (self.err.read_text() if self.err and self.err != self.out else "")
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
@@ -117,20 +128,21 @@ class Zygote:
             (tmp / "zygote.log").read_text()[-3000:]
 
     def start(self, module: str, args: list[str], cwd: Path, env: dict[str, str], log: Path,
-              append: bool = False, stdout: Optional[Path] = None) -> Forked:
+              append: bool = False, stdout: Optional[Path] = None, session: bool = False) -> Forked:
         """``python -m module *args`` in ``cwd`` with ``env``, stderr to ``log``, stdout to ``stdout``
-        (default: ``log`` too)."""
+        (default: ``log`` too); ``session``: in a session and process group of its own, as
+        ``Popen(start_new_session=True)`` starts one."""
         for path in {log, stdout or log}:  # there once this returns, as a Popen's output file is
             path.open("a" if append else "w").close()
         request = {"module": module, "argv": args, "cwd": str(cwd), "env": env, "log": str(log),
-                   "out": str(stdout or log)}
+                   "out": str(stdout or log), "session": session}
         with self.lock:
             assert self.proc.stdin is not None and self.proc.stdout is not None
             self.proc.stdin.write(json.dumps(request).encode() + b"\n")
             self.proc.stdin.flush()
             reply = self.proc.stdout.readline()
         assert reply, f"the zygote is gone: {(self.exits.parent / 'zygote.log').read_text()[-3000:]}"
-        return Forked(int(reply), self.exits / reply.decode().strip(), [module, *args])
+        return Forked(int(reply), self.exits / reply.decode().strip(), [module, *args], stdout or log, log)
 
     def run_many(self, module: str, jobs: list[tuple[list[str], dict[str, str]]], cwd: Path,
                  timeout: float) -> list[subprocess.CompletedProcess[str]]:

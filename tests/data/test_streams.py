@@ -8,8 +8,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -20,8 +18,9 @@ import torch
 
 from hogwild.checkpoint import store as checkpoint
 from hogwild.data.streams import ItemsInMemory, StreamReader, StreamRecords, StreamSplit, encode
-from tests.conftest import REPO, clean_env, metrics, ranks, wait_training
+from tests.conftest import REPO, clean_env, metrics, ranks, run_cli, wait_training, zygote_of_this_process
 from tests.stream_helpers import Numbered, SelfSplitting, StatefulNumbered, batches, first_batches
+from tests.zygote import Forked
 
 B = 4
 
@@ -167,20 +166,34 @@ def test_the_text_blocks_example_tokenises_a_local_file_and_trains_the_gpt(tmp_p
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(" ".join(words[(i + k) % len(words)] for k in range(8)) for i in range(300)) + "\n")
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "hogwild.cli.train", *GPT, "train.max_steps=300",
-                           "data._target_=examples.hf_datasets.text_blocks", f"data.path={corpus}",
-                           "data.block_size=16", "workers=2", f"run_dir={out}"],
-                          cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=240)
+    proc = run_cli([*GPT, "train.max_steps=300", "data._target_=examples.hf_datasets.text_blocks",
+                    f"data.path={corpus}", "data.block_size=16", "workers=2", f"run_dir={out}"],
+                   cwd=REPO, env=_env(tmp_path), timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = metrics(out)
     assert m["task"] == "language_model" and m["test_perplexity"] < 0.5 * m["baseline_perplexity"], m
     assert (tmp_path / "hf").is_dir()  # the datasets cache stayed under HF_HOME
 
 
-def _kill_when_checkpointed(proc: subprocess.Popen, out: Path, timeout: float = 120) -> None:
+def _start(args: list[str], cwd: Path, env: dict[str, str], log: Path) -> Forked:
+    """The CLI forked from this test process's zygote (tests/zygote.py), output to ``log``, in a
+    process group of its own: ``os.killpg`` ends the leader and its workers at once."""
+    return zygote_of_this_process().start("hogwild.cli.train", args, cwd, env, log, session=True)
+
+
+def _resumed_positions(out: Path) -> torch.Tensor:
+    """The positions resume=true takes: the newest checkpoint (store.load_latest), which a kill
+    between a step file's rename and last.pt's update leaves one ahead of last.pt (the suite saw
+    last.pt's positions 2 batches behind a worker's, those 8 lines counted 3 times instead of 4)."""
+    latest = checkpoint.load_latest(out)
+    assert latest is not None, "no checkpoint to resume from"
+    return latest[0]["positions"]
+
+
+def _kill_when_checkpointed(proc: Forked, out: Path, output: Path, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not list((out / "checkpoints").glob("step_*.pt")):
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert proc.poll() is None, output.read_text()[-3000:]
         assert time.monotonic() < deadline, "no checkpoint within the timeout"
         time.sleep(0.05)
     time.sleep(0.5)  # and some steps past it: those are read again after the resume
@@ -204,17 +217,14 @@ def test_a_run_killed_halfway_resumes_with_no_sample_read_twice_or_missed(tmp_pa
     # leave time to kill it halfway.
     common = [*args, "workers=2", "train.max_steps=32", "checkpoint.every_s=0.2", "eval.every_s=1000",
               f"run_dir={out}"]
-    proc = subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", *common], cwd=REPO,
-                            env=_env(tmp_path, HOGWILD_FAULT="slow:0:150,slow:1:150"), start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _start(common, REPO, _env(tmp_path, HOGWILD_FAULT="slow:0:150,slow:1:150"), tmp_path / "killed.log")
     wait_training(out, proc)
-    _kill_when_checkpointed(proc, out)
-    start = checkpoint.load(out / "checkpoints" / "last.pt")["positions"][0].tolist()  # what resume=true takes
+    _kill_when_checkpointed(proc, out, tmp_path / "killed.log")
+    start = _resumed_positions(out)[0].tolist()  # what resume=true takes
     killed = {tuple(b[0] % 2 for b in w[:1]): w for w in batches(log)}
     for p in log.glob("*.jsonl"):
         p.rename(p.with_suffix(".killed"))
-    again = subprocess.run([sys.executable, "-m", "hogwild.cli.train", *common, "resume=true"], cwd=REPO,
-                           env=_env(tmp_path), capture_output=True, text=True, timeout=240)
+    again = run_cli([*common, "resume=true"], cwd=REPO, env=_env(tmp_path), timeout=240)
     assert again.returncode == 0, again.stderr[-4000:]
     assert 0 < sum(start) < 32, start  # killed halfway
     kept = [i for (g,), w in killed.items() for i in first_batches(w, int(start[g]), 8)]
@@ -225,8 +235,7 @@ def test_a_run_killed_halfway_resumes_with_no_sample_read_twice_or_missed(tmp_pa
     # (a warm-up that read past the quota began epoch 4).
     assert metrics(out)["stream_epochs"] == [3, 3]
     lines = sum(len(w) for w in batches(log))
-    done = subprocess.run([sys.executable, "-m", "hogwild.cli.train", *common, "resume=true"], cwd=REPO,
-                          env=_env(tmp_path), capture_output=True, text=True, timeout=240)
+    done = run_cli([*common, "resume=true"], cwd=REPO, env=_env(tmp_path), timeout=240)
     assert done.returncode == 0, done.stderr[-4000:]
     assert sum(len(w) for w in batches(log)) == lines and metrics(out)["stream_epochs"] == [3, 3]
 
@@ -247,15 +256,15 @@ def test_a_worker_killed_mid_run_is_respawned_and_continues_its_own_part(tmp_pat
             "model._target_=tests.stream_helpers.Net", "train.batch_size=8", "workers=2", "train.max_steps=32",
             "step._target_=tests.stream_helpers.counting_step", f"+step.log_dir={log}", "eval.every_s=1000",
             f"run_dir={out}"]
-    proc = subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", *args], cwd=REPO,
-                            env=_env(tmp_path, HOGWILD_FAULT="slow:0:150,slow:1:150"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = tmp_path / "run.log"
+    proc = _start(args, REPO, _env(tmp_path, HOGWILD_FAULT="slow:0:150,slow:1:150"), output)
     wait_training(out, proc)
     time.sleep(0.6)
     victims = worker_pids(proc.pid)
     assert len(victims) == 2
     os.kill(victims[0], signal.SIGKILL)
-    text, _ = proc.communicate(timeout=240)
+    proc.wait(240)
+    text = output.read_text()
     assert proc.returncode == 0, text[-3000:]
     assert metrics(out)["worker_restarts"] == 1
     resumed = [int(n) for n in re.findall(r"stream resumed at batch (\d+) \(epoch \d+\) from its saved state", text)]
@@ -285,9 +294,7 @@ def test_a_2_by_2_stream_job_killed_halfway_resumes_every_worker_where_the_check
         env = _env(tmp_path, HOGWILD_FAULT="slow:0:150,slow:1:150,slow:2:150,slow:3:150", RANK=str(rank),
                    WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", *common], cwd=REPO, env=env,
-                                      start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                      text=True))
+        procs.append(_start(common, REPO, env, tmp_path / f"rank{rank}.log"))
     wait_training(out, procs[0])
     deadline = time.monotonic() + 120
 
@@ -304,7 +311,7 @@ def test_a_2_by_2_stream_job_killed_halfway_resumes_every_worker_where_the_check
     for p in procs:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
-    start = checkpoint.load(out / "checkpoints" / "last.pt")["positions"].reshape(-1).tolist()
+    start = _resumed_positions(out).reshape(-1).tolist()
     assert 0 < sum(start[:2]) and 0 < sum(start[2:]) and sum(start) < 64, start  # both replicas, halfway
     killed = {w[0][0] % 4: w for w in batches(log) if w}  # worker g reads lines g, g + 4, ... (by_node)
     for p in log.glob("*.jsonl"):
