@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import hogwild
-from tests.conftest import REPO, clean_env
+from tests.conftest import REPO, clean_env, run_cli
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -111,8 +111,7 @@ def test_load_model_builds_the_checkpoints_model_and_never_runs_a_stored_target_
 
 
 def _export(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hogwild.cli.export", *args], cwd=cwd, env=clean_env(),
-                          capture_output=True, text=True, timeout=120)
+    return run_cli(args, cwd, timeout=120, module="hogwild.cli.export")
 
 
 @pytest.mark.slow  # a subprocess of the CLI, and a second interpreter

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 import torch
 
 from hogwild.checkpoint import store as checkpoint
-from tests.conftest import REPO, assert_replicas_agree, clean_env, run_cli, torchrun
+from tests.conftest import REPO, assert_replicas_agree, clean_env, ranks, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -56,18 +55,17 @@ def test_batchnorm_statistics_train_checkpoint_resume_and_evaluate(tmp_path: Pat
 
     # hogwild-eval rebuilds the user's model from the checkpoint's config, in eval() mode; the
     # user names the model's code on the command line (a stored _target_ alone is never called).
-    ev = subprocess.run([sys.executable, "-m", "hogwild.cli.evaluate",
-                         f"checkpoint={d / 'run' / 'checkpoints' / 'last.pt'}",
-                         NET[0]],
-                        cwd=d, capture_output=True, text=True, timeout=120, env=clean_env())
+    ev = run_cli([f"checkpoint={d / 'run' / 'checkpoints' / 'last.pt'}", NET[0]], d, timeout=120,
+                 module="hogwild.cli.evaluate")
     assert ev.returncode == 0, ev.stderr[-3000:]
     assert json.loads(ev.stdout.strip().splitlines()[-1])["test_accuracy"] == pytest.approx(m["test_accuracy"])
 
 
 def test_batchnorm_replicas_agree_bit_for_bit_after_the_final_sync(tmp_path: Path) -> None:
     d = _user_dir(tmp_path)
-    proc = torchrun(2, [*NET, "workers=2", "train.max_steps=200", "sync.interval=20", f"run_dir={d / 'run'}"],
-                    cwd=d, env=clean_env(OMP_NUM_THREADS="1"))
+    # Two ranks as torchrun starts them, without the launcher (tests/conftest.py's ranks).
+    proc = ranks(2, [*NET, "workers=2", "train.max_steps=200", "sync.interval=20", f"run_dir={d / 'run'}"],
+                 cwd=d, env=clean_env(OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert_replicas_agree(json.loads((d / "run" / "metrics.json").read_text()), 2)
     mean, _ = _bn_stats(checkpoint.load(d / "run" / "checkpoints" / "last.pt")["flat"])

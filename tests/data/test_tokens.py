@@ -5,8 +5,6 @@ its file readable off its values."""
 from __future__ import annotations
 
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -18,7 +16,7 @@ from hogwild.config.schema import DataConfig
 from hogwild.data.datasets import load_dataset
 from hogwild.data.tokens import RUNS, TokenBlocks, spread
 from hogwild.errors import ConfigError
-from tests.conftest import REPO, clean_env, metrics, run_cli
+from tests.conftest import REPO, metrics, run_cli
 
 T = 16
 
@@ -176,18 +174,13 @@ CLI = [BAD[3], BAD[6]]
 
 @pytest.mark.slow
 def test_bad_token_files_exit_2_with_one_line_from_the_cli(tmp_path: Path) -> None:
-    # All at once: each process is mostly the import of torch, so they overlap.
-    procs = []
     for i, (name, make, text) in enumerate(CLI):
         d = tmp_path / str(i)
         d.mkdir()
         path = make(d)
         args = ["data=tokens", f"data.block_size={T}", f"run_dir={d / 'run'}", *([f"data.path={path}"] if path else [])]
-        procs.append((name, text, d, subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", *args], cwd=d,
-                                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                                      env=clean_env())))
-    for name, text, d, proc in procs:
-        out, err = proc.communicate(timeout=120)
+        proc = run_cli(args, cwd=d, timeout=120)
+        out, err = proc.stdout, proc.stderr
         lines = [ln for ln in err.splitlines() if ln.startswith("hogwild: error:")]
         assert proc.returncode == 2, (name, err[-2000:])
         assert "Traceback" not in out + err and len(lines) == 1, (name, err[-2000:])

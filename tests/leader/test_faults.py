@@ -18,10 +18,11 @@ import torch
 
 from hogwild.checkpoint import store as checkpoint
 from tests.conftest import (child_pids, clean_env, compose_cfg, free_port, leaked_torch_shm, metrics, run_cli,
-                            torch_shm, wait_training)
+                            torch_shm, wait_training, zygote_of_this_process)
 from tests.conftest import cmdline as _cmdline
 from tests.conftest import worker_pids as _workers
 from tests.conftest import run_metrics as run
+from tests.zygote import Forked
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -35,10 +36,11 @@ def _alive(pid: int) -> bool:
     return " Z " not in stat
 
 
-def _start(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", *args], cwd=tmp_path,
-                            env=env or clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+def _start(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Forked:
+    """The CLI forked from this test process's zygote (tests/zygote.py), stdout and stderr in one
+    file, as ``Popen(stderr=STDOUT)`` gives them."""
+    return zygote_of_this_process().start("hogwild.cli.train", list(args), tmp_path, env or clean_env(),
+                                          tmp_path / "cli.log")
 
 
 def _wait_training(proc: subprocess.Popen[str], n: int, timeout: float = 60) -> list[int]:

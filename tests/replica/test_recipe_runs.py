@@ -4,8 +4,6 @@ learning-rate schedule where it stopped, instead of warming up again from the st
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,7 +13,7 @@ from hogwild.checkpoint import store as checkpoint
 from hogwild.config.train import SchedConfig
 from hogwild.replica.board import previous_attempt
 from hogwild.replica.lr_schedule import LRSchedule
-from tests.conftest import clean_env, run_cli
+from tests.conftest import clean_env, run_cli, zygote_of_this_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -34,15 +32,15 @@ def _lr_points(run_dir: Path) -> list[tuple[int, float]]:
 
 def test_a_resumed_run_continues_its_schedule(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", *ARGS, f"run_dir={run}"], cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=clean_env())
+    log = tmp_path / "first.log"
+    proc = zygote_of_this_process().start("hogwild.cli.train", [*ARGS, f"run_dir={run}"], tmp_path, clean_env(), log)
     try:
         deadline = time.monotonic() + 120
         while True:  # stop it once it is well into the cosine, where a restart would show
             seen = previous_attempt(run / "progress" / "rank0.board")
             if seen is not None and seen[1] >= 0.4 * TOTAL:
                 break
-            assert proc.poll() is None, proc.stderr.read()[-2000:] if proc.stderr else ""
+            assert proc.poll() is None, log.read_text()[-2000:]
             assert time.monotonic() < deadline, "the run never got 40 % through"
             time.sleep(0.02)
         proc.send_signal(signal.SIGTERM)
