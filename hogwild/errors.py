@@ -100,6 +100,13 @@ class StopNow(Exception):
     Here, not in the leader, because the elastic membership raises it too."""
 
 
+class ForcedExit(SystemExit):
+    """The second Ctrl-C: the leader leaves at once with :data:`EXIT_SIGINT`, from wherever it
+    is. It may land inside a call into the user's code (the leader's evaluation runs the model's
+    forward and loss), whose guard must pass it on, not take it for the user's code leaving: a
+    guard that did ended a forced exit with exit 2 and "the forward pass ... called sys.exit(130)"."""
+
+
 F = TypeVar("F", bound=Callable[..., object])
 
 
@@ -134,8 +141,9 @@ def escaped(e: BaseException, where: str) -> Optional[ConfigError]:
     """A ``SystemExit`` or ``KeyboardInterrupt`` raised by the user's code (a forward pass, a loss,
     a dataset item) as one line naming ``where``; None for any other exception. hogwild's own
     signals never arrive this way: the leader's SIGINT/SIGTERM handlers raise :class:`StopNow`
-    and workers ignore both, so such an exception is the user's code leaving, and a process that
-    trained nothing must not exit 0 or die of a signal it never got."""
+    or :class:`ForcedExit`, which every guard passes on, and workers ignore both, so such an
+    exception is the user's code leaving, and a process that trained nothing must not exit 0 or
+    die of a signal it never got."""
     if isinstance(e, SystemExit):
         return ConfigError(f"{where} called sys.exit({e.code!r}) instead of returning")
     if isinstance(e, KeyboardInterrupt):
@@ -143,10 +151,10 @@ def escaped(e: BaseException, where: str) -> Optional[ConfigError]:
     return None
 
 
-# What passes a guard around the user's code unchanged: hogwild's own check, a signal's stop, a
-# generator closing. SystemExit and KeyboardInterrupt are the user's code leaving (see escaped);
+# What passes a guard around the user's code unchanged: hogwild's own check, a signal's stop or
+# forced exit, a generator closing. SystemExit and KeyboardInterrupt are the user's code leaving (see escaped);
 # anything else the user's code raises is its failure, even a subclass of BaseException.
-PASSES = (UserError, StopNow, GeneratorExit)
+PASSES = (UserError, StopNow, ForcedExit, GeneratorExit)
 
 
 @contextlib.contextmanager

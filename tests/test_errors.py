@@ -79,3 +79,26 @@ def test_the_entry_point_never_prints_a_traceback_for_a_subclass_of_baseexceptio
         main()
     err = capsys.readouterr().err
     assert info.value.code == EXIT_INTERNAL and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_second_ctrl_c_during_the_users_forward_is_the_forced_exit_not_the_users_sys_exit() -> None:
+    """The second SIGINT raises exit 130 from wherever the leader is; it landed once inside the
+    leader's evaluation (the user's forward and loss), whose guard took it for the model calling
+    sys.exit: exit 2 and "the forward pass and loss on the test set called sys.exit(130)"."""
+    import signal
+    import sys
+
+    from hogwild.errors import EXIT_SIGINT, ForcedExit, user_call
+    from hogwild.leader.stopping import Stopper
+
+    stopper, killed = Stopper(), []
+    stopper.workers_started(lambda: killed.append(True))
+    stopper._handle(signal.SIGINT, None)  # the first: stop and write a checkpoint, no exception
+    with pytest.raises(ForcedExit) as info:
+        with user_call("model, loss: the forward pass and loss on the test set"):
+            stopper._handle(signal.SIGINT, None)  # the second, as if it landed in the forward
+    assert info.value.code == EXIT_SIGINT and killed == [True]
+    # The user's own sys.exit in the same place is still named as theirs.
+    with pytest.raises(ConfigError, match=r"the forward pass and loss on the test set called sys.exit\(130\)"):
+        with user_call("model, loss: the forward pass and loss on the test set"):
+            sys.exit(130)

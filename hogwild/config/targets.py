@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 
 from omegaconf import OmegaConf
 
-from hogwild.errors import PASSES, ConfigError, first_line, user_call
+from hogwild.errors import PASSES, ConfigError, ForcedExit, first_line, user_call
 
 
 def import_target(path: str, key: str) -> Callable[..., Any]:
@@ -23,6 +23,8 @@ def import_target(path: str, key: str) -> Callable[..., Any]:
         module = ".".join(parts[:cut])
         try:
             obj: Any = importlib.import_module(module)
+        except ForcedExit:
+            raise
         except SystemExit as e:
             raise ConfigError(f"{key}: importing {path!r} called sys.exit({e.code!r}) instead of returning") from None
         except ModuleNotFoundError as e:

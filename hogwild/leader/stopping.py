@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import Any, Callable, Optional
 
-from hogwild.errors import EXIT_SIGINT, StopNow
+from hogwild.errors import EXIT_SIGINT, ForcedExit, StopNow
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class Stopper:
         if self.signal is not None and signum == signal.SIGINT:
             logger.error("second interrupt: forcing exit")
             self._kill()
-            raise SystemExit(EXIT_SIGINT)
+            raise ForcedExit(EXIT_SIGINT)
         self.signal = signum
         logger.warning("%s received: stopping workers and writing a final checkpoint "
                        "(Ctrl-C again to force)", signal.Signals(signum).name)
