@@ -427,8 +427,7 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
         wake.send_bytes(b"r")
     if not _wait_for_go(ctrl, leader_alive):
         return
-    # Read after "go": a respawned worker resumes where its predecessor stopped, and a replica
-    # that joins a running job learns its slot's positions from a peer while its workers wait.
+    # Read after "go": a respawned worker resumes where its predecessor stopped, a joining replica where a peer says.
     step = int(row["pos"])
     reached = 1  # of the batch being computed: 1 so far every part reached the model, 0 one did not count, -1 poisoned
     while step < spec.quota and not ctrl["stop"]:
@@ -449,6 +448,8 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
         t_apply, waited_before_apply = time.perf_counter(), updater.wait_s
         got = updater.apply(grads, ok, rate, int(stats["pos"].sum()), batch, batch / whole)
         row["update_s"] += time.perf_counter() - t_apply - (updater.wait_s - waited_before_apply)
+        if ok and not got:  # the run stopped at the meeting: the batch never reached the model, so a resume reads it
+            break
         if ok:
             if marks is not None:  # after the write: a round that misses the stamp still sees the row
                 marks.mark(grads, int(ctrl["row_epoch"]))
