@@ -148,7 +148,8 @@ def hogwild_arm(args: argparse.Namespace, slow: Optional[Slow], root: Path, seed
             def first_workers() -> list[list[int]]:  # 1 x W: its first K workers, each on its own
                 return [[p] for p in worker_pids(proc.pid)[:args.stragglers]]
 
-            find = alone if getattr(args, "alone", False) else first_workers if args.machines == 1 else replicas
+            # A fleet's machine raced alone is the run that carries its fleet's size (standalone()).
+            find = alone if getattr(args, "local_world", None) else first_workers if args.machines == 1 else replicas
             with _each(slow, wait_for(find, proc, "the straggler")):
                 err = proc.communicate(timeout=TIMEOUT_S)[1]
     finally:
@@ -188,7 +189,7 @@ def standalone(args: argparse.Namespace, fleet: list[float], machine: int, root:
     # Its threads as in the fleet: a job sizes them to its cores at start, before the quota lands, and
     # alone on this host's 2 cores it ran 2 threads against half a core's quota (233 samples a second
     # where the fleet's machine trained 427).
-    one = argparse.Namespace(**{**vars(args), "machines": 1, "workers": 1, "stragglers": 1, "alone": True,
+    one = argparse.Namespace(**{**vars(args), "machines": 1, "workers": 1, "stragglers": 1,
                                 "local_world": len(fleet), "override": [*args.override, *quiet]})
     slow = (lambda pids, i=0: throttled(pids, fraction, name="hogwild_alone")) if fraction < 1 else None
     r = hogwild_arm(one, slow, root, 0)
