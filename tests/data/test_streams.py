@@ -287,11 +287,13 @@ def test_a_2_by_2_stream_job_killed_halfway_resumes_every_worker_where_the_check
 
     out, log = tmp_path / "run", tmp_path / "log"
     # Rounds every 4 replica steps bring the checkpoints, each with every replica's positions.
+    # Steps of 0.4 s or more: 16 a worker leave seconds between the first such checkpoint and the
+    # end, so a loaded machine's late look at it still kills the job halfway (150 ms did not on CI).
     common = [*_stream_args(tmp_path, 128), "workers=2", "train.max_steps=32", "checkpoint.every_s=0.2",
               "sync.interval=4", f"run_dir={out}"]
     port, procs = free_port(), []
     for rank in range(2):
-        env = _env(tmp_path, HOGWILD_FAULT="slow:0:150,slow:1:150,slow:2:150,slow:3:150", RANK=str(rank),
+        env = _env(tmp_path, HOGWILD_FAULT="slow:0:400,slow:1:400,slow:2:400,slow:3:400", RANK=str(rank),
                    WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port))
         procs.append(_start(common, REPO, env, tmp_path / f"rank{rank}.log"))
