@@ -123,16 +123,6 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 180, module: str = "hog
     return zygote_of_this_process().run(module, args, cwd, env or clean_env(), timeout)
 
 
-def torchrun(nproc: int, args: list[str], cwd: Path, timeout: float = 240,
-             extra: Optional[list[str]] = None, env: Optional[dict[str, str]] = None
-             ) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
-           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-           *(extra or []), "-m", "hogwild.cli.train", *args]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env=env or clean_env(OMP_NUM_THREADS="1"))
-
-
 def ranks(nproc: int, args: list[str], cwd: Path, env: dict[str, str], timeout: float = 240
           ) -> subprocess.CompletedProcess[str]:
     """``nproc`` leaders started as torchrun starts them (the same environment variables), minus
@@ -146,6 +136,24 @@ def ranks(nproc: int, args: list[str], cwd: Path, env: dict[str, str], timeout: 
     code = next((d.returncode for d in done if d.returncode != 0), 0)
     return subprocess.CompletedProcess(done[0].args, code, "".join(d.stdout for d in done),
                                        "".join(d.stderr for d in done))
+
+
+def session(sid: int) -> list[int]:
+    """The live processes of session ``sid``: a job started in a session of its own
+    (``Zygote.start(session=True)``, ``Popen(start_new_session=True)``) and everything it started,
+    its fork server, workers and DataLoader processes (hogwild starts no session of its own). A
+    zombie has ended: only its parent's reaping is left."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            if fields[0] not in "ZX" and int(fields[3]) == sid:
+                out.append(int(d.name))
+    return out
 
 
 def wait_training(run_dir: Path, proc: subprocess.Popen, timeout: float = 120, rank: int = 0) -> None:

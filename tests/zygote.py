@@ -100,12 +100,16 @@ class Forked:
         assert self.returncode is not None
         return self.returncode
 
-    def communicate(self, timeout: Optional[float] = None) -> tuple[str, str]:
-        """As ``Popen.communicate`` with output to pipes: its stdout and stderr once it has exited
-        (stderr empty where both went to one file, as with ``stderr=STDOUT``)."""
-        self.wait(timeout)
+    def output(self) -> tuple[str, str]:
+        """Its stdout and stderr so far (stderr empty where both go to one file, as with
+        ``stderr=STDOUT``)."""
         out = self.out.read_text() if self.out else ""
         return out, (self.err.read_text() if self.err and self.err != self.out else "")
+
+    def communicate(self, timeout: Optional[float] = None) -> tuple[str, str]:
+        """As ``Popen.communicate`` with output to pipes: :meth:`output` once it has exited."""
+        self.wait(timeout)
+        return self.output()
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:

@@ -1,7 +1,8 @@
 """A hostile user at run time: diverging updates, full or unwritable disks, a second job on
 one run_dir, signals at chosen moments, a worker dying in warm-up, damaged files (slow tier).
 
-Every case runs the real CLI and asserts what the user sees and what is left behind:
+Every case runs the real CLI (forked from the test process's zygote, tests/zygote.py) and asserts
+what the user sees and what is left behind:
 - the exit code, and one ``hogwild: error:`` line naming the problem, never a traceback;
 - a good checkpoint written before the case is still there, readable and finite;
 - no process of the run and no shared-memory segment outlives it.
@@ -20,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -29,7 +29,9 @@ import pytest
 import torch
 
 from hogwild.checkpoint import store as checkpoint
-from tests.conftest import REPO, clean_env, free_port, leaked_torch_shm, torch_shm, wait_training
+from tests.conftest import (REPO, clean_env, free_port, leaked_torch_shm, run_cli, session, torch_shm,
+                            wait_training, zygote_of_this_process)
+from tests.zygote import Forked
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -44,7 +46,7 @@ class Case:
     error: Optional[str]
     """Text the one error line must contain; None: no error line at all."""
     prepare: Callable[[Path], None] = lambda d: None
-    act: Callable[[subprocess.Popen, Path], None] = lambda p, d: None
+    act: Callable[[Forked, Path], None] = lambda p, d: None
     env: dict[str, str] = field(default_factory=dict)
     module: str = "hogwild.cli.train"
     good_before: bool = False
@@ -62,7 +64,18 @@ def _metrics_is_a_dir(d: Path) -> None:
     (d / "run" / "metrics.json").mkdir(parents=True)
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 90) -> None:
+def _cli(args: list[str], cwd: Path, env: Optional[dict[str, str]] = None, module: str = "hogwild.cli.train",
+         name: str = "cli") -> Forked:
+    """``python -m module *args``, forked from this test process's zygote in a session of its own:
+    every process of the run (its fork server, workers, DataLoader processes) is in that session
+    (``tests.conftest.session``). Its stdout and stderr go to files beside ``cwd``."""
+    io = cwd.parent / f"{cwd.name}-io"
+    io.mkdir(exist_ok=True)
+    return zygote_of_this_process().start(module, args, cwd, env or clean_env(), io / f"{name}.err",
+                                          stdout=io / f"{name}.out", session=True)
+
+
+def _wait_for(path: Path, proc: Forked, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         assert proc.poll() is None, "the run ended before the moment the case needs"
@@ -70,12 +83,12 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 90) -> None:
         time.sleep(0.05)
 
 
-def _sigterm_in_startup(proc: subprocess.Popen, d: Path) -> None:
+def _sigterm_in_startup(proc: Forked, d: Path) -> None:
     _wait_for(d / "run" / ".hogwild.lock", proc)  # the leader is set up; workers are starting
     proc.send_signal(signal.SIGTERM)
 
 
-def _sigterm_in_warm_up(proc: subprocess.Popen, d: Path) -> None:
+def _sigterm_in_warm_up(proc: Forked, d: Path) -> None:
     # HOGWILD_FAULT=warm:0:MS: worker 0 touches this marker, then warms up MS ms longer.
     marker = Path(tempfile.gettempdir()) / f"hogwild-fault-{proc.pid}-0.warm"
     try:
@@ -85,11 +98,11 @@ def _sigterm_in_warm_up(proc: subprocess.Popen, d: Path) -> None:
         marker.unlink(missing_ok=True)
 
 
-def _second_job(proc: subprocess.Popen, d: Path) -> None:
+def _second_job(proc: Forked, d: Path) -> None:
     wait_training(d / "first", proc)  # a live job holds the run_dir
-    second = subprocess.run([sys.executable, "-m", "hogwild.cli.train", *QUICK, f"run_dir={d / 'first'}"],
-                            cwd=d, capture_output=True, text=True, timeout=120, env=clean_env())
-    (d / "second.json").write_text(json.dumps({"code": second.returncode, "stderr": second.stderr}))
+    second = _cli([*QUICK, f"run_dir={d / 'first'}"], d, name="second")
+    _, err = second.communicate(timeout=120)
+    (d / "second.json").write_text(json.dumps({"code": second.returncode, "stderr": err}))
 
 
 def _user_data(d: Path) -> None:
@@ -140,24 +153,10 @@ CASES = [
 @pytest.fixture(scope="module")
 def good_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("good")
-    proc = subprocess.run([sys.executable, "-m", "hogwild.cli.train", *QUICK, "train.max_steps=150",
-                           f"run_dir={d / 'run'}"], cwd=d, capture_output=True, text=True, timeout=120,
-                          env=clean_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _cli([*QUICK, "train.max_steps=150", f"run_dir={d / 'run'}"], d)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
     return d / "run"
-
-
-def _ours(tag: str) -> list[int]:
-    """Live processes that carry this case's environment tag (the CLI's workers included)."""
-    pids = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                if tag.encode() in (p / "environ").read_bytes():
-                    pids.append(int(p.name))
-            except OSError:
-                pass
-    return pids
 
 
 def _finite_checkpoints(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -173,7 +172,7 @@ def _sequence(name: str) -> int:
     return int(name.rsplit("-q", 1)[1].removesuffix(".pt"))
 
 
-def _check(case: Case, proc: subprocess.Popen, out: str, err: str) -> None:
+def _check(case: Case, proc: Forked, out: str, err: str) -> None:
     lines = [ln for ln in err.splitlines() if ln.startswith("hogwild: error:")]
     assert proc.returncode == case.code, err[-3000:]
     assert "Traceback" not in out + err, err[-3000:]
@@ -190,12 +189,9 @@ def test_hostile_case(tmp_path: Path, request: pytest.FixtureRequest, case: Case
         shutil.copytree(request.getfixturevalue("good_run"), tmp_path / "run")
     case.prepare(tmp_path)
     good = _finite_checkpoints(tmp_path / "run") if case.good_before else {}
-    tag = f"HOGWILD_TEST_TAG={uuid.uuid4().hex}"
     shm_before = torch_shm()
     args = case.args if case.module != "hogwild.cli.train" else [*QUICK, *case.args, f"run_dir={tmp_path / 'run'}"]
-    proc = subprocess.Popen([sys.executable, "-m", case.module, *args], cwd=tmp_path, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=clean_env(**case.env, **dict([tag.split("=")])))
+    proc = _cli(args, tmp_path, clean_env(**case.env), module=case.module)
     case.act(proc, tmp_path)
     out, err = proc.communicate(timeout=150)
     _check(case, proc, out, err)
@@ -226,7 +222,7 @@ def test_hostile_case(tmp_path: Path, request: pytest.FixtureRequest, case: Case
     if case.name in ("SIGTERM during start-up", "SIGTERM while the workers warm up"):
         assert not list((tmp_path / "run").glob("checkpoints/*.pt")), "nothing trained, nothing to write"
     time.sleep(0.5)
-    assert not _ours(tag.split("=")[1]), "a process of the run outlived it"
+    assert not session(proc.pid), "a process of the run outlived it"
     assert not leaked_torch_shm(shm_before), "a shared-memory segment was left behind"
 
 
@@ -235,10 +231,8 @@ def test_a_second_job_on_a_live_run_dir_is_refused_and_the_first_finishes(tmp_pa
     # target and ended the first job before the second one had imported torch.
     held = tmp_path / "hold"
     held.touch()
-    proc = subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", *QUICK, "train.max_steps=20000",
-                             "train.target_accuracy=0.95", f"run_dir={tmp_path / 'first'}"], cwd=tmp_path,
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=clean_env(HOGWILD_FAULT="slow:0:50", HOGWILD_SLOW_WHILE=str(held)))
+    proc = _cli([*QUICK, "train.max_steps=20000", "train.target_accuracy=0.95", f"run_dir={tmp_path / 'first'}"],
+                tmp_path, clean_env(HOGWILD_FAULT="slow:0:50", HOGWILD_SLOW_WHILE=str(held)))
     try:
         _second_job(proc, tmp_path)
     finally:
@@ -268,9 +262,8 @@ def test_a_full_disk_stops_the_run_in_one_line_and_leaves_no_temp_file(tmp_path:
     try:
         # Room for the start (config copy, TensorBoard) and about one checkpoint, not three.
         (disk / "filler").write_bytes(b"\0" * (shutil.disk_usage(disk).free - 150_000))
-        proc = subprocess.run([sys.executable, "-m", "hogwild.cli.train", *QUICK, "model.hidden=256",
-                               "train.max_steps=400", f"run_dir={disk / 'run'}"], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=150, env=clean_env())
+        proc = run_cli([*QUICK, "model.hidden=256", "train.max_steps=400", f"run_dir={disk / 'run'}"], tmp_path,
+                       timeout=150)
         lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("hogwild: error:")]
         assert proc.returncode == 5, proc.stderr[-3000:]
         assert len(lines) == 1 and "could not write" in lines[0] and "MiB free there" in lines[0], lines
@@ -289,10 +282,8 @@ def test_a_frozen_peer_ends_the_survivor_with_exit_3_not_an_abort(tmp_path: Path
     for rank in (0, 1):
         env = clean_env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", *QUICK, "train.epochs=100000",
-                                       "sync.interval=20", "sync.timeout_s=5", f"run_dir={run_dir}"],
-                                      cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      env=env))
+        procs.append(_cli([*QUICK, "train.epochs=100000", "sync.interval=20", "sync.timeout_s=5",
+                           f"run_dir={run_dir}"], tmp_path, env, name=f"rank{rank}"))
     try:
         wait_training(run_dir, procs[0], rank=0)
         wait_training(run_dir, procs[1], rank=1)
@@ -315,21 +306,16 @@ def test_sigterm_during_a_rendezvous_that_never_completes_stops_at_once(tmp_path
     the signal handler never ran and SIGTERM was ignored until SIGKILL (issue 24, item 12)."""
     env = clean_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    proc = subprocess.Popen([sys.executable, "-m", "hogwild.cli.train", *QUICK, "sync.timeout_s=120",
-                             f"run_dir={tmp_path / 'run'}"], cwd=tmp_path, text=True, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert proc.stdout is not None
-    seen = ""
+    proc = _cli([*QUICK, "sync.timeout_s=120", f"run_dir={tmp_path / 'run'}"], tmp_path, env)
     deadline = time.monotonic() + 120
-    while "joining gloo group" not in seen:  # in the rendezvous now
-        line = proc.stdout.readline()
-        assert line and time.monotonic() < deadline, seen[-2000:]
-        seen += line
+    while "joining gloo group" not in "".join(proc.output()):  # in the rendezvous now
+        assert proc.poll() is None and time.monotonic() < deadline, "".join(proc.output())[-2000:]
+        time.sleep(0.05)
     time.sleep(1.0)
     proc.send_signal(signal.SIGTERM)
     t0 = time.monotonic()
-    out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 143, (seen + out)[-3000:]
+    out = "".join(proc.communicate(timeout=60))
+    assert proc.returncode == 143, out[-3000:]
     assert time.monotonic() - t0 < 15, "SIGTERM waited for the rendezvous"
     assert "Traceback" not in out and "stopped during start-up" in out, out[-3000:]
     assert not list((tmp_path / "run").glob("checkpoints/*.pt"))
@@ -371,23 +357,21 @@ def items(gate):
 def test_a_dataset_item_that_raises_mid_run_stops_the_run_at_once_with_exit_2(tmp_path: Path) -> None:
     (tmp_path / "failing.py").write_text(FAILING_ITEMS)
     run_dir = tmp_path / "run"
-    tag = uuid.uuid4().hex
     shm_before = torch_shm()
-    proc = subprocess.run([sys.executable, "-m", "hogwild.cli.train", *QUICK, "workers=2", "train.max_steps=100000",
-                           "data._target_=failing.items", f"+data.gate={run_dir / 'checkpoints' / 'last.pt'}",
-                           f"run_dir={run_dir}"], cwd=tmp_path, capture_output=True, text=True, timeout=150,
-                          env=clean_env(HOGWILD_TEST_TAG=tag))
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("hogwild: error:")]
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert len(lines) == 1, proc.stderr[-3000:]
+    proc = _cli([*QUICK, "workers=2", "train.max_steps=100000", "data._target_=failing.items",
+                 f"+data.gate={run_dir / 'checkpoints' / 'last.pt'}", f"run_dir={run_dir}"], tmp_path)
+    stdout, stderr = proc.communicate(timeout=150)
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("hogwild: error:")]
+    assert proc.returncode == 2, stderr[-3000:]
+    assert len(lines) == 1, stderr[-3000:]
     assert lines[0].startswith("hogwild: error: data: reading a training batch raised CorruptRecord: "
                                "corrupt record "), lines
     assert " of the train set; worker " in lines[0] and "the traceback is in " in lines[0], lines[0]
-    assert "Traceback" not in proc.stdout + proc.stderr and "respawning" not in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in stdout + stderr and "respawning" not in stderr, stderr[-3000:]
     assert "Traceback" in Path(lines[0].rsplit("the traceback is in ", 1)[1]).read_text()
     assert torch.isfinite(checkpoint.load(run_dir / "checkpoints" / "last.pt")["flat"]).all()
     time.sleep(0.5)
-    assert not _ours(tag), "a process of the run outlived it"
+    assert not session(proc.pid), "a process of the run outlived it"
     assert not leaked_torch_shm(shm_before), "a shared-memory segment was left behind"
 
 

@@ -2,16 +2,14 @@
 multiprocessing's (``sem.mp-*``) and no torch segment (``torch_*``). One left two ``sem.mp-*``
 entries after a SIGINT during warm-up on a busy host, in 1 of 3 tries.
 
-Each slot runs in a session of its own and the signal goes to the whole process group, as a
-terminal's Ctrl-C does: the leader, its fork server, its workers and multiprocessing's resource
-tracker all receive it."""
+Each slot runs in a session of its own (forked from the test process's zygote, tests/zygote.py) and
+the signal goes to the whole process group, as a terminal's Ctrl-C does: the leader, its fork
+server, its workers and multiprocessing's resource tracker all receive it."""
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -19,8 +17,9 @@ from typing import Callable
 import pytest
 
 from hogwild.replica.board import previous_attempt
-from tests.conftest import REPO, clean_env
+from tests.conftest import REPO, clean_env, session, zygote_of_this_process
 from tests.elastic.helpers import coordinator_thread
+from tests.zygote import Forked
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -56,27 +55,12 @@ def left_behind(before: set[str]) -> set[str]:
     return {s for s in shm() - before if not live(s)}
 
 
-def session(sid: int) -> list[int]:
-    """The live processes of session ``sid`` (a slot's leader and everything it started)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            if fields[0] != "Z" and int(fields[3]) == sid:
-                out.append(int(d.name))
-    return out
-
-
 def applied(run_dir: Path, slot: int) -> float:
     seen = previous_attempt(run_dir / "progress" / f"rank{slot}.board")
     return seen[1] if seen else 0.0
 
 
-def wait_for(what: str, ok: Callable[[], bool], procs: list[subprocess.Popen[str]], logs: list[Path],
+def wait_for(what: str, ok: Callable[[], bool], procs: list[Forked], logs: list[Path],
              timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not ok():
@@ -86,15 +70,15 @@ def wait_for(what: str, ok: Callable[[], bool], procs: list[subprocess.Popen[str
         time.sleep(0.02)
 
 
-def joining(run_dir: Path, procs: list[subprocess.Popen[str]], logs: list[Path]) -> None:
+def joining(run_dir: Path, procs: list[Forked], logs: list[Path]) -> None:
     """Slot 0 alone, waiting for a quorum that never comes."""
     wait_for("wait for a quorum", lambda: "needed: waiting" in logs[0].read_text(), procs, logs)
 
 
-def warming_up(run_dir: Path, procs: list[subprocess.Popen[str]], logs: list[Path]) -> None:
+def warming_up(run_dir: Path, procs: list[Forked], logs: list[Path]) -> None:
     """Both leaders are up and slot 0's workers are starting: they build their model and shard.
-    Slot 1's leader is waited for too: a fresh interpreter still importing (a loaded host's CI once
-    had one) dies of the signal in an import with Python's traceback, before hogwild runs at all."""
+    Slot 1's leader is waited for too: a leader still starting up (a loaded host's CI once had one
+    still importing) is not in the phase this case is about."""
     # The leader, its resource tracker and its fork server, then the workers.
     wait_for("workers", lambda: len(session(procs[0].pid)) >= 3 + WORKERS, procs, logs)
     wait_for("both leaders", lambda: all(f"replica {s}/{len(logs)}:" in log.read_text() for s, log in enumerate(logs)),
@@ -102,7 +86,7 @@ def warming_up(run_dir: Path, procs: list[subprocess.Popen[str]], logs: list[Pat
     assert applied(run_dir, 0) == 0, "slot 0 trained already: not its warm-up"
 
 
-def training(run_dir: Path, procs: list[subprocess.Popen[str]], logs: list[Path]) -> None:
+def training(run_dir: Path, procs: list[Forked], logs: list[Path]) -> None:
     wait_for("training", lambda: all(applied(run_dir, s) > 0 for s in range(len(procs))), procs, logs)
 
 
@@ -118,14 +102,13 @@ def test_ctrl_c_leaves_nothing_in_dev_shm(tmp_path: Path, phase: str) -> None:
     env = clean_env(OMP_NUM_THREADS="1", LOCAL_WORLD_SIZE="2", PYTHONPATH=str(REPO))
     run_dir = tmp_path / "run"
     logs = [tmp_path / f"slot{s}.log" for s in range(slots)]
-    procs: list[subprocess.Popen[str]] = []
+    procs: list[Forked] = []
     with coordinator_thread() as port:
         try:
             for s in range(slots):
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "hogwild.cli.train", f"elastic.slot={s}",
-                     f"elastic.coordinator=127.0.0.1:{port}", f"run_dir={run_dir}", *ARGS], cwd=tmp_path, env=env,
-                    stdout=logs[s].open("w"), stderr=subprocess.STDOUT, text=True, start_new_session=True))
+                procs.append(zygote_of_this_process().start(
+                    "hogwild.cli.train", [f"elastic.slot={s}", f"elastic.coordinator=127.0.0.1:{port}",
+                                          f"run_dir={run_dir}", *ARGS], tmp_path, env, logs[s], session=True))
             reach(run_dir, procs, logs)
             for p in procs:
                 os.killpg(p.pid, signal.SIGINT)
