@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hogwild.checkpoint import store as checkpoint
-from tests.conftest import REPO, clean_env, metrics, ranks, run_cli, torchrun
+from tests.conftest import REPO, clean_env, metrics, ranks, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -40,8 +40,8 @@ def test_char_language_model_two_replicas_of_two_workers(tmp_path: Path) -> None
     # One job for the README's two shapes (1 x 2: Hogwild workers on one model; 2 x 1: replicas
     # meeting in sync rounds, whose health check reads every synced value of the model): 2 x 2
     # runs both paths, for about the cost of the 2 x 1 job alone. Started as torchrun starts
-    # ranks, without the launcher (the ResNet-18 test runs the README's torchrun command
-    # itself): one torch import less.
+    # ranks, without the launcher (tests/leader/test_faults.py's restart test runs torchrun itself,
+    # and test_group_sigterm.py launch/local.sh): one torch import less.
     out = ranks(2, [*SHORT_LM, "workers=2", f"run_dir={tmp_path / 'run'}"], cwd=REPO,
                 env=clean_env(OMP_NUM_THREADS="1"), timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -91,9 +91,10 @@ def test_resnet18_with_batchnorm_on_two_replicas_under_the_default_rule(tmp_path
     # with a round every 5 steps ended at 0.23 accuracy when measured: under the bar.) No evaluation
     # before the final one: the preset's every 10 s cost ResNet-18 passes over the test split that
     # nothing here reads; the final evaluation is the one that reads the synced statistics. Nor a
-    # periodic checkpoint: only the final one is read.
-    out = torchrun(2, ["+experiment=resnet18_digits", "workers=1", "train.epochs=2", "sync.interval=10",
-                       "eval.every_s=3600", "checkpoint.every_s=3600", f"run_dir={run}"], cwd=REPO, timeout=400)
+    # periodic checkpoint: only the final one is read. Ranks as torchrun starts them (see above).
+    out = ranks(2, ["+experiment=resnet18_digits", "workers=1", "train.epochs=2", "sync.interval=10",
+                    "eval.every_s=3600", "checkpoint.every_s=3600", f"run_dir={run}"], cwd=REPO,
+                env=clean_env(OMP_NUM_THREADS="1"), timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
     m = metrics(run)
     assert m["sync_mode"] == "slowmo" and m["replicas"] == 2 and m["syncs"] >= 3, m
