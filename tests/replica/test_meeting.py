@@ -22,6 +22,7 @@ from hogwild.config.pace import PaceConfig
 from hogwild.replica.meeting import POLL_S, STEPS_KEY, Chair, Meeting, balanced, mean_into
 from hogwild.replica.optim import decays, new_shared_state
 from hogwild.replica.shared import alloc, bind, param_slots, share_model
+from hogwild.replica.start import worker_context
 from hogwild.replica.pacing import MAX_PARTS, Pacer, balanced_share, chunks_for, make_pacer
 from hogwild.replica.update import BarrierUpdate, Seat, Signals
 
@@ -236,7 +237,7 @@ def test_every_gradient_reaches_the_model_once_however_the_steps_fall() -> None:
     """Three worker processes with jittered compute times and a slow one, a bound that often
     closes steps without it (its gradient then joins the next step), and one poisoned gradient:
     the model moved by exactly the sum of each finite gradient over its step's count."""
-    ctx = mp.get_context("spawn")
+    ctx = worker_context()  # the workers' own start: forks of a server that imported torch once
     model = nn.Linear(D, 1, bias=False)
     flat = share_model(model, "cpu")
     w0 = flat.clone()
