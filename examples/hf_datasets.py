@@ -26,6 +26,12 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+try:  # here, not in the factories: hogwild's fork server imports this module before it forks the
+    # workers, so they unpickle their streams without importing datasets again (1 CPU-s each)
+    import datasets
+except ImportError:
+    datasets = None  # type: ignore[assignment]
+
 VOCAB = 128
 
 
@@ -36,10 +42,8 @@ def _codes(text: str, n: int) -> list[int]:
 
 
 def _require_datasets() -> Any:
-    try:
-        import datasets
-    except ImportError:
-        raise ImportError("examples.hf_datasets needs the datasets package: pip install 'hogwild[datasets]'") from None
+    if datasets is None:
+        raise ImportError("examples.hf_datasets needs the datasets package: pip install 'hogwild[datasets]'")
     return datasets
 
 
