@@ -144,3 +144,26 @@ def test_hogwild_bench_reads_the_coordinator_as_an_elastic_job_writes_it() -> No
     finally:
         stop.set()
     assert not Coordinator(free_port(), timeout_s=0.5).whole(2)  # nobody there: not whole, no exception
+
+
+def test_quality_by_replicas_splits_a_global_batch_over_the_replicas(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    quality = _script("races.quality_by_replicas")
+    given: list[tuple[int, int]] = []
+
+    def one(arm: list[str], replicas: int, batches: int, target: float, work: Path, step_ms: int,
+            batch: int = 32) -> dict[str, object]:
+        given.append((replicas, batch))
+        return {"samples_to_target": 1000.0 * replicas}
+
+    monkeypatch.setattr(quality, "one", one)
+    argv = ["quality_by_replicas.py", "--replicas", "2", "16", "--arms", "default", "--out", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--global-batch", "64"])
+    quality.main()
+    assert given == [(2, 32), (16, 4)]  # 64 samples a round at either R
+    assert "global batch 64" in (tmp_path / "quality_by_r.md").read_text()
+    monkeypatch.setattr(sys, "argv", [*argv, "--global-batch", "24"])
+    with pytest.raises(SystemExit) as refused:
+        quality.main()
+    assert refused.value.code == 2 and "--global-batch 24: not a multiple of every --replicas count" in \
+        capsys.readouterr().err

@@ -9,7 +9,9 @@ worker each) and stops at ``--target`` test accuracy; every step is slowed ``--s
 evaluates every 0.1 s, so evaluations land a few steps apart, and the samples to the target are its
 worker's steps then x batch size x R (the replicas step at the same time). Arms: the family's
 default rule (``sync.mode=auto``: SlowMo for SGD), plain averaging every 10 steps, and DiLoCo every
-10 steps (its default outer rate 0.7, Nesterov 0.9); ``--variant`` adds one.
+10 steps (its default outer rate 0.7, Nesterov 0.9); ``--variant`` adds one. ``--global-batch G``
+gives each of R replicas a batch of G / R instead of 32: the same samples a round at every R, as a
+user who adds machines to a job of fixed global batch would.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ ARMS: dict[str, list[str]] = {
 BATCH = 32
 
 
-def one(arm: list[str], replicas: int, batches: int, target: float, work: Path, step_ms: int) -> dict[str, Any]:
+def one(arm: list[str], replicas: int, batches: int, target: float, work: Path, step_ms: int,
+        batch: int = BATCH) -> dict[str, Any]:
     run_dir = work / "run"
-    args = ["workers=1", f"train.max_steps={batches // replicas}", f"train.batch_size={BATCH}",
+    args = ["workers=1", f"train.max_steps={batches // replicas}", f"train.batch_size={batch}",
             f"train.target_accuracy={target}", "eval.every_s=0.1", "eval.max_fraction=0.5",
             "checkpoint.every_s=100000", f"run_dir={run_dir}", "resume=false", *arm]
     # Every step slowed (HOGWILD_FAULT): the MLP's own steps take a millisecond, so evaluations
@@ -50,7 +53,7 @@ def one(arm: list[str], replicas: int, batches: int, target: float, work: Path, 
         return {"error": f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"}
     m = metrics(run_dir)
     steps: Optional[float] = m.get("worker_steps_to_target")
-    return {"samples_to_target": None if steps is None else steps * BATCH * replicas, "syncs": m["syncs"],
+    return {"samples_to_target": None if steps is None else steps * batch * replicas, "syncs": m["syncs"],
             "test_accuracy": m["test_accuracy"], "wall_s": m["wall_s"], "sync_mode": m["sync_mode"]}
 
 
@@ -65,8 +68,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--step-ms", type=int, default=20,
                     help="every step slowed this long (evaluations a few steps apart)")
+    ap.add_argument("--global-batch", type=int, default=0,
+                    help="a batch of this over R a replica (default: 32 a replica, whatever R)")
     ap.add_argument("--out", type=Path, default=Path("bench_results/quality_by_r"))
     args = ap.parse_args()
+    if args.global_batch and any(args.global_batch % r or args.global_batch < r for r in args.replicas):
+        ap.error(f"--global-batch {args.global_batch}: not a multiple of every --replicas count")
     for v in args.variant:
         name, _, overrides = v.partition("=")
         ARMS[name] = [o for o in overrides.split(",") if o]
@@ -81,7 +88,8 @@ def main() -> None:
         for i in range(args.repeats):  # interleaved: a busy spell slows every arm alike
             for r in args.replicas:
                 for a in arms:
-                    got = one(ARMS[a], r, args.batches, args.target, Path(tmp), args.step_ms)
+                    got = one(ARMS[a], r, args.batches, args.target, Path(tmp), args.step_ms,
+                              args.global_batch // r if args.global_batch else BATCH)
                     results[a][r].append(got)
                     logger.info("%s R=%d run %d: %s", a, r, i + 1, got)
 
@@ -92,7 +100,8 @@ def main() -> None:
         med = statistics.median(reached)
         return f"{med / 1000:.1f}k" + ("" if len(reached) == len(rs) else f" ({len(reached)} of {len(rs)})")
 
-    lines = [f"Samples to {args.target} test accuracy on the digits MLP (SGD, 1 worker a replica, batch {BATCH}, "
+    batch = f"global batch {args.global_batch}" if args.global_batch else f"batch {BATCH}"
+    lines = [f"Samples to {args.target} test accuracy on the digits MLP (SGD, 1 worker a replica, {batch}, "
              f"{args.batches} batches in all; median of {args.repeats})", "",
              *table_head("rule", *(f"R = {r}" for r in args.replicas), f"R = {args.replicas[-1]} / R = "
                          f"{args.replicas[0]}")]
