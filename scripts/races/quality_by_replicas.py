@@ -72,7 +72,7 @@ def main() -> None:
                     help="a batch of this over R a replica (default: 32 a replica, whatever R)")
     ap.add_argument("--out", type=Path, default=Path("bench_results/quality_by_r"))
     args = ap.parse_args()
-    if args.global_batch and any(args.global_batch % r or args.global_batch < r for r in args.replicas):
+    if args.global_batch and any(args.global_batch % r for r in args.replicas):  # 0 < G < R: G % R is G
         ap.error(f"--global-batch {args.global_batch}: not a multiple of every --replicas count")
     for v in args.variant:
         name, _, overrides = v.partition("=")
