@@ -167,3 +167,28 @@ def test_quality_by_replicas_splits_a_global_batch_over_the_replicas(tmp_path: P
         quality.main()
     assert refused.value.code == 2 and "--global-batch 24: not a multiple of every --replicas count" in \
         capsys.readouterr().err
+
+
+def test_adam_staleness_replicas_split_a_global_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    model = _script("models.adam_staleness")
+    given: list[tuple[int, int, int]] = []
+
+    def replicas_run(mode: str, replicas: int, interval: int, gradients: int, lr: float, seed: int,
+                     outer: object = None, batch: int = 32) -> dict[str, object]:
+        given.append((replicas, gradients // replicas, batch))
+        return {"test_loss": 1.5, "steps": gradients // replicas, "computed": gradients, "applied": gradients,
+                "dropped": 0, "virtual_time": 0.0, "rounds": 1}
+
+    monkeypatch.setattr(model, "replicas_run", replicas_run)
+    argv = ["adam_staleness.py", "--meet", "replicas_average", "--workers", "2", "16", "--intervals", "2",
+            "--gradients-per-worker", "600", "--out", str(tmp_path / "q.json")]
+    monkeypatch.setattr(sys, "argv", [*argv, "--global-batch", "64"])
+    model.main()
+    assert given == [(2, 600, 32), (16, 600, 4)]  # the same 600 steps of 64 samples in all at either R
+    assert json.loads((tmp_path / "q.json").read_text())["runs"][1]["global_batch"] == 64
+    monkeypatch.setattr(sys, "argv", [*argv, "--global-batch", "24"])
+    with pytest.raises(SystemExit) as refused:
+        model.main()
+    assert refused.value.code == 2 and "--global-batch 24: not a multiple of every --workers count" in \
+        capsys.readouterr().err

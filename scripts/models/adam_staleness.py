@@ -426,11 +426,11 @@ class Outer:
 
 
 def replicas_run(mode: str, replicas: int, interval: int, gradients: int, lr: float, seed: int,
-                 outer: Outer = Outer()) -> dict[str, Any]:
-    """R replicas of one worker each, each with its own AdamW on fresh gradients, meeting every
-    ``interval`` steps through hogwild's own sync rule classes (R x 1 with the default slowmo, or
-    DiLoCo), in lockstep: the outer rule alone, at ``gradients`` in all; ``outer``: the rest of how
-    they meet (designs tried in the model before any became an option)."""
+                 outer: Outer = Outer(), batch: int = BATCH) -> dict[str, Any]:
+    """R replicas of one worker each, each with its own AdamW on fresh gradients of ``batch``
+    samples, meeting every ``interval`` steps through hogwild's own sync rule classes (R x 1 with
+    the default slowmo, or DiLoCo), in lockstep: the outer rule alone, at ``gradients`` in all;
+    ``outer``: the rest of how they meet (designs tried in the model before any became an option)."""
     from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
     from hogwild.bench import sync_round, sync_rule
@@ -469,7 +469,7 @@ def replicas_run(mode: str, replicas: int, interval: int, gradients: int, lr: fl
     for t in range(steps):
         rate = lr * min(1.0, (t + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * t / steps))
         for m, opt, gen in zip(models, opts, gens):
-            idx = torch.randint(len(x_all), (BATCH,), generator=gen)
+            idx = torch.randint(len(x_all), (batch,), generator=gen)
             opt.zero_grad(set_to_none=True)
             m(x_all[idx], y_all[idx])[1].backward()
             torch.nn.utils.clip_grad_norm_(m.parameters(), CLIP)
@@ -580,7 +580,8 @@ def main_meet(args: argparse.Namespace) -> None:
                                               args.slow)
                     elif kind.startswith("replicas"):  # "replicas_slowmo": W replicas x 1 worker, rule slowmo
                         r = replicas_run(kind.split("_", 1)[1], workers, interval, args.gradients_per_worker * workers,
-                                         lr, args.seed, outer)
+                                         lr, args.seed, outer,
+                                         args.global_batch // workers if args.global_batch else BATCH)
                     else:
                         r = meet(kind, workers, args.gradients_per_worker * workers, lr, args.seed, bound=args.bound,
                                  jitter=args.jitter, slow=args.slow, until_time=args.until_time,
@@ -593,6 +594,7 @@ def main_meet(args: argparse.Namespace) -> None:
                                 and kind.startswith("bound") else "")
                              + (outer.tag() if replicas else ""),
                              workers=workers, lr=lr, bound=args.bound, slow=args.slow, seed=args.seed,
+                             global_batch=args.global_batch,
                              pattern=args.pattern)
                     logger.info("%s", json.dumps(r))
                     rows.append(r)
@@ -648,7 +650,11 @@ def main() -> None:
                     help="--meet replicas_*: a round's target reaches the replicas this many steps after its snapshot")
     ap.add_argument("--last-mean", action="store_true",
                     help="--meet replicas_*: the last round lands on the replicas' mean, as a job's final round")
+    ap.add_argument("--global-batch", type=int, default=0,
+                    help="--meet replicas_*: a batch of this over W a replica (default: 32 a replica, whatever W)")
     args = ap.parse_args()
+    if args.global_batch and any(args.global_batch % w for w in args.workers):
+        ap.error(f"--global-batch {args.global_batch}: not a multiple of every --workers count")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(args.threads)
     if args.meet:
