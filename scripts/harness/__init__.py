@@ -7,5 +7,6 @@
 - :mod:`~scripts.harness.arms`: the language-model race's outside arms (DDP, its fp16 and PowerSGD
   hooks, torchft's DiLoCo), the recipe and the evaluation every arm shares; run per rank.
 - :mod:`~scripts.harness.links`: simulated machines in network namespaces on shaped links.
+- :mod:`~scripts.harness.delay_router`: a link's one-way delay where the kernel has no ``netem``.
 - :mod:`~scripts.harness.stragglers`: stragglers that behave alike in every arm (cgroup quota, stalls).
 """

@@ -3,9 +3,11 @@ lm_race.py, rows.py, tables.py, straggler_race.py).
 
 N machines live in network namespaces, each pinned to its cores (with more machines than cores,
 each gets an equal CFS share of them instead), each with one veth into a bridge (a switch) and its
-egress shaped with ``tbf`` to the rate, plus ``netem`` delay where the kernel has it. Needs root
-and iproute2 (:func:`available` says why not). A race sets :data:`LOOPBACK`, :data:`RUN_TIMEOUT_S`
-and :data:`CORES` from its options before it runs anything.
+egress shaped with ``tbf`` to the rate, plus ``netem`` delay where the kernel has it; where it has
+not, a delay makes the machines meet through a userspace router that holds each packet
+(:mod:`scripts.harness.delay_router`) instead of the bridge. Needs root and iproute2
+(:func:`available` says why not). A race sets :data:`LOOPBACK`, :data:`RUN_TIMEOUT_S` and
+:data:`CORES` from its options before it runs anything.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from scripts.harness import delay_router
 from scripts.harness.common import train_cmd
 
 logger = logging.getLogger("link")
@@ -74,35 +77,69 @@ def _sh(*cmd: str) -> subprocess.CompletedProcess[str]:
 
 
 def teardown(machines: int = 8) -> None:
+    delay_router.stop()  # first: its namespace holds the machines' peers when routed
     for i in range(machines):
         subprocess.run(["ip", "netns", "del", ns(i)], capture_output=True)
         subprocess.run(["ip", "link", "del", f"{iface(i)}b"], capture_output=True)
     subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
 
 
-def setup(machines: int, rate: str, delay_ms: int) -> str:
-    """Make the machines and the switch, shape each machine's egress; returns what was applied."""
+def _machine(i: int, rate: str, netem_ms: float = 0) -> None:
+    """Machine i's namespace and veth, its address, its egress shaped; the peer ``hwl{i}b`` is left
+    down in the root namespace, for a switch or a router to take."""
+    _sh("ip", "netns", "add", ns(i))
+    _sh("ip", "link", "add", iface(i), "type", "veth", "peer", "name", f"{iface(i)}b")
+    _sh("ip", "link", "set", iface(i), "netns", ns(i))
+    _sh("ip", "-n", ns(i), "addr", "add", f"{addr(i)}/24", "dev", iface(i))
+    _sh("ip", "-n", ns(i), "link", "set", iface(i), "up")
+    _sh("ip", "-n", ns(i), "link", "set", "lo", "up")
+    qdisc = (["netem", "delay", f"{netem_ms:g}ms", "rate", rate] if netem_ms
+             else ["tbf", "rate", rate, "burst", "256kb", "latency", "400ms"])
+    _sh("tc", "-n", ns(i), "qdisc", "add", "dev", iface(i), "root", *qdisc)
+
+
+def _no_netem() -> Optional[str]:
+    """None where tc can add a netem qdisc, else why not (tried in a scratch namespace)."""
+    subprocess.run(["ip", "netns", "add", "hwlinkprobe"], capture_output=True)
+    try:
+        tried = subprocess.run(["tc", "-n", "hwlinkprobe", "qdisc", "add", "dev", "lo", "root", "netem", "delay",
+                                "1ms"], capture_output=True, text=True)
+    finally:
+        subprocess.run(["ip", "netns", "del", "hwlinkprobe"], capture_output=True)
+    return None if tried.returncode == 0 else tried.stderr.strip() or f"tc exit {tried.returncode}"
+
+
+def setup(machines: int, rate: str, delay_ms: float) -> str:
+    """Make the machines and the switch, shape each machine's egress; returns what was applied. A
+    delay without netem goes through :func:`setup_routed` instead of the switch."""
+    if delay_ms and (why := _no_netem()):
+        logger.info("no netem here (%s): the delay is a userspace router's", why)
+        return setup_routed(machines, rate, delay_ms)
     teardown()
     _sh("ip", "link", "add", BRIDGE, "type", "bridge")
     _sh("ip", "link", "set", BRIDGE, "up")
-    shaping = f"tbf {rate}" + (f" + netem {delay_ms} ms" if delay_ms else "")
     for i in range(machines):
-        _sh("ip", "netns", "add", ns(i))
-        _sh("ip", "link", "add", iface(i), "type", "veth", "peer", "name", f"{iface(i)}b")
-        _sh("ip", "link", "set", iface(i), "netns", ns(i))
+        _machine(i, rate, delay_ms)
         _sh("ip", "link", "set", f"{iface(i)}b", "master", BRIDGE)
         _sh("ip", "link", "set", f"{iface(i)}b", "up")
-        _sh("ip", "-n", ns(i), "addr", "add", f"{addr(i)}/24", "dev", iface(i))
-        _sh("ip", "-n", ns(i), "link", "set", iface(i), "up")
-        _sh("ip", "-n", ns(i), "link", "set", "lo", "up")
-        if delay_ms:
-            netem = subprocess.run(["tc", "-n", ns(i), "qdisc", "add", "dev", iface(i), "root", "netem",
-                                    "delay", f"{delay_ms}ms", "rate", rate], capture_output=True, text=True)
-            if netem.returncode == 0:
-                continue
-            shaping = f"tbf {rate}, no added delay (this kernel lacks sch_netem: {netem.stderr.strip()})"
-        _sh("tc", "-n", ns(i), "qdisc", "add", "dev", iface(i), "root", "tbf", "rate", rate,
-            "burst", "256kb", "latency", "400ms")
+    shaping = f"tbf {rate}" + (f" + netem {delay_ms:g} ms" if delay_ms else "")
+    logger.info("%d machines, link shaping: %s", machines, shaping)
+    return shaping
+
+
+def setup_routed(machines: int, rate: str, delay_ms: float) -> str:
+    """The machines of :func:`setup`, each link shaped alike, meeting through a router that holds
+    every packet ``delay_ms`` (scripts/harness/delay_router.py) instead of a switch: a ping's
+    round trip between two machines is about twice the delay. Works with ``delay_ms`` 0 too (the
+    router's own cost)."""
+    teardown()
+    _sh("ip", "netns", "add", delay_router.ROUTER_NS)
+    for i in range(machines):
+        _machine(i, rate)
+        _sh("ip", "link", "set", f"{iface(i)}b", "netns", delay_router.ROUTER_NS)
+        _sh("ip", "-n", delay_router.ROUTER_NS, "link", "set", f"{iface(i)}b", "up")
+    delay_router.start({f"{iface(i)}b": addr(i) for i in range(machines)}, delay_ms)
+    shaping = f"tbf {rate} + {delay_ms:g} ms one way (a userspace router over TUN: this kernel lacks sch_netem)"
     logger.info("%d machines, link shaping: %s", machines, shaping)
     return shaping
 

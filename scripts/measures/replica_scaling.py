@@ -5,6 +5,7 @@ R = 2 to 32, under torchrun and in elastic mode (docs/scale.md, "Many replicas o
     python scripts/measures/replica_scaling.py --replicas 2 4 8 16 32 --out bench_results/scaling
     python scripts/measures/replica_scaling.py --replicas 32 --launch torchrun --repeats 5   # R = 32, 5 runs
     python scripts/measures/replica_scaling.py --replicas 2 4 8 --launch shaped --rate 10mbit   # root: shaped links
+    python scripts/measures/replica_scaling.py --replicas 2 4 8 --launch shaped --rate 1gbit --delay-ms 5   # + latency
     python scripts/measures/replica_scaling.py --replicas 16 32 --launch torchrun --interval auto \
         --override optim.name=adamw --checkout /tmp/before   # the wire's ladder, against an earlier tree's
 
@@ -19,9 +20,12 @@ Elastic runs start a coordinator (``hogwild.cli.coordinator``) and R members, ea
 members share the host (``LOCAL_WORLD_SIZE``, as torchrun says it). Formation is the time from the
 last member's setup (its "replica i/R" line) to the first epoch's group at slot 0, its workers'
 warm-up included; the coordinator's load is its CPU seconds over the run's. ``--launch shaped`` is
-torchrun with each replica a machine: a network namespace with its egress shaped to ``--rate`` (no
-added delay: this host's kernel has no netem) and an equal share of the cores; rounds at two rates
-tell a round's bandwidth term (bytes over the rate) from the rest (latency, CPU, waiting).
+torchrun with each replica a machine: a network namespace with its egress shaped to ``--rate``, an
+equal share of the cores, and ``--delay-ms`` of one-way latency between machines (netem where the
+kernel has it; this host's kernel has none, so there every packet goes through a userspace router
+that holds it that long, scripts/harness/delay_router.py, which carries some hundreds of Mbit/s at
+most); rounds at two rates tell a round's bandwidth term (bytes over the rate) from the rest, and
+rounds at two delays its latency term (hops times the delay) from CPU and waiting.
 """
 
 from __future__ import annotations
@@ -99,13 +103,14 @@ def torchrun(replicas: int, steps: int, interval: str, work: Path, timeout_s: fl
     return _figures(metrics(run_dir), wall, replicas)
 
 
-def shaped(replicas: int, steps: int, interval: str, work: Path, timeout_s: float, rate: str = "100mbit"
-           ) -> dict[str, Any]:
+def shaped(replicas: int, steps: int, interval: str, work: Path, timeout_s: float, rate: str = "100mbit",
+           delay_ms: float = 0.0) -> dict[str, Any]:
     """torchrun with each replica a machine of its own: a network namespace whose egress is
-    shaped to ``--rate`` (scripts/harness/links.py), an equal share of the host's cores."""
+    shaped to ``--rate``, ``delay_ms`` one way between machines (scripts/harness/links.py), an
+    equal share of the host's cores."""
     from scripts.harness import links
 
-    links.setup(replicas, rate, 0)
+    shaping = links.setup(replicas, rate, delay_ms)
     links.cpu_shares(replicas)
     run_dir = work / f"shaped{replicas}"
     cmds = links.torchrun_on_machines(replicas, _args(run_dir, steps, interval))
@@ -113,11 +118,12 @@ def shaped(replicas: int, steps: int, interval: str, work: Path, timeout_s: floa
     try:
         links.on_machines(cmds, timeout_s)
     except RuntimeError as e:
-        return {"error": str(e).strip().splitlines()[-1:]}
+        return {"error": str(e).strip().splitlines()[-1:], "delay_ms": delay_ms, "shaping": shaping}
     finally:
         links.teardown(replicas)
         links.drop_cpu_shares(replicas)
-    return _figures(metrics(run_dir), time.perf_counter() - t0, replicas)
+    return {**_figures(metrics(run_dir), time.perf_counter() - t0, replicas), "delay_ms": delay_ms,
+            "shaping": shaping}
 
 
 
@@ -184,6 +190,8 @@ def main() -> None:
                     help="shaped: torchrun with each replica in a network namespace of its own, its egress "
                          "at --rate (root, iproute2)")
     ap.add_argument("--rate", default="100mbit", help="tc's rate of each machine's egress (--launch shaped)")
+    ap.add_argument("--delay-ms", type=float, default=0.0,
+                    help="one-way latency between machines (--launch shaped): netem, else a userspace router")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--steps", type=int, default=200, help="steps of each replica")
     ap.add_argument("--interval", default="10", help="sync.interval (steps of a replica, or auto: paced)")
@@ -196,6 +204,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench_results/scaling"))
     args = ap.parse_args()
     fixed = args.interval.isdigit()
+    if args.delay_ms < 0:
+        ap.error("--delay-ms at least 0")
     if min(args.replicas) < 2 or args.repeats < 1 or (fixed and not 1 <= int(args.interval) <= args.steps) or (
             not fixed and args.interval != "auto"):
         ap.error("--replicas at least 2, --repeats at least 1, --interval auto or at least 1 and at most --steps")
@@ -214,7 +224,7 @@ def main() -> None:
         if why:
             ap.error(f"--launch shaped: {why}")
     runners = {"torchrun": torchrun, "elastic": partial(elastic, peer_timeout_s=args.peer_timeout),
-               "shaped": partial(shaped, rate=args.rate)}
+               "shaped": partial(shaped, rate=args.rate, delay_ms=args.delay_ms)}
     results: dict[str, dict[int, list[dict[str, Any]]]] = {k: {r: [] for r in args.replicas} for k in args.launch}
     with tempfile.TemporaryDirectory(prefix="hogwild-scaling-") as tmp:
         for i in range(args.repeats):  # repeats interleaved: a busy spell slows every R alike
@@ -227,8 +237,8 @@ def main() -> None:
                                 f"{got['bytes_sent_per_round'] / 1024:.1f} KB on {got['wire']}, one model "
                                 f"{got['one_model']}")
     lines = [f"Replicas on this host ({args.steps} steps each, a round every {args.interval}, digits MLP, 1 worker "
-             f"a replica, elastic.peer_timeout_s={args.peer_timeout:g}, shaped links at {args.rate}; medians of "
-             f"{args.repeats} run(s))", "",
+             f"a replica, elastic.peer_timeout_s={args.peer_timeout:g}, shaped links at {args.rate}, "
+             f"{args.delay_ms:g} ms one way; medians of {args.repeats} run(s))", "",
              *table_head(*COLUMNS)]
     lines += [_row(launch, r, results[launch][r]) for launch in args.launch for r in args.replicas]
     write_results(args.out, "scaling", {"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
