@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import statistics
 import subprocess
@@ -64,8 +65,6 @@ def _args(run_dir: Path, steps: int, interval: str) -> list[str]:
 
 def _cpu_s(pid: int) -> float:
     """A live process's user + system CPU seconds, from /proc."""
-    import os
-
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
@@ -92,10 +91,24 @@ def _figures(m: dict[str, Any], wall_s: float, replicas: int) -> dict[str, Any]:
             "one_model": len(models) == 1 and len(m.get("replica_final_state") or []) == replicas}
 
 
+PIN = False
+"""--pin: with no more replicas than cores, each replica (its leader and its worker) on a core of its
+own, as R machines of one core would be; else the scheduler places them."""
+
+
+def _pinned(replicas: int) -> bool:
+    return PIN and replicas <= (os.cpu_count() or 1)
+
+
 def torchrun(replicas: int, steps: int, interval: str, work: Path, timeout_s: float) -> dict[str, Any]:
     run_dir = work / f"torchrun{replicas}"
+    cmd = train_cmd(_args(run_dir, steps, interval), replicas)
+    if _pinned(replicas):  # each rank's process tree on the core of its local rank
+        launcher, script = cmd[:cmd.index("-m", 3)], cmd[cmd.index("-m", 3):]
+        cmd = [*launcher, "--no-python", "sh", "-c", 'exec taskset -c "$LOCAL_RANK" "$@"', "sh", sys.executable,
+               *script]
     t0 = time.perf_counter()
-    proc = subprocess.run(train_cmd(_args(run_dir, steps, interval), replicas), cwd=CHECKOUT, capture_output=True,
+    proc = subprocess.run(cmd, cwd=CHECKOUT, capture_output=True,
                           text=True, timeout=timeout_s, env=clean_env(OMP_NUM_THREADS="1"))
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
@@ -140,9 +153,10 @@ def elastic(replicas: int, steps: int, interval: str, work: Path, timeout_s: flo
     try:
         time.sleep(1.0)  # the coordinator's import; a member retries its first connection anyway
         cpu0, t0 = _cpu_s(coord.pid), time.perf_counter()
+        pin = (lambda s: ["taskset", "-c", str(s)]) if _pinned(replicas) else (lambda s: [])
         for s, log in enumerate(logs):
             members.append(subprocess.Popen(
-                [sys.executable, "-m", "hogwild.cli.train", *_args(run_dir, steps, interval),
+                [*pin(s), sys.executable, "-m", "hogwild.cli.train", *_args(run_dir, steps, interval),
                  f"elastic.coordinator=127.0.0.1:{port}", f"elastic.replicas={replicas}", f"elastic.slot={s}",
                  f"elastic.peer_timeout_s={peer_timeout_s:g}"], cwd=CHECKOUT, env=env, stdout=log.open("wb"),
                 stderr=subprocess.STDOUT))
@@ -192,6 +206,8 @@ def main() -> None:
     ap.add_argument("--rate", default="100mbit", help="tc's rate of each machine's egress (--launch shaped)")
     ap.add_argument("--delay-ms", type=float, default=0.0,
                     help="one-way latency between machines (--launch shaped): netem, else a userspace router")
+    ap.add_argument("--pin", action="store_true",
+                    help="with R at most the cores: each replica on a core of its own (torchrun and elastic)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--steps", type=int, default=200, help="steps of each replica")
     ap.add_argument("--interval", default="10", help="sync.interval (steps of a replica, or auto: paced)")
@@ -213,7 +229,8 @@ def main() -> None:
         ap.error(f"--checkout {args.checkout}: no hogwild/cli/train.py there")
     if args.checkout is not None and "shaped" in args.launch:
         ap.error("--checkout: torchrun and elastic runs only (shaped machines run this tree)")
-    global CHECKOUT
+    global CHECKOUT, PIN
+    PIN = args.pin
     OVERRIDES.extend(args.override)
     CHECKOUT = (args.checkout or REPO).resolve()
     logging.basicConfig(level=logging.INFO, format="[scaling] %(asctime)s %(message)s", datefmt="%H:%M:%S")
