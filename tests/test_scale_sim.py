@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO, clean_env
 
 sim = importlib.import_module("scripts.models.scale_sim")
@@ -74,10 +76,21 @@ def test_check_prints_predicted_against_every_measured_run(tmp_path: Path) -> No
     runs = {r["run"] for r in rows}
     for name in ("torchrun R = 32 on one host", "GPT 1.8M, 2 x 1 at 100 Mbit/s", "GPT 1.8M, 2 x 1 at 1 Gbit/s",
                  "GPT 1.8M, 4 x 4 at 1 Gbit/s (lent host)", "GPT 0.1M, 3 x 1 at 1, 1/2, 1/4 of a core",
-                 "R = 16 elastic, 20 kills (chaos16)"):
+                 "R = 16 elastic, 20 kills (chaos16)", "R = 8 at 100 Mbit/s, 10 ms one way less 2 ms"):
         assert any(run.startswith(name) for run in runs), (name, runs)
     assert all(math.isfinite(r["error"]) for r in rows)
-    assert "| run | figure | measured | predicted | error |" in proc.stdout
+    assert "| run | figure | measured | repeats' range | predicted | error |" in proc.stdout
+    # A repeated run shows its repeats' lowest and highest beside its median.
+    repeated = next(r for r in rows if r["run"].startswith("torchrun R = 32 on one host") and r["primary"])
+    assert repeated["spread"][0] <= repeated["measured"] <= repeated["spread"][1]
+
+
+def test_a_ring_hop_pays_the_one_way_latency_twice() -> None:
+    """Gloo's pairs are a rendezvous (the receiver's notice, then the bytes): 2 (R - 1) hops, each
+    two one-way latencies, as measured through delay_router.py."""
+    near, far = _job(replicas=8, latency_s=0.002), _job(replicas=8, latency_s=0.010)
+    extra = sim.round_cost(far, "fp32", 1)[0] - sim.round_cost(near, "fp32", 1)[0]
+    assert extra == pytest.approx(2 * 7 * 2 * 0.008)
 
 
 def test_project_fills_every_cell_with_a_utilisation_a_bottleneck_and_settings(tmp_path: Path) -> None:
