@@ -31,6 +31,11 @@ def names(ap: argparse.ArgumentParser, option: str, value: str, known: Iterable[
     return chosen
 
 
+def sh(*cmd: str) -> subprocess.CompletedProcess[str]:
+    """Run a setup command (``ip``, ``tc``, ``sysctl``), its output captured; raise where it fails."""
+    return subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -45,6 +45,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from scripts.harness.common import sh
+
 logger = logging.getLogger("delay_router")
 
 ROUTER_NS = "hwlinkrt"
@@ -165,14 +167,10 @@ def run(delay_ms: float, limit: int = 10_000) -> None:
     os.close(fd_out)
 
 
-def _sh(*cmd: str) -> None:
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-
-
 def _sysctl(key: str, value: str) -> None:
     """``key`` (``net/ipv4/...``) inside the router's namespace: ``ip netns exec`` mounts that
     namespace's /proc/sys view."""
-    _sh("ip", "netns", "exec", ROUTER_NS, "sh", "-c", f"echo {value} > /proc/sys/{key}")
+    sh("ip", "netns", "exec", ROUTER_NS, "sh", "-c", f"echo {value} > /proc/sys/{key}")
 
 
 def start(hosts: dict[str, str], delay_ms: float, timeout_s: float = 10.0) -> None:
@@ -182,15 +180,15 @@ def start(hosts: dict[str, str], delay_ms: float, timeout_s: float = 10.0) -> No
     _sysctl("net/ipv4/ip_forward", "1")
     for dev in ["all", "default", *hosts]:
         _sysctl(f"net/ipv4/conf/{dev}/rp_filter", "0")  # a packet comes back from OUT, not its machine's link
-    _sh("ip", "-n", ROUTER_NS, "link", "set", "lo", "up")
-    _sh("ip", "-n", ROUTER_NS, "addr", "add", f"{ROUTER_ADDR}/32", "dev", "lo")
+    sh("ip", "-n", ROUTER_NS, "link", "set", "lo", "up")
+    sh("ip", "-n", ROUTER_NS, "addr", "add", f"{ROUTER_ADDR}/32", "dev", "lo")
     for dev, host in hosts.items():
         # The machines keep their /24 and ask ARP for each other: the router answers for all of
         # them, at once (proxy_delay 0, not up to 0.8 s at random).
         _sysctl(f"net/ipv4/conf/{dev}/proxy_arp", "1")
         _sysctl(f"net/ipv4/neigh/{dev}/proxy_delay", "0")
-        _sh("ip", "-n", ROUTER_NS, "route", "add", f"{host}/32", "dev", dev, "src", ROUTER_ADDR)
-        _sh("ip", "-n", ROUTER_NS, "rule", "add", "iif", dev, "lookup", TABLE)
+        sh("ip", "-n", ROUTER_NS, "route", "add", f"{host}/32", "dev", dev, "src", ROUTER_ADDR)
+        sh("ip", "-n", ROUTER_NS, "rule", "add", "iif", dev, "lookup", TABLE)
     repo = Path(__file__).resolve().parents[2]
     with LOG.open("w") as log:
         proc = subprocess.Popen(["ip", "netns", "exec", ROUTER_NS, sys.executable, "-m", "scripts.harness.delay_router",
@@ -210,32 +208,33 @@ def start(hosts: dict[str, str], delay_ms: float, timeout_s: float = 10.0) -> No
     _router = proc
     for dev in (IN, OUT):
         _sysctl(f"net/ipv4/conf/{dev}/rp_filter", "0")
-    _sh("ip", "-n", ROUTER_NS, "route", "add", "default", "dev", IN, "table", TABLE)
+    sh("ip", "-n", ROUTER_NS, "route", "add", "default", "dev", IN, "table", TABLE)
 
 
 def stop() -> None:
     """End every process in :data:`ROUTER_NS` (the router; deleting the namespace alone would leave
     it running, and the namespace with it) and delete the namespace; nothing where there is none."""
-    pids = subprocess.run(["ip", "netns", "pids", ROUTER_NS], capture_output=True, text=True).stdout.split()
-    for pid in pids:
-        try:
-            os.kill(int(pid), signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    pids = [int(p) for p in subprocess.run(["ip", "netns", "pids", ROUTER_NS], capture_output=True,
+                                           text=True).stdout.split()]
+    _signal(pids, signal.SIGTERM)
     deadline = time.monotonic() + 5.0
     while pids and time.monotonic() < deadline:
-        pids = [p for p in pids if _alive(int(p))]
+        pids = [p for p in pids if _alive(p)]
         time.sleep(0.02)
-    for pid in pids:
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    _signal(pids, signal.SIGKILL)
     global _router
     if _router is not None:
         _router.wait(timeout=5)
         _router = None
     subprocess.run(["ip", "netns", "del", ROUTER_NS], capture_output=True)
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:  # gone already
+            pass
 
 
 def _alive(pid: int) -> bool:

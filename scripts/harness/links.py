@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from scripts.harness import delay_router
-from scripts.harness.common import train_cmd
+from scripts.harness.common import sh, train_cmd
 
 logger = logging.getLogger("link")
 BRIDGE = "hwlinkbr"
@@ -72,10 +72,6 @@ def addr(i: int) -> str:
     return "127.0.0.1" if LOOPBACK else f"192.168.78.{i + 1}"  # only ever inside the namespaces made here
 
 
-def _sh(*cmd: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, check=True, capture_output=True, text=True)
-
-
 def teardown(machines: int = 8) -> None:
     delay_router.stop()  # first: its namespace holds the machines' peers when routed
     for i in range(machines):
@@ -87,15 +83,15 @@ def teardown(machines: int = 8) -> None:
 def _machine(i: int, rate: str, netem_ms: float = 0) -> None:
     """Machine i's namespace and veth, its address, its egress shaped; the peer ``hwl{i}b`` is left
     down in the root namespace, for a switch or a router to take."""
-    _sh("ip", "netns", "add", ns(i))
-    _sh("ip", "link", "add", iface(i), "type", "veth", "peer", "name", f"{iface(i)}b")
-    _sh("ip", "link", "set", iface(i), "netns", ns(i))
-    _sh("ip", "-n", ns(i), "addr", "add", f"{addr(i)}/24", "dev", iface(i))
-    _sh("ip", "-n", ns(i), "link", "set", iface(i), "up")
-    _sh("ip", "-n", ns(i), "link", "set", "lo", "up")
+    sh("ip", "netns", "add", ns(i))
+    sh("ip", "link", "add", iface(i), "type", "veth", "peer", "name", f"{iface(i)}b")
+    sh("ip", "link", "set", iface(i), "netns", ns(i))
+    sh("ip", "-n", ns(i), "addr", "add", f"{addr(i)}/24", "dev", iface(i))
+    sh("ip", "-n", ns(i), "link", "set", iface(i), "up")
+    sh("ip", "-n", ns(i), "link", "set", "lo", "up")
     qdisc = (["netem", "delay", f"{netem_ms:g}ms", "rate", rate] if netem_ms
              else ["tbf", "rate", rate, "burst", "256kb", "latency", "400ms"])
-    _sh("tc", "-n", ns(i), "qdisc", "add", "dev", iface(i), "root", *qdisc)
+    sh("tc", "-n", ns(i), "qdisc", "add", "dev", iface(i), "root", *qdisc)
 
 
 def _no_netem() -> Optional[str]:
@@ -116,12 +112,12 @@ def setup(machines: int, rate: str, delay_ms: float) -> str:
         logger.info("no netem here (%s): the delay is a userspace router's", why)
         return setup_routed(machines, rate, delay_ms)
     teardown()
-    _sh("ip", "link", "add", BRIDGE, "type", "bridge")
-    _sh("ip", "link", "set", BRIDGE, "up")
+    sh("ip", "link", "add", BRIDGE, "type", "bridge")
+    sh("ip", "link", "set", BRIDGE, "up")
     for i in range(machines):
         _machine(i, rate, delay_ms)
-        _sh("ip", "link", "set", f"{iface(i)}b", "master", BRIDGE)
-        _sh("ip", "link", "set", f"{iface(i)}b", "up")
+        sh("ip", "link", "set", f"{iface(i)}b", "master", BRIDGE)
+        sh("ip", "link", "set", f"{iface(i)}b", "up")
     shaping = f"tbf {rate}" + (f" + netem {delay_ms:g} ms" if delay_ms else "")
     logger.info("%d machines, link shaping: %s", machines, shaping)
     return shaping
@@ -133,11 +129,11 @@ def setup_routed(machines: int, rate: str, delay_ms: float) -> str:
     round trip between two machines is about twice the delay. Works with ``delay_ms`` 0 too (the
     router's own cost)."""
     teardown()
-    _sh("ip", "netns", "add", delay_router.ROUTER_NS)
+    sh("ip", "netns", "add", delay_router.ROUTER_NS)
     for i in range(machines):
         _machine(i, rate)
-        _sh("ip", "link", "set", f"{iface(i)}b", "netns", delay_router.ROUTER_NS)
-        _sh("ip", "-n", delay_router.ROUTER_NS, "link", "set", f"{iface(i)}b", "up")
+        sh("ip", "link", "set", f"{iface(i)}b", "netns", delay_router.ROUTER_NS)
+        sh("ip", "-n", delay_router.ROUTER_NS, "link", "set", f"{iface(i)}b", "up")
     delay_router.start({f"{iface(i)}b": addr(i) for i in range(machines)}, delay_ms)
     shaping = f"tbf {rate} + {delay_ms:g} ms one way (a userspace router over TUN: this kernel lacks sch_netem)"
     logger.info("%d machines, link shaping: %s", machines, shaping)
@@ -167,7 +163,7 @@ def cannot_run() -> bool:
 def tx_bytes(i: int) -> float:
     if LOOPBACK:  # every process shares lo: no per-machine count
         return float("nan")
-    out = _sh("ip", "netns", "exec", ns(i), "cat", f"/sys/class/net/{iface(i)}/statistics/tx_bytes")
+    out = sh("ip", "netns", "exec", ns(i), "cat", f"/sys/class/net/{iface(i)}/statistics/tx_bytes")
     return float(out.stdout.strip())
 
 
