@@ -220,7 +220,12 @@ class Leader:
             # worker's wake-up or death.
             now = time.monotonic()
             due = min(tel.next_due(), ctl.next_ckpt if group.writer else now + 1.0, now + 1.0, self._deadline())
-            crew.pool.wait(min(max(due - now, 0.001), 0.5))
+            # A finished replica's workers wake nobody, and its peers' rounds wait for it: asleep
+            # here, it held each of their last rounds for the sleep's bound (0.5 s a round, 1-3 s
+            # at the end of a 1-second run). Its next round is due at once, and blocks in the
+            # collective until they come.
+            finished = self.env.distributed and board.all_done()
+            crew.pool.wait(0.0 if finished else min(max(due - now, 0.001), 0.5))
             self._check_faults(crew)
             reached = self._reached(crew)
             done = board.all_done()

@@ -223,3 +223,16 @@ def test_a_slower_replica_rounds_after_fewer_steps_when_intervals_follow_speed(t
     fast, slow = m["steps_per_sync_per_replica"]
     assert slow < 0.7 * fast and fast >= 15, m["steps_per_sync_per_replica"]
     assert m["test_accuracy"] >= 0.9
+
+
+def test_a_replica_done_first_keeps_the_others_interval(tmp_path: Path) -> None:
+    """Replica 0 ends its 100 steps in a fraction of a second (sync.max_lag=inf: it never waits
+    for a round); replica 1's worker is slowed 50 ms a step, so most of the job's rounds come
+    after replica 0 is done. Each is due every 2 of replica 1's steps (100 ms), and replica 0's
+    leader must come at once: one that slept between rounds (its workers, done, no longer wake
+    it) came up to half a second late, and replica 1's rounds fell to one every 7 steps (in a
+    job with sync.max_lag left at one interval, its worker waited those seconds instead)."""
+    m = _job(tmp_path, "done_first", "sync.interval=2", "sync.max_lag=inf", "train.max_steps=100",
+             "eval.every_s=1000", workers=1, fault="slow:1:50")
+    _, slow = m["steps_per_sync_per_replica"]
+    assert slow < 4, m["steps_per_sync_per_replica"]
