@@ -67,9 +67,9 @@ VALUE_CPU_S = 12e-9
 """Leader CPU per value synced (copy, subtract, quantise): the GPT's rounds, 18-29 ms for 1.8M values."""
 HOP_S = 1.2e-3
 """A hop's cost on loopback between processes that are running: R = 2 on this host, 5 ms a round."""
-SCHED_WAIT_S = 5.5e-3
+SCHED_WAIT_S = 2.9e-3
 """A hop's wait for a receiver the scheduler has not run, on a host with more processes than cores:
-R = 4 on 2 cores, the median of 3 runs (40 ms for 6 hops); about one CFS slice."""
+R = 4 on 2 cores, the median of 3 runs (26 ms for 6 hops)."""
 LATENCY_TRIPS = 2
 """One-way link latencies a hop pays. Gloo's TCP pairs are a rendezvous: a send leaves only once the
 receiver's "ready to receive" notice has arrived, and a ring posts each step's receive when the last
@@ -390,9 +390,9 @@ def one_host_cases() -> list[Case]:
     return out
 
 
-MLP_STEP_S = 1.3e-3
+MLP_STEP_S = 1.36e-3
 """The digits MLP's step on one thread of this host (batch 32), the run's fixed costs spread over it:
-fit on R = 2's 200 steps in 0.29 s, the median of 3 runs (0.26-0.77 s: this host is noisy)."""
+fit on R = 2's 200 steps in 0.30 s, the median of 3 runs (0.27-0.34 s)."""
 
 
 def link_cases() -> list[Case]:
