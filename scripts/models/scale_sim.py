@@ -74,7 +74,7 @@ LATENCY_TRIPS = 2
 """One-way link latencies a hop pays. Gloo's TCP pairs are a rendezvous: a send leaves only once the
 receiver's "ready to receive" notice has arrived, and a ring posts each step's receive when the last
 step ends, so every hop waits for the notice, then the bytes. Not fit: it is the protocol's; checked
-by delay_router.py (a round at 10 ms one way less at 2 ms: 1.9 times hops x 8 ms at R = 4 and 8)."""
+by delay_router.py (a round at 10 ms one way less at 2 ms: 2.2 and 1.9 times hops x 8 ms at R = 4 and 8)."""
 WIRE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.008}
 
 
