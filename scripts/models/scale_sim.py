@@ -45,7 +45,7 @@ import statistics
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -363,6 +363,12 @@ def _repeats(name: str, runs: list[dict], job: Job, max_steps: int, fit: str = "
                 max_steps=max_steps, fit=fit, spread=(min(train), max(train)))
 
 
+def mlp_job(replicas: int, **shape: Any) -> Job:
+    """The digits MLP of replica_scaling.py: one worker a replica, a round every 10 steps on fp32 (the
+    interval leaves a round's own cost unchanged), ``shape`` the host or machines and link."""
+    return Job(replicas=replicas, step_s=MLP_STEP_S, params=MLP_PARAMS, interval=10, wire="fp32", **shape)
+
+
 def one_host_cases() -> list[Case]:
     """R = 2..32 replicas of the digits MLP on this host's 2 cores, a round every 10 steps: 200 steps
     (torchrun: scaling_r3; elastic: scaling_elastic_r3) and, for the short runs of R = 2 and 4, 1,000
@@ -374,18 +380,16 @@ def one_host_cases() -> list[Case]:
                                 ("torchrun", "scaling_long/scaling.json", 1000),
                                 ("elastic", "scaling_long/scaling.json", 1000)):
         for r, runs in _load(path)["results"][launch].items():
-            job = Job(replicas=int(r), step_s=MLP_STEP_S, params=MLP_PARAMS, host_cores=2, interval=10,
-                      wire="fp32")
+            job = mlp_job(int(r), host_cores=2)
             fits = {"2": "MLP_STEP_S", "4": "SCHED_WAIT_S"} if (launch, steps) == ("torchrun", 200) else {}
             fit = fits.get(r, "")
             out.append(_repeats(f"{launch} R = {r} on one host, {steps} steps", runs, job, steps, fit))
     for launch, runs in _load("scaling_pinned/scaling.json")["results"].items():  # a core each: a machine each
-        job = Job(replicas=2, step_s=MLP_STEP_S, params=MLP_PARAMS, cores=1, interval=10, wire="fp32")
+        job = mlp_job(2, cores=1)
         out.append(_repeats(f"{launch} R = 2 on one host, a core each, 1000 steps", runs["2"], job, 1000))
     for rate, bps in (("1gbit", 1e9), ("100mbit", 1e8), ("10mbit", 1e7)):
         runs = _load(f"scaling_shaped_long_{rate}/scaling.json")["results"]["shaped"]["2"]
-        job = Job(replicas=2, step_s=MLP_STEP_S, params=MLP_PARAMS, cores=1, interval=10, wire="fp32",
-                  rate_bps=bps)
+        job = mlp_job(2, cores=1, rate_bps=bps)
         out.append(_repeats(f"R = 2 at {rate} (namespaces), 1000 steps", runs, job, 1000))
     return out
 
@@ -418,8 +422,8 @@ def link_cases() -> list[Case]:
             if r == "2":
                 continue
             # A machine each in a network namespace, each held to an equal share of the 2 cores.
-            job = Job(replicas=int(r), step_s=MLP_STEP_S, params=MLP_PARAMS, cores=1, interval=10, wire="fp32",
-                      rate_bps=bps, speeds=(2 / int(r),) * int(r), quota_period_s=LINKS_PERIOD_S)
+            job = mlp_job(int(r), cores=1, rate_bps=bps, speeds=(2 / int(r),) * int(r),
+                          quota_period_s=LINKS_PERIOD_S)
             out.append(Case(f"R = {r} at {rate} (namespaces, {2 / int(r):g} core each)", job, {
                 "train_s": m[0]["train_s"], "round_s": m[0]["in_collectives_s"]}, max_steps=200,
                 outside="CFS quota slices: a throttled machine stalls its peers' hops"))
@@ -467,7 +471,7 @@ def latency_rows() -> list[dict[str, object]]:
     for r in at[2]:
         measured = (statistics.median(m["in_collectives_s"] for m in at[10][r])
                     - statistics.median(m["in_collectives_s"] for m in at[2][r]))
-        job = Job(replicas=int(r), step_s=MLP_STEP_S, params=MLP_PARAMS, rate_bps=1e8, wire="fp32")
+        job = mlp_job(int(r), rate_bps=1e8)
         predicted = (round_cost(replace(job, latency_s=0.010), "fp32", 1)[0]
                      - round_cost(replace(job, latency_s=0.002), "fp32", 1)[0])
         rows.append({"run": f"R = {r} at 100 Mbit/s, 10 ms one way less 2 ms (scaling_delay_*)",
