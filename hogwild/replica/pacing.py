@@ -89,9 +89,7 @@ class Split(NamedTuple):
     """How a worker computes its next batch."""
 
     share: float = 1.0
-    """The share of the batch its next gradient is computed on (1: the rest of it, whole). In chunks,
-    below 1: the samples to hand in, a whole number of chunks, which go on into the next batch when
-    this one's rest is fewer (:func:`carried_share`)."""
+    """The share of the batch its next gradient is computed on (1: the rest of it, whole)."""
     chunks: int = 1
     """Above 1: in chunks of a ``chunks``-th, handed in when :meth:`Pacer.hand_in` says."""
 
@@ -151,24 +149,6 @@ def balanced_share(mine: float, paces: Sequence[float], slack: float = 0.05) -> 
     if mine <= BALANCE_BAND * pivot or pivot < MIN_PACE_S:
         return 1.0
     return 1.0 / min(MAX_PARTS, math.ceil(mine / (pivot * (1.0 + slack))))
-
-
-def carried_share(mine: float, paces: Sequence[float], chunks: int) -> float:
-    """The share of a batch a worker in ``chunks`` chunks hands in each step (``pace.balance``): its
-    speed against the step's pivot, the median live worker's (``mine``, ``paces``: seconds a whole
-    batch takes, as in :func:`balanced_share`), to the nearest whole chunk, and 1 for a worker at
-    most :data:`BALANCE_BAND` slower than the pivot. Below 1, what a batch's rest lacks is taken from
-    the next batch, so the worker never idles on a short rest: a worker at three quarters of the
-    pivot's speed hands in three chunks of four every step, where ending each batch on its own it
-    handed in three, then one (and waited for the step), a batch and a half every two steps
-    (BENCHMARKS.md §23)."""
-    known = sorted(p for p in paces if p > 0)
-    if mine <= 0 or len(known) < 2:
-        return 1.0
-    pivot = known[max(1, -(-len(known) // 2)) - 1]
-    if mine <= BALANCE_BAND * pivot:
-        return 1.0
-    return max(1, round(chunks * pivot / mine)) / chunks
 
 
 def chunks_for(setting: Union[int, str], model: Optional[torch.nn.Module], batch_size: int) -> tuple[int, float]:
@@ -272,9 +252,8 @@ class Pacer:
     def split(self, me: int, cells: np.ndarray) -> Split:
         """How worker ``me`` computes its next batch, from the paces in ``cells`` as they are now."""
         pace = float(cells[me]["pace"])
-        if self.chunks > 1 and pace >= self.chunk_s:  # chunks decide a batch's parts as it is computed
-            paces = cells["pace"][cells["live"] > 0].tolist()
-            return Split(carried_share(pace, paces, self.chunks) if self.balance else 1.0, self.chunks)
+        if self.chunks > 1 and pace >= self.chunk_s:
+            return Split(1.0, self.chunks)  # chunks decide a batch's parts as it is computed
         cells[me]["chunk_s"] = 0.0  # a whole batch says nothing as it goes: the chair cannot see it stop
         if self.balance:
             # A part may come half the straggler bound after the pivot and still be waited for.

@@ -295,40 +295,22 @@ def make_step_fn(model: torch.nn.Module, ds: Dataset, sampler: Union[ShardSample
 
 
 def in_chunks(step_fn: StepFn, index: int, chunks: int, hand_in: Callable[[float, int], bool],
-              params: list[Tensor], share: float = 1.0, last: int = 0) -> list[Computed]:
+              params: list[Tensor]) -> Computed:
     """Batch ``index`` (or its rest) in chunks of a ``chunks``-th of it, until it is done or
-    ``hand_in(seconds a chunk, chunks left)`` says to hand in what is done (pace.chunks): each
-    ``.grad`` the mean over the chunks computed, as if they were one batch. ``share`` < 1 (a whole
-    number of chunks, replica/pacing.py's ``carried_share``): that many samples are handed in, going
-    on into the next batch (below ``last``) when this one's rest is fewer. One Computed for each
-    batch computed on, the last one still in parts if any is."""
-    target = max(1, round(share * chunks)) if share < 1 else 0
-    batches: list[list[Computed]] = [[]]
-    count, t0 = 0, time.perf_counter()
+    ``hand_in(seconds a chunk, chunks left)`` says to hand in what is done (pace.chunks): one
+    Computed over the chunks computed, each ``.grad`` the mean over their samples, as if they were
+    one batch."""
+    done: list[Computed] = []
+    t0 = time.perf_counter()
     while True:
-        c = step_fn(index, 1.0 / chunks, summed=True)
-        batches[-1].append(c)
-        count += 1
-        more = target - count if target else math.ceil(c.left / max(c.samples, 1))
-        if c.left == 0:
-            if more <= 0 or not target or index + 1 >= last:
-                break
-            index += 1  # the rest was short of the share: the next batch makes it up
-            batches.append([])
-        elif more <= 0:
+        done.append(step_fn(index, 1.0 / chunks, summed=True))
+        left, took = done[-1].left, done[-1].samples
+        if left == 0 or hand_in((time.perf_counter() - t0) / len(done), math.ceil(left / max(took, 1))):
             break
-        if hand_in((time.perf_counter() - t0) / count, more):
-            break
-    samples = sum(c.samples for b in batches for c in b)
+    samples = sum(c.samples for c in done)
     torch._foreach_mul_([p.grad for p in params if p.grad is not None], 1.0 / max(samples, 1))
-    return [_merged(b) for b in batches if b]
-
-
-def _merged(chunks: list[Computed]) -> Computed:
-    """One batch's chunks as one Computed: their samples, and the mean of their losses by samples."""
-    samples = sum(c.samples for c in chunks)
-    loss = sum(c.loss.detach().float() * c.samples for c in chunks) / max(samples, 1)
-    return Computed(loss, samples, chunks[-1].left, chunks[-1].whole)
+    loss = sum(c.loss.detach().float() * c.samples for c in done) / max(samples, 1)
+    return Computed(loss, samples, done[-1].left, done[-1].whole)
 
 
 def wait_for_round(stats: np.ndarray, ctrl: np.void, kick: Connection,
@@ -381,20 +363,19 @@ def _rate(recipe: Recipe, ctrl: np.void) -> Optional[Callable[[int], float]]:
 
 
 def _gradient(step_fn: StepFn, updater: Updater, params: list[Tensor], step: int, n: int,
-              clip: Optional[float], last: int) -> tuple[list[Computed], list[Optional[Tensor]], float, bool]:
-    """The gradient of batch ``step`` (or its next part, which in chunks may run on into the batches
-    after it, below ``last``), or the mean of ``n`` accumulated batches, in each ``.grad``: one
-    Computed a batch, the gradients, its loss, and whether it is finite (clipped when it is)."""
+              clip: Optional[float]) -> tuple[list[Computed], list[Optional[Tensor]], float, bool]:
+    """The gradient of batch ``step`` (or its next part), or the mean of ``n`` accumulated batches,
+    in each ``.grad``: its parts, the gradients, its loss, and whether it is finite (clipped when it is)."""
     # A batch may be cut (pace.balance, pace.chunks); accumulated batches are always whole.
     split = updater.split() if n == 1 else WHOLE
     if split.chunks > 1:
-        parts = in_chunks(step_fn, step, split.chunks, updater.hand_in, params, split.share, last)
+        parts = [in_chunks(step_fn, step, split.chunks, updater.hand_in, params)]
     else:
         parts = [step_fn(step + i, split.share) for i in range(n)]
     grads = [p.grad for p in params]
     if n > 1:
         torch._foreach_mul_([g for g in grads if g is not None], 1.0 / n)  # the mean, as one batch n times larger
-    lval = sum(float(c.loss.detach()) * c.samples for c in parts) / max(1, sum(c.samples for c in parts))
+    lval = sum(float(c.loss.detach()) for c in parts) / n
     ok = bool(np.isfinite(lval)) and grads_finite(grads)
     if ok and clip is not None:
         clip_grad_norm(grads, clip)
@@ -409,21 +390,6 @@ def _wait_for_go(ctrl: np.void, leader_alive: Callable[[], bool]) -> bool:
             return False
         time.sleep(0.005)
     return True
-
-
-def _count(row: np.void, parts: list[Computed], reached: int, verdict: int) -> tuple[int, int]:
-    """Counts on the board the batches a gradient (``verdict``: 1 reached the model, 0 did not count,
-    -1 poisoned) ended; returns how many, and ``reached`` for the batch still in parts. A batch in
-    parts counts once, with its last part: applied if every part was, else skipped."""
-    reached = min(reached, verdict)
-    ended = sum(1 for c in parts if not c.left)  # in chunks, a part may end one batch and begin the next
-    if ended:
-        row["skipped"] += int(reached < 0)
-        row["applied"] += max(reached, 0)
-        reached = verdict if parts[-1].left else 1
-    if parts[-1].left:  # its position moves with its last part: a checkpoint never skips the rest
-        row["parts"] += 1
-    return reached, ended
 
 
 class _Tally:
@@ -475,8 +441,8 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
             break  # the run stops while a step is applied
         # train.accumulate batches make one update; the last of a quota that does not divide may be short.
         n = min(recipe.accumulate, spec.quota - step)
-        parts, grads, lval, ok = _gradient(step_fn, updater, params, step, n, recipe.clip, spec.quota)
-        batch, whole = sum(c.samples for c in parts), n * max(c.whole for c in parts)
+        parts, grads, lval, ok = _gradient(step_fn, updater, params, step, n, recipe.clip)
+        batch, whole = sum(c.samples for c in parts), sum(c.whole for c in parts)
         _phase[0] = OPTIM
         # A poisoned update never reaches the shared model (under the barrier it arrives to say so).
         t_apply, waited_before_apply = time.perf_counter(), updater.wait_s
@@ -488,8 +454,14 @@ def run_loop(step_fn: StepFn, updater: Updater, params: list[Tensor], spec: Work
             if marks is not None:  # after the write: a round that misses the stamp still sees the row
                 marks.mark(grads, int(ctrl["row_epoch"]))
             row["loss"] = lval if row["loss"] <= 0 else 0.98 * float(row["loss"]) + 0.02 * lval
-        reached, ended = _count(row, parts, reached, got if ok else -1)
-        step += ended
+        # A batch in parts counts once, with its last part: applied if every part was, else skipped.
+        reached = min(reached, got if ok else -1)
+        if parts[-1].left:  # its position moves with its last part: a checkpoint never skips the rest
+            row["parts"] += 1
+        else:
+            row["skipped"] += int(reached < 0)
+            row["applied"] += max(reached, 0)
+            reached, step = 1, step + n
         row["pos"] = step
         tally.add(row, updater, batch)
         target = min(ctrl["next_sync_at"], ctrl["next_report_at"])

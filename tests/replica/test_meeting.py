@@ -348,8 +348,8 @@ def test_a_barrier_worker_measures_its_pace_and_cuts_its_next_batch_to_it() -> N
 def test_a_worker_in_chunks_hands_in_once_the_pivot_is_in_and_its_rest_would_come_after_the_bound() -> None:
     """pace.chunks: no pivot yet, computing on; the pivot in and the batch's rest due within
     pace.min_wait of its compute time, computing on; due after it, handing in; the step closed
-    without this worker, handing in at once. A worker four times slower than the pivot hands in a
-    chunk of four (its speed's share, pace.balance), and a replica of one worker computes whole batches."""
+    without this worker, handing in at once. Chunks replace the pace's split, and a replica of one
+    worker computes whole batches."""
     cfg = OptimConfig(name="adamw")
     model, flat, m, state = _replica(cfg, 3)
     params = list(model.parameters())
@@ -359,7 +359,7 @@ def test_a_worker_in_chunks_hands_in_once_the_pivot_is_in_and_its_rest_would_com
     m.cells["pace"] = [0.01, 0.01, 0.015]
     assert up.split().chunks == 1  # a batch of 15 ms: whole (each chunk's overhead would show)
     m.cells["pace"] = [0.01, 0.01, 0.04]
-    assert up.begin() and up.split() == (0.25, 4)  # its speed's share, in whole chunks
+    assert up.begin() and up.split() == (1.0, 4)  # the pace's share is not asked for
     now = time.monotonic()  # seconds of margin below: a loaded machine may pause this test
     assert not up.hand_in(1.0, 9)  # nobody has arrived
     _arrive(m, 0, now - 4.0, compute_s=10.0)  # one of two others: the pivot of three live workers is the second

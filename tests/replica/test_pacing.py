@@ -231,21 +231,3 @@ def test_a_worker_in_chunks_hands_in_before_the_pivot_it_expects_within_its_next
         monkeypatch.setattr(pacing.time, "monotonic", lambda now=now: now)
         assert pacer.hand_in(1, 0, c, 0, 0.01, 3) is handed, now
     assert c[1]["chunk_s"] == pytest.approx(0.01)  # what the chair reads to see it run
-
-
-@pytest.mark.parametrize("speed, share", [(0.75, 0.75), (0.5, 0.5), (0.25, 0.25), (0.6, 0.5), (0.1, 0.25),
-                                          (0.9, 1.0), (1.0, 1.0)])
-def test_a_slow_worker_in_chunks_hands_in_the_chunks_its_speed_makes_in_the_pivots_time(speed: float,
-                                                                                       share: float) -> None:
-    """pace.balance under pace.chunks: a worker at ``speed`` of the pivot's (4 chunks a batch) hands in
-    that share of a batch, to the nearest chunk and at least one, every step; within BALANCE_BAND of
-    the pivot (jitter) it computes whole batches."""
-    m, c = _cells(2)
-    pacer = Pacer(PaceConfig(), (4, 0.0))
-    c["pace"] = [0.04, 0.04 / speed]
-    assert pacer.split(1, c) == (share, 4)
-    assert pacer.split(0, c) == (1.0, 4)  # the pivot itself
-    c["pace"][0] = 0.0  # the pivot's pace unknown yet: whole batches
-    assert pacer.split(1, c) == (1.0, 4)
-    c["pace"] = [0.04, 0.04 / speed]
-    assert Pacer(PaceConfig(balance=False), (4, 0.0)).split(1, c) == (1.0, 4)  # chunks alone: a batch's rest

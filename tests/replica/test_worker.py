@@ -343,7 +343,7 @@ def test_a_batch_in_chunks_hands_in_the_mean_of_the_chunks_done_and_keeps_the_re
         for p in params:
             p.grad = torch.zeros_like(p)
         handing = _Handing(after)
-        [got] = in_chunks(step_fn, 3, 4, handing.hand_in, params)
+        got = in_chunks(step_fn, 3, 4, handing.hand_in, params)
         assert (got.samples, got.left, got.whole) == (end - start, 16 - end, 16)
         assert [left for _, left in handing.asked] == asked and all(s > 0 for s, _ in handing.asked)
         assert float(got.loss) == pytest.approx(want_loss, rel=1e-5)
@@ -353,51 +353,9 @@ def test_a_batch_in_chunks_hands_in_the_mean_of_the_chunks_done_and_keeps_the_re
     whole, _ = reference(rows)
     for p in params:
         p.grad = torch.zeros_like(p)
-    assert in_chunks(step_fn, 3, 4, _Handing(None).hand_in, params)[0].samples == 16
+    assert in_chunks(step_fn, 3, 4, _Handing(None).hand_in, params).samples == 16
     for a, p in zip(whole, params):
         torch.testing.assert_close(p.grad, a, rtol=1e-5, atol=1e-6)
-
-
-class _Carrying(HogwildUpdate):
-    """Hogwild's updater, split as the pacer splits a worker at three quarters of the pivot's speed:
-    three chunks of four every gradient, carried across batches, never handed in early."""
-
-    def split(self) -> pacing.Split:
-        return pacing.Split(0.75, 4)
-
-
-def test_a_worker_at_three_quarters_hands_in_three_chunks_every_step_carrying_its_rest_into_the_next_batch() -> None:
-    """pace.balance in chunks (a share that is not a batch's rest): three batches of 16 make four
-    gradients of 12 samples each, the second made of batch 0's last 4 and batch 1's first 8, and so
-    on; each update is SGD on the mean over exactly those samples, every sample is trained once, the
-    position moves a batch as each ends, and the batches count as applied once each."""
-    step_fn, opt, params, spec, board, flat, ds, model = tiny_worker(quota=3)
-    sampler = ShardSampler(torch.arange(256), 16, 0)
-    rows = torch.cat([sampler.batch(i) for i in range(3)])
-    w = flat.clone()
-    for start in (0, 12, 24, 36):  # SGD lr 0.5, each on 12 samples that span a batch's end
-        w = w.detach().requires_grad_(True)
-        x, y = ds.train.batch(rows[start:start + 12])
-        g, = torch.autograd.grad(nn.functional.cross_entropy(x[0] @ w[:8].view(2, 4).T + w[8:10], y), w)
-        w = w.detach() - 0.5 * g
-    run_loop(step_fn, _Carrying(opt.opt, params), params, spec, Channels(board))
-    row = board.row(0)
-    assert (row["pos"], row["applied"], row["samples"], row["parts"]) == (3, 3, 48, 3)
-    torch.testing.assert_close(flat, w, rtol=1e-5, atol=1e-6)
-
-
-def test_a_carried_share_stops_at_the_workers_last_batch() -> None:
-    """A share that the last batch's rest cannot make up is handed in short: nothing past the
-    worker's quota is read."""
-    from hogwild.replica.worker import in_chunks
-
-    step_fn, _, params, _, _, _, _, _ = tiny_worker(quota=1)
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    [head] = in_chunks(step_fn, 0, 4, _Handing(None).hand_in, params, 0.75, last=1)
-    assert (head.samples, head.left) == (12, 4)
-    [rest] = in_chunks(step_fn, 0, 4, _Handing(None).hand_in, params, 0.75, last=1)
-    assert (rest.samples, rest.left) == (4, 0)
 
 
 def test_a_batch_slice_cuts_every_tensor_of_the_batch_and_nothing_else() -> None:
