@@ -47,7 +47,8 @@ class PaceConfig:
     """deadline: how long a step waits for a worker missing from the step before too (at most
     pace.max_wait): it still computes on older weights, so its gradient is stale whenever it comes."""
     balance: bool = True
-    """Where a batch is not computed in chunks (pace.chunks): true: a worker whose whole batch takes
+    """Where a batch is not computed in chunks (pace.chunks=1), and under pace.chunks=auto once the
+    median worker's batch takes 0.3 s: true: a worker whose whole batch takes
     more than 1.15 times the median worker's computes each batch in equal parts (at most four), one
     part a step, sized to its speed, so its gradients arrive with the others' and not one update
     late; a step's mean weighs each gradient by its samples (LB-BSP). Every sample is still trained
@@ -59,9 +60,12 @@ class PaceConfig:
     core shared with a busy process, a quota) brings the samples it computed with the others'
     instead of a late gradient, and the rest of its batch is its next part, so every sample is still
     trained on once. No pace is estimated, so a slowness that moves between workers is followed at
-    once. auto: 4 chunks of at least 8 samples once a whole batch takes over 20 ms, and whole
-    batches for a model with batch-norm layers (their statistics are a batch's) or sparse tables;
-    1: whole batches (pace.balance then cuts a slow worker's)."""
+    once. auto: 4 chunks of at least 8 samples once a whole batch takes over 20 ms; once the median
+    worker's batch takes 0.3 s, a worker steadily slower than it (pace.balance's band) computes
+    pace.balance's planned share instead (a quota's 100 ms periods then look like a steady rate, which
+    a plan matches); whole batches for a model with batch-norm layers (their statistics are a
+    batch's) or sparse tables. A number cuts every batch into that many chunks; 1: whole batches
+    (pace.balance then cuts a slow worker's)."""
     backup: int = 1
     """backup: how many of the slowest live workers a step never waits for (at least one worker is
     always waited for)."""

@@ -78,6 +78,14 @@ PACE_WINDOW = 5
 AUTO_CHUNKS = 4
 MIN_CHUNK_SAMPLES = 8
 MIN_CHUNK_S = 0.02
+PLAN_FROM_S = 0.3
+"""pace.chunks=auto: once the median live worker's whole batch takes this long (seconds), a worker
+steadily slower than it (pace.balance's band, on the median of its last paces) computes the share
+pace.balance plans instead of chunks; a worker slowed for a moment, or nobody, still computes in
+chunks. A quota throttles in periods of 100 ms by default: a batch of several periods sees a steady
+rate, which a planned share matches, where a shorter one sees bursts, which only chunks follow. In
+the pacing grid (BENCHMARKS.md) planned shares beat chunks with a worker at half a core at the
+0.34, 0.47 and 1 s steps, chunks kept the stops and the busy core."""
 STALL_CHUNKS = 3.0
 """A worker in chunks that has finished none for this many of its chunk times (as it runs) is
 stopped (a quota's throttled spell, a paused process): a step waits for it no longer."""
@@ -142,25 +150,44 @@ def balanced_share(mine: float, paces: Sequence[float], slack: float = 0.05) -> 
     measured yet. Equal parts also give a batch few shapes (torch.compile and the kernels' caches see
     few). In the model of a worker twice as slow (BENCHMARKS.md §22) this ended 1.534 against 1.653
     for joining late and 1.766 for waiting, as DDP does."""
-    known = sorted(p for p in paces if p > 0)
-    if mine <= 0 or len(known) < 2:
+    if mine <= 0 or sum(p > 0 for p in paces) < 2:
         return 1.0
-    pivot = known[max(1, -(-len(known) // 2)) - 1]
+    pivot = median_pace(paces)
     if mine <= BALANCE_BAND * pivot or pivot < MIN_PACE_S:
         return 1.0
     return 1.0 / min(MAX_PARTS, math.ceil(mine / (pivot * (1.0 + slack))))
 
 
-def chunks_for(setting: Union[int, str], model: Optional[torch.nn.Module], batch_size: int) -> tuple[int, float]:
-    """``pace.chunks`` as a worker runs it: (chunks, the seconds a whole batch must take before it is
-    cut). An explicit number is kept as it is; auto (:data:`AUTO_CHUNKS` of at least
-    :data:`MIN_CHUNK_SAMPLES` samples once a batch takes :data:`MIN_CHUNK_S`) keeps whole batches for a
-    model with batch-norm layers, whose statistics would be a chunk's instead of the batch's."""
+class Chunking(NamedTuple):
+    """``pace.chunks`` as a worker runs it."""
+
+    chunks: int = 1
+    """Chunks a batch is cut into (1: whole batches)."""
+    from_s: float = 0.0
+    """Seconds this worker's whole batch must take before it is cut into chunks."""
+    plan_from_s: float = math.inf
+    """Seconds the median live worker's whole batch takes from which a steadily slow worker computes
+    pace.balance's planned share instead of chunks (:data:`PLAN_FROM_S`)."""
+
+
+def chunks_for(setting: Union[int, str], model: Optional[torch.nn.Module], batch_size: int) -> Chunking:
+    """``pace.chunks`` as a worker runs it. An explicit number cuts every batch, whatever the step;
+    auto is :data:`AUTO_CHUNKS` of at least :data:`MIN_CHUNK_SAMPLES` samples once a batch takes
+    :data:`MIN_CHUNK_S`, a steadily slow worker's planned share instead from a step of
+    :data:`PLAN_FROM_S`, and whole batches for a model with batch-norm layers, whose statistics would
+    be a chunk's instead of the batch's."""
     if setting != "auto":
-        return int(setting), 0.0
+        return Chunking(int(setting))
     if model is not None and any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-        return 1, 0.0
-    return max(1, min(AUTO_CHUNKS, batch_size // MIN_CHUNK_SAMPLES)), MIN_CHUNK_S
+        return Chunking()
+    return Chunking(max(1, min(AUTO_CHUNKS, batch_size // MIN_CHUNK_SAMPLES)), MIN_CHUNK_S, PLAN_FROM_S)
+
+
+def median_pace(paces: Sequence[float]) -> float:
+    """The step's median worker's pace (the lower median for an even count): the pivot's, seconds a
+    whole batch takes; 0 while none is measured. ``paces``: 0 where not measured yet."""
+    known = sorted(p for p in paces if p > 0)
+    return known[max(1, -(-len(known) // 2)) - 1] if known else 0.0
 
 
 @PACERS.register("deadline")
@@ -168,13 +195,13 @@ class Pacer:
     """The ``deadline`` policy, and the seam every policy keeps (the module's text). The chair's
     instance and each worker's are their own: they share nothing but the meeting's cells."""
 
-    def __init__(self, cfg: PaceConfig, chunks: tuple[int, float] = (1, 0.0), workers: int = 2,
+    def __init__(self, cfg: PaceConfig, chunks: Chunking = Chunking(), workers: int = 2,
                  tables: bool = False) -> None:
         """``chunks``: :func:`chunks_for`'s; a batch is cut only among ``workers`` > 1 (one worker waits
         for nobody), and never with sparse ``tables``, whose rows are written as each gradient comes."""
         self.cfg = cfg
         split = workers > 1 and not tables
-        self.chunks, self.chunk_s = (chunks[0], chunks[1]) if split else (1, 0.0)
+        self.chunking = Chunking(*chunks) if split else Chunking()
         self.balance = bool(cfg.balance) and split
         self.behind: set[int] = set()
         """The workers missing from the last closed step: still computing on older weights."""
@@ -243,23 +270,24 @@ class Pacer:
         the median member (:data:`BALANCE_BAND`). A slow member's shard would hold the step, and every
         worker's next read of the weights, until it ran again: a quota's throttled spell (50 ms of every
         100 at half a core) is longer than a step of a small model."""
-        paces = sorted(float(cells[j]["pace"]) for j in members)
-        pivot = paces[max(1, -(-len(paces) // 2)) - 1]
+        pivot = median_pace([float(cells[j]["pace"]) for j in members])
         fast = [int(j) for j in members if pivot <= 0 or float(cells[j]["pace"]) <= BALANCE_BAND * pivot]
         return fast or [int(j) for j in members]
 
     # ------------------------------------------------------------------ a worker's half
     def split(self, me: int, cells: np.ndarray) -> Split:
         """How worker ``me`` computes its next batch, from the paces in ``cells`` as they are now."""
-        pace = float(cells[me]["pace"])
-        if self.chunks > 1 and pace >= self.chunk_s:
-            return Split(1.0, self.chunks)  # chunks decide a batch's parts as it is computed
-        cells[me]["chunk_s"] = 0.0  # a whole batch says nothing as it goes: the chair cannot see it stop
-        if self.balance:
+        pace, live = float(cells[me]["pace"]), cells["pace"][cells["live"] > 0].tolist()
+        c = self.chunking
+        chunked = c.chunks > 1 and pace >= c.from_s
+        share = 1.0
+        if self.balance and (not chunked or median_pace(live) >= c.plan_from_s):
             # A part may come half the straggler bound after the pivot and still be waited for.
-            return Split(balanced_share(pace, cells["pace"][cells["live"] > 0].tolist(),
-                                        self.cfg.straggler_wait / 2))
-        return WHOLE
+            share = balanced_share(pace, live, self.cfg.straggler_wait / 2)
+        if chunked and share == 1.0:
+            return Split(1.0, c.chunks)  # chunks decide a batch's parts as it is computed
+        cells[me]["chunk_s"] = 0.0  # a whole batch or part says nothing as it goes: the chair cannot see it stop
+        return Split(share)
 
     def hand_in(self, me: int, read: int, cells: np.ndarray, open_step: int, chunk_s: float, chunks_left: int) -> bool:
         """Whether worker ``me``, which computes on the weights of step ``read``, hands in the chunks
@@ -309,5 +337,5 @@ def make_pacer(cfg: PaceConfig, model: Optional[torch.nn.Module] = None, batch_s
     """``pace.policy``'s pacer: for the chair (no model), or for one of ``workers`` workers of ``model``
     on batches of ``batch_size`` (``tables``: the model has sparse tables)."""
     cls = PACERS.get(cfg.policy)
-    chunks = chunks_for(cfg.chunks, model, batch_size) if model is not None else (1, 0.0)
+    chunks = chunks_for(cfg.chunks, model, batch_size) if model is not None else Chunking()
     return cls(cfg, chunks, workers, tables)

@@ -37,6 +37,7 @@ SIZES: dict[str, dict[str, int]] = {
     "gpt_tiny": {"n_layer": 1, "n_embd": 48, "n_head": 2},  # 38k parameters: about 10 ms a step
     "gpt_small": {"n_layer": 2, "n_embd": 64, "n_head": 4},  # 0.11M: about 40 ms a step
     "gpt": {"n_layer": 4, "n_embd": 128, "n_head": 4},  # benchmarks/one-machine.md §15: 0.8M parameters
+    "gpt_mid": {"n_layer": 4, "n_embd": 160, "n_head": 4},  # 1.3M: between the two, for where chunks stop paying
     "gpt_large": {"n_layer": 4, "n_embd": 192, "n_head": 4},  # 1.8M: a step's gradient is 7.3 MB
     "gpt_xl": {"n_layer": 7, "n_embd": 256, "n_head": 4},  # 5.6M: the grid's 1 s step
 }

@@ -23,7 +23,7 @@ from hogwild.replica.meeting import POLL_S, STEPS_KEY, Chair, Meeting, balanced,
 from hogwild.replica.optim import decays, new_shared_state
 from hogwild.replica.shared import alloc, bind, param_slots, share_model
 from hogwild.replica.start import worker_context
-from hogwild.replica.pacing import MAX_PARTS, Pacer, balanced_share, chunks_for, make_pacer
+from hogwild.replica.pacing import MAX_PARTS, MIN_CHUNK_S, PLAN_FROM_S, Pacer, Split, balanced_share, chunks_for, make_pacer
 from hogwild.replica.update import BarrierUpdate, Seat, Signals
 
 pytestmark = pytest.mark.timeout(120)
@@ -378,7 +378,32 @@ def test_a_worker_in_chunks_hands_in_once_the_pivot_is_in_and_its_rest_would_com
 
 def test_auto_chunks_are_four_of_at_least_eight_samples_and_none_for_batch_norm() -> None:
     net = _net()
-    assert chunks_for("auto", net, 32) == (4, 0.02)
-    assert chunks_for("auto", net, 16) == (2, 0.02) and chunks_for("auto", net, 12) == (1, 0.02)
-    assert chunks_for("auto", nn.Sequential(nn.Linear(5, 7), nn.BatchNorm1d(7)), 64) == (1, 0.0)
-    assert chunks_for(3, net, 4) == (3, 0.0)  # a number set by hand is kept, whatever the batch
+    assert chunks_for("auto", net, 32) == (4, MIN_CHUNK_S, PLAN_FROM_S) == (4, 0.02, 0.3)
+    assert chunks_for("auto", net, 16).chunks == 2 and chunks_for("auto", net, 12).chunks == 1
+    assert chunks_for("auto", nn.Sequential(nn.Linear(5, 7), nn.BatchNorm1d(7)), 64).chunks == 1
+    assert chunks_for(3, net, 4) == (3, 0.0, float("inf"))  # a number set by hand is kept, whatever the batch or step
+
+
+def test_from_a_long_step_auto_gives_a_steadily_slow_worker_its_planned_share_and_chunks_to_the_rest() -> None:
+    """pace.chunks=auto: while the step (the median live worker's whole batch) is short, every worker
+    computes in chunks, the straggler too; from PLAN_FROM_S on, a worker steadily slower than the
+    median (pace.balance's band) computes pace.balance's planned share, and the others, the median's
+    equals, still compute in chunks. A number set by hand chunks every batch, and with pace.balance
+    off chunks stay."""
+    m = Meeting(3, param_slots(_net()), [False] * 3, "cpu", alloc)
+    m.cells["live"] = 1.0
+    auto = make_pacer(PaceConfig(), _net(), 32, workers=3)
+    m.cells["pace"] = [0.1, 0.1, 0.25]  # a short step; the straggler's batch takes 2.5 times the median's
+    assert auto.split(2, m.cells) == Split(1.0, 4) and auto.split(0, m.cells) == Split(1.0, 4)
+    step = PLAN_FROM_S
+    m.cells["pace"] = [step, 1.05 * step, 2 * step]  # a long step
+    assert auto.split(2, m.cells) == Split(0.5, 1)  # pace.balance: half a batch a step
+    assert auto.split(1, m.cells) == Split(1.0, 4) and auto.split(0, m.cells) == Split(1.0, 4)  # within the band
+    assert m.cells[2]["chunk_s"] == 0.0  # a part says nothing as it goes: the chair cannot see it stop
+    m.cells["live"][0] = 0.0  # a dead worker's pace is not the step's: the median is worker 1's, 1.05 x
+    assert auto.split(2, m.cells) == Split(0.5, 1)
+    m.cells["pace"][1] = 0.1  # the live median a short step again: chunks
+    assert auto.split(2, m.cells) == Split(1.0, 4)
+    m.cells["live"][0], m.cells["pace"][1] = 1.0, 1.05 * step
+    assert make_pacer(PaceConfig(chunks=4), _net(), 32, workers=3).split(2, m.cells) == Split(1.0, 4)
+    assert make_pacer(PaceConfig(balance=False), _net(), 32, workers=3).split(2, m.cells) == Split(1.0, 4)
