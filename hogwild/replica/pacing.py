@@ -80,7 +80,7 @@ MIN_CHUNK_SAMPLES = 8
 MIN_CHUNK_S = 0.02
 PLAN_FROM_S = 0.3
 """pace.chunks=auto: once the median live worker's whole batch takes this long (seconds), a worker
-steadily slower than it (pace.balance's band, on the median of its last paces) computes the share
+steadily slower than it (each of its last paces over pace.balance's band) computes the share
 pace.balance plans instead of chunks; a worker slowed for a moment, or nobody, still computes in
 chunks. A quota throttles in periods of 100 ms by default: a batch of several periods sees a steady
 rate, which a planned share matches, where a shorter one sees bursts, which only chunks follow. In
@@ -281,13 +281,21 @@ class Pacer:
         c = self.chunking
         chunked = c.chunks > 1 and pace >= c.from_s
         share = 1.0
-        if self.balance and (not chunked or median_pace(live) >= c.plan_from_s):
+        if self.balance and (not chunked or median_pace(live) >= c.plan_from_s and self._steady(live)):
             # A part may come half the straggler bound after the pivot and still be waited for.
             share = balanced_share(pace, live, self.cfg.straggler_wait / 2)
         if chunked and share == 1.0:
             return Split(1.0, c.chunks)  # chunks decide a batch's parts as it is computed
         cells[me]["chunk_s"] = 0.0  # a whole batch or part says nothing as it goes: the chair cannot see it stop
         return Split(share)
+
+    def _steady(self, live: Sequence[float]) -> bool:
+        """Whether each of this worker's last :data:`PACE_WINDOW` paces was over the balance band of the
+        median live worker's: a share is planned for a steady slowness (a quota) only. Beside a busy
+        process the slowness moves between workers in spells of a few steps; a plan from the median of
+        the paces came three steps late into each spell and out of it, and trained 10 % fewer samples
+        than chunks (BENCHMARKS.md, the pacing grid), where one fast pace now ends it."""
+        return len(self._paces) == PACE_WINDOW and min(self._paces) > BALANCE_BAND * median_pace(live)
 
     def hand_in(self, me: int, read: int, cells: np.ndarray, open_step: int, chunk_s: float, chunks_left: int) -> bool:
         """Whether worker ``me``, which computes on the weights of step ``read``, hands in the chunks

@@ -23,7 +23,7 @@ from hogwild.replica.meeting import POLL_S, STEPS_KEY, Chair, Meeting, balanced,
 from hogwild.replica.optim import decays, new_shared_state
 from hogwild.replica.shared import alloc, bind, param_slots, share_model
 from hogwild.replica.start import worker_context
-from hogwild.replica.pacing import MAX_PARTS, MIN_CHUNK_S, PLAN_FROM_S, Pacer, Split, balanced_share, chunks_for, make_pacer
+from hogwild.replica.pacing import MAX_PARTS, MIN_CHUNK_S, PACE_WINDOW, PLAN_FROM_S, Pacer, Split, balanced_share, chunks_for, make_pacer
 from hogwild.replica.update import BarrierUpdate, Seat, Signals
 
 pytestmark = pytest.mark.timeout(120)
@@ -386,24 +386,34 @@ def test_auto_chunks_are_four_of_at_least_eight_samples_and_none_for_batch_norm(
 
 def test_from_a_long_step_auto_gives_a_steadily_slow_worker_its_planned_share_and_chunks_to_the_rest() -> None:
     """pace.chunks=auto: while the step (the median live worker's whole batch) is short, every worker
-    computes in chunks, the straggler too; from PLAN_FROM_S on, a worker steadily slower than the
-    median (pace.balance's band) computes pace.balance's planned share, and the others, the median's
-    equals, still compute in chunks. A number set by hand chunks every batch, and with pace.balance
-    off chunks stay."""
+    computes in chunks, the straggler too; from PLAN_FROM_S on, a worker each of whose last paces was
+    over pace.balance's band of the median computes pace.balance's planned share, and the others, the
+    median's equals or slowed for a moment, still compute in chunks. A number set by hand chunks every
+    batch, and with pace.balance off chunks stay."""
     m = Meeting(3, param_slots(_net()), [False] * 3, "cpu", alloc)
     m.cells["live"] = 1.0
-    auto = make_pacer(PaceConfig(), _net(), 32, workers=3)
-    m.cells["pace"] = [0.1, 0.1, 0.25]  # a short step; the straggler's batch takes 2.5 times the median's
-    assert auto.split(2, m.cells) == Split(1.0, 4) and auto.split(0, m.cells) == Split(1.0, 4)
+    slow, fast = (make_pacer(PaceConfig(), _net(), 32, workers=3) for _ in range(2))
     step = PLAN_FROM_S
+    for _ in range(PACE_WINDOW):
+        slow.timed(step, 0.5)  # half a batch in one step's time: its pace is two steps
+        fast.timed(step, 1.0)
+    m.cells["pace"] = [0.1, 0.1, 0.25]  # a short step; the straggler's batch takes 2.5 times the median's
+    assert slow.split(2, m.cells) == Split(1.0, 4) and fast.split(0, m.cells) == Split(1.0, 4)
     m.cells["pace"] = [step, 1.05 * step, 2 * step]  # a long step
-    assert auto.split(2, m.cells) == Split(0.5, 1)  # pace.balance: half a batch a step
-    assert auto.split(1, m.cells) == Split(1.0, 4) and auto.split(0, m.cells) == Split(1.0, 4)  # within the band
+    assert slow.split(2, m.cells) == Split(0.5, 1)  # pace.balance: half a batch a step
+    assert fast.split(0, m.cells) == Split(1.0, 4)  # within the band
     assert m.cells[2]["chunk_s"] == 0.0  # a part says nothing as it goes: the chair cannot see it stop
     m.cells["live"][0] = 0.0  # a dead worker's pace is not the step's: the median is worker 1's, 1.05 x
-    assert auto.split(2, m.cells) == Split(0.5, 1)
+    assert slow.split(2, m.cells) == Split(0.5, 1)
     m.cells["pace"][1] = 0.1  # the live median a short step again: chunks
-    assert auto.split(2, m.cells) == Split(1.0, 4)
+    assert slow.split(2, m.cells) == Split(1.0, 4)
     m.cells["live"][0], m.cells["pace"][1] = 1.0, 1.05 * step
+    slow.timed(0.9 * step, 1.0)  # one batch at the others' speed: the spell may be over, chunks follow it
+    assert slow.split(2, m.cells) == Split(1.0, 4)
+    for _ in range(PACE_WINDOW - 1):
+        slow.timed(step, 0.5)
+    assert slow.split(2, m.cells) == Split(1.0, 4)  # four slow paces again: not yet steady
+    slow.timed(step, 0.5)
+    assert slow.split(2, m.cells) == Split(0.5, 1)
     assert make_pacer(PaceConfig(chunks=4), _net(), 32, workers=3).split(2, m.cells) == Split(1.0, 4)
     assert make_pacer(PaceConfig(balance=False), _net(), 32, workers=3).split(2, m.cells) == Split(1.0, 4)
