@@ -31,7 +31,8 @@ higher.
 How a worker cuts its batch: with ``pace.chunks`` it computes it in chunks and hands in what it has
 once the pivot is in and the rest would come after ``pace.min_wait`` (no pace estimated, so a
 slowness that moves between workers is followed at once); else, with ``pace.balance``, a worker much
-slower than the pivot computes a share of each batch (:func:`balanced_share`). Either way the rest
+slower than the pivot computes a share of each batch (:func:`balanced_share`), and so, under
+``pace.chunks=auto`` from a step of :data:`PLAN_FROM_S`, does a worker steadily slower than it. Either way the rest
 is its next part, and a step's mean weighs each gradient by its samples.
 """
 
@@ -85,7 +86,8 @@ pace.balance plans instead of chunks; a worker slowed for a moment, or nobody, s
 chunks. A quota throttles in periods of 100 ms by default: a batch of several periods sees a steady
 rate, which a planned share matches, where a shorter one sees bursts, which only chunks follow. In
 the pacing grid (BENCHMARKS.md) planned shares beat chunks with a worker at half a core at the
-0.34, 0.47 and 1 s steps, chunks kept the stops and the busy core."""
+0.34, 0.47 and 1 s steps (tied in the last invocation at 0.47 s), chunks kept the stops and the busy
+core."""
 STALL_CHUNKS = 3.0
 """A worker in chunks that has finished none for this many of its chunk times (as it runs) is
 stopped (a quota's throttled spell, a paused process): a step waits for it no longer."""
