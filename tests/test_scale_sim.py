@@ -76,13 +76,24 @@ def test_check_prints_predicted_against_every_measured_run(tmp_path: Path) -> No
     runs = {r["run"] for r in rows}
     for name in ("torchrun R = 32 on one host", "GPT 1.8M, 2 x 1 at 100 Mbit/s", "GPT 1.8M, 2 x 1 at 1 Gbit/s",
                  "GPT 1.8M, 4 x 4 at 1 Gbit/s (lent host)", "GPT 0.1M, 3 x 1 at 1, 1/2, 1/4 of a core",
-                 "R = 16 elastic, 20 kills (chaos16)", "R = 8 at 100 Mbit/s, 10 ms one way less 2 ms"):
+                 "R = 16 elastic, 20 kills (chaos16)", "R = 8 at 100 Mbit/s, 10 ms one way less 2 ms",
+                 "R = 2 at 1gbit (namespaces), 1000 steps, the step its twin's"):
         assert any(run.startswith(name) for run in runs), (name, runs)
     assert all(math.isfinite(r["error"]) for r in rows)
     assert "| run | figure | measured | repeats' range | predicted | error |" in proc.stdout
     # A repeated run shows its repeats' lowest and highest beside its median.
     repeated = next(r for r in rows if r["run"].startswith("torchrun R = 32 on one host") and r["primary"])
     assert repeated["spread"][0] <= repeated["measured"] <= repeated["spread"][1]
+
+
+def test_a_step_fit_on_a_runs_time_trains_that_run_in_that_time() -> None:
+    """A namespace run's step is fit on its loopback twin of the same invocation (this host's speed
+    moves between invocations): the fit step gives the twin's time back, rounds and all."""
+    job = sim.mlp_job(2, cores=1)
+    for measured in (1.0, 2.0):
+        step = sim.step_fit(job, measured, 1000)
+        assert sim.simulate(dataclasses.replace(job, step_s=step), max_steps=1000).train_s == pytest.approx(measured, rel=0.01)
+    assert sim.step_fit(job, 1.0, 1000) < sim.step_fit(job, 2.0, 1000)
 
 
 def test_a_ring_hop_pays_the_one_way_latency_twice() -> None:
