@@ -92,7 +92,8 @@ def test_a_step_fit_on_a_runs_time_trains_that_run_in_that_time() -> None:
     job = sim.mlp_job(2, cores=1)
     for measured in (1.0, 2.0):
         step = sim.step_fit(job, measured, 1000)
-        assert sim.simulate(dataclasses.replace(job, step_s=step), max_steps=1000).train_s == pytest.approx(measured, rel=0.01)
+        fit = sim.simulate(dataclasses.replace(job, step_s=step), max_steps=1000)
+        assert fit.train_s == pytest.approx(measured, rel=0.01)
     assert sim.step_fit(job, 1.0, 1000) < sim.step_fit(job, 2.0, 1000)
 
 

@@ -23,7 +23,8 @@ from hogwild.replica.meeting import POLL_S, STEPS_KEY, Chair, Meeting, balanced,
 from hogwild.replica.optim import decays, new_shared_state
 from hogwild.replica.shared import alloc, bind, param_slots, share_model
 from hogwild.replica.start import worker_context
-from hogwild.replica.pacing import MAX_PARTS, MIN_CHUNK_S, PACE_WINDOW, PLAN_FROM_S, Pacer, Split, balanced_share, chunks_for, make_pacer
+from hogwild.replica.pacing import (MAX_PARTS, MIN_CHUNK_S, PACE_WINDOW, PLAN_FROM_S, Pacer, Split, balanced_share,
+                                    chunks_for, make_pacer)
 from hogwild.replica.update import BarrierUpdate, Seat, Signals
 
 pytestmark = pytest.mark.timeout(120)
