@@ -284,7 +284,8 @@ class Pacer:
         c = self.chunking
         chunked = c.chunks > 1 and pace >= c.from_s
         share = 1.0
-        if self.balance and (not chunked or median_pace(live) >= c.plan_from_s and self._steady(live)):
+        pivot = median_pace(live)
+        if self.balance and (not chunked or pivot >= c.plan_from_s and self._steady(pivot)):
             # A part may come half the straggler bound after the pivot and still be waited for.
             share = balanced_share(pace, live, self.cfg.straggler_wait / 2)
         if chunked and share == 1.0:
@@ -292,13 +293,13 @@ class Pacer:
         cells[me]["chunk_s"] = 0.0  # a whole batch or part says nothing as it goes: the chair cannot see it stop
         return Split(share)
 
-    def _steady(self, live: Sequence[float]) -> bool:
+    def _steady(self, pivot: float) -> bool:
         """Whether each of this worker's last :data:`PACE_WINDOW` paces was over the balance band of the
-        median live worker's: a share is planned for a steady slowness (a quota) only. Beside a busy
-        process the slowness moves between workers in spells of a few steps; a plan from the median of
+        ``pivot``'s (the median live worker's pace): a share is planned for a steady slowness (a quota)
+        only. Beside a busy process the slowness moves between workers in spells of a few steps; a plan from the median of
         the paces came three steps late into each spell and out of it, and trained 10 % fewer samples
         than chunks (BENCHMARKS.md, the pacing grid), where one fast pace now ends it."""
-        return len(self._paces) == PACE_WINDOW and min(self._paces) > BALANCE_BAND * median_pace(live)
+        return len(self._paces) == PACE_WINDOW and min(self._paces) > BALANCE_BAND * pivot
 
     def hand_in(self, me: int, read: int, cells: np.ndarray, open_step: int, chunk_s: float, chunks_left: int) -> bool:
         """Whether worker ``me``, which computes on the weights of step ``read``, hands in the chunks
