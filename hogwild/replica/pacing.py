@@ -295,10 +295,11 @@ class Pacer:
 
     def _steady(self, pivot: float) -> bool:
         """Whether each of this worker's last :data:`PACE_WINDOW` paces was over the balance band of the
-        ``pivot``'s (the median live worker's pace): a share is planned for a steady slowness (a quota)
-        only. Beside a busy process the slowness moves between workers in spells of a few steps; a plan from the median of
-        the paces came three steps late into each spell and out of it, and trained 10 % fewer samples
-        than chunks (BENCHMARKS.md, the pacing grid), where one fast pace now ends it."""
+        ``pivot``'s (the median live worker's pace): a share is planned for a steady slowness (a
+        quota) only. Beside a busy process the slowness moves between workers in spells of a few
+        steps; a plan from the median of the paces came three steps late into each spell and out of
+        it, and trained 10 % fewer samples than chunks (BENCHMARKS.md, the pacing grid), where one
+        fast pace now ends it."""
         return len(self._paces) == PACE_WINDOW and min(self._paces) > BALANCE_BAND * pivot
 
     def hand_in(self, me: int, read: int, cells: np.ndarray, open_step: int, chunk_s: float, chunks_left: int) -> bool:
