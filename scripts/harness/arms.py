@@ -55,20 +55,24 @@ a slow link would pick instead."""
 LM_DEFAULT = ("hogwild", "ddp", "ddp_fp16", "ddp_powersgd2", "torchft_diloco")
 
 
-def hogwild_overrides(size: str, budget: float, eval_every_s: float) -> list[str]:
+def hogwild_overrides(size: str, budget: float, eval_every_s: float, warmup: int = WARMUP) -> list[str]:
     """hogwild's run of the race: ``+experiment=gpt`` at ``size``, stopped by its own clock, with
-    its evaluations during training on the race's small split at the race's cadence."""
+    its evaluations during training on the race's small split at the race's cadence, warmed up over
+    ``warmup`` optimizer steps as the outside arms are (``--warmup``)."""
     cfg = SIZES[size]
     return ["+experiment=gpt", *[f"model.kwargs.config.{k}={v}" for k, v in cfg.items()],
-            f"+data.test_chars={TEST_CHARS}", "train.max_steps=100000000", f"train.max_time={budget}",
+            f"sched.warmup_steps={warmup}", f"+data.test_chars={TEST_CHARS}", "train.max_steps=100000000",
+            f"train.max_time={budget}",
             f"eval.every_s={eval_every_s}", "eval.max_fraction=1.0", f"eval.batch_size={EVAL_BLOCKS}",
             "eval.max_batches=1", "checkpoint.every_s=100000"]
 
 
-def rate(lr: float, budget: float) -> Callable[[int, float], float]:
-    """Warm-up over the first steps, then a cosine over the budget's seconds, as hogwild's
-    schedule under ``train.max_time``."""
-    return lambda step, spent: lr * min(1.0, (step + 1) / WARMUP) * 0.5 * (1 + math.cos(math.pi * min(spent / budget,
+def rate(lr: float, budget: float, warmup: int = WARMUP) -> Callable[[int, float], float]:
+    """Warm-up over the first ``warmup`` steps, times a cosine over the budget's seconds. hogwild's
+    schedule under ``train.max_time`` is the same where the run outlasts its warm-up; a run shorter
+    than its warm-up never decays there (the warm-up climbs to the cosine's start), where this one
+    does, so a race whose runs are that short gives every arm a shorter ``--warmup``."""
+    return lambda step, spent: lr * min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(spent / budget,
                                                                                                     1.0)))
 
 
@@ -170,7 +174,7 @@ def ddp_rank(args: argparse.Namespace) -> Optional[dict[str, Any]]:
     net = torch.nn.parallel.DistributedDataParallel(race.model)
     _hook(net, args)
     opt = adamw(race.model, args.lr)
-    lr_at = rate(args.lr, args.budget)
+    lr_at = rate(args.lr, args.budget, args.warmup)
     step, t0, spent = 0, None, 0.0
     over = torch.zeros(1)
     while True:
@@ -222,7 +226,7 @@ def diloco_rank(args: argparse.Namespace) -> Optional[dict[str, Any]]:
                       init_sync=False, lighthouse_addr=f"http://{args.addr}:{args.port}",
                       timeout=timedelta(seconds=600), quorum_timeout=timedelta(seconds=600),
                       connect_timeout=timedelta(seconds=600))
-    lr_at = rate(args.lr, args.budget)
+    lr_at = rate(args.lr, args.budget, args.warmup)
     step, t0, spent, per_step = 0, None, 0.0, 0.0
     try:
         with DiLoCo(manager, [race.model], inner, outer, sync_every=args.interval):
@@ -269,6 +273,7 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=120.0, help="seconds of training from the first step")
     ap.add_argument("--lr", type=float, default=LR)
     ap.add_argument("--eval-every-s", type=float, default=10.0)
+    ap.add_argument("--warmup", type=int, default=WARMUP, help="optimizer steps of the rate's linear warm-up")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--powersgd-rank", type=int, default=2)
     ap.add_argument("--powersgd-start", type=int, default=2,

@@ -18,6 +18,12 @@ every 3 s, ``W x 2/3`` beside the busy process (three processes on two cores). A
 evaluations without a peer, so the balanced run is the fairer unit (as the issue's own figure: 954
 samples a second unthrottled, 715 the limit with one worker at half a core).
 
+Every arm warms its rate up over the same optimizer steps: the recipe's 100, or under ``--warmup auto``
+(the default) a fifth of the steps the balanced run would make in the budget, if fewer. At the 0.47 s and
+1 s steps a run makes 75-95 steps: inside a warm-up of 100, hogwild's schedule (warm-up, then a cosine over
+the steps the budget allows) never reaches its cosine, while the outside arms' (warm-up times a cosine
+over the budget's seconds) anneals anyway, which the grid's figures before 2026-11-29 carry.
+
 Each hogwild run also records where its workers' seconds went (metrics.json's ``time_s.per_worker``:
 forward and backward, barrier wait, update), so a gap to the limit is traced, not guessed.
 
@@ -41,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
-from scripts.harness.arms import LR, SIZES  # noqa: E402
+from scripts.harness.arms import BATCH, LR, SIZES, WARMUP  # noqa: E402
 from scripts.harness.common import arm_summary, busy_core, pyplot, table_head  # noqa: E402
 from scripts.races.lm_race import time_to  # noqa: E402
 from scripts.races.straggler_race import ddp_arm, hogwild_arm, slowed_ranks, slowing  # noqa: E402
@@ -64,16 +70,26 @@ def share(slow: str, workers: int, cores: int = os.cpu_count() or 1) -> float:
     return {"stalls": workers - 1 / 3, "busy": workers * 2 / 3, "none": float(workers)}[slow]
 
 
-def _run_args(args: argparse.Namespace, size: str, workers: int, override: tuple[str, ...]) -> argparse.Namespace:
+def _run_args(args: argparse.Namespace, size: str, workers: int, override: tuple[str, ...],
+              warmup: int = WARMUP) -> argparse.Namespace:
     return argparse.Namespace(workers=workers, machines=1, stragglers=1, slowed=slowed_ranks(1, workers, 1), size=size,
                               budget=args.budget, eval_every_s=args.eval_every_s, override=list(override),
-                              lr=args.ddp_lr)
+                              lr=args.ddp_lr, warmup=warmup)
+
+
+def warmup_steps(spec: str, unit: float, budget: float) -> int:
+    """``--warmup``: a number of optimizer steps, or ``auto``: a fifth of the steps a balanced run
+    makes in ``budget`` (``unit`` samples a second a worker, a step a batch of every worker's), at most
+    the recipe's 100."""
+    if spec != "auto":
+        return int(spec)
+    return max(1, min(WARMUP, round(unit * budget / BATCH / 5)))
 
 
 def _hogwild(args: argparse.Namespace, size: str, workers: int, slow: str, root: Path,
-             override: tuple[str, ...], checkout: Path = REPO) -> dict[str, Any]:
+             override: tuple[str, ...], warmup: int, checkout: Path = REPO) -> dict[str, Any]:
     """A hogwild run; ``checkout``: the source tree whose hogwild runs (``--baseline``'s, an earlier commit)."""
-    r = hogwild_arm(_run_args(args, size, workers, override), slowing(slow)[0], root, 0, checkout=checkout)
+    r = hogwild_arm(_run_args(args, size, workers, override, warmup), slowing(slow)[0], root, 0, checkout=checkout)
     per = (r.get("time_s") or {}).get("per_worker") or []
     r["samples_per_s"] = r["tokens_per_s"] / BLOCK
     r["per_worker"] = [{k: round(w.get(k, 0.0), 2) for k in ("forward_backward", "barrier_wait", "update", "train")}
@@ -100,24 +116,25 @@ def point(args: argparse.Namespace, size: str, slow: str, optim: str, workers: i
         arms["ddp"] = ()
     runs: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
     _, core, label = slowing(slow)
+    warmup = warmup_steps(args.warmup, unit, args.budget)
     with busy_core(core):
         for rep in range(args.repeats):
             for arm, override in arms.items():
                 logger.info("%s %s %s W=%d, repeat %d/%d: %s", size, optim, slow, workers, rep + 1, args.repeats, arm)
                 try:
                     if arm == "ddp":
-                        r = ddp_arm(_run_args(args, size, workers, ()), slowing(slow)[0], 0)
+                        r = ddp_arm(_run_args(args, size, workers, (), warmup), slowing(slow)[0], 0)
                         r["samples_per_s"] = r["tokens_per_s"] / BLOCK
                     else:
                         checkout = args.baseline if arm == "before" else REPO
-                        r = _hogwild(args, size, workers, slow, root, override, checkout)
+                        r = _hogwild(args, size, workers, slow, root, override, warmup, checkout)
                 except Exception as e:  # noqa: BLE001 - a failed run is a row that says so
                     logger.error("%s failed: %s", arm, str(e)[-800:])
                     r = {"error": str(e)[-2000:]}
                 runs[arm].append(r)
     limit = unit * share(slow, workers)
     return {"size": size, "slow": slow, "label": label, "optim": optim, "workers": workers, "unit": unit,
-            "limit": limit, "arms": _summary(runs, limit)}
+            "limit": limit, "warmup": warmup, "arms": _summary(runs, limit)}
 
 
 def _summary(runs: dict[str, list[dict[str, Any]]], limit: float) -> dict[str, Any]:
@@ -206,6 +223,8 @@ def main() -> None:
                     help="one more hogwild arm under AdamW, e.g. backup=pace.policy=backup (repeatable)")
     ap.add_argument("--baseline", type=Path, default=None,
                     help="a checkout of an earlier commit (git worktree add DIR REV): its hogwild is the arm 'before'")
+    ap.add_argument("--warmup", default="auto",
+                    help="every arm's warm-up in optimizer steps, or auto: a fifth of a balanced run's, at most 100")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=REPO / "bench_results" / "pace_grid")
     ap.add_argument("--name", default="grid")

@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterator, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
 from scripts.harness.common import busy_core, clean_env, free_port, result_line, train_cmd
-from scripts.harness.arms import LR, SIZES, hogwild_overrides
+from scripts.harness.arms import LR, SIZES, WARMUP, hogwild_overrides
 from scripts.harness.arms import SCRIPT as ARMS_SCRIPT
 from scripts.races.lm_race import hogwild_result, report, summary
 from scripts.harness.stragglers import cgroup_version, stalled, throttled, wait_for, worker_pids
@@ -123,7 +123,8 @@ def hogwild_arm(args: argparse.Namespace, slow: Optional[Slow], root: Path, seed
     ``python -m`` imports; default this one)."""
     run_dir = Path(tempfile.mkdtemp(dir=root))
     workers = args.workers // args.machines
-    cmd = train_cmd([*hogwild_overrides(args.size, args.budget, args.eval_every_s), f"workers={workers}",
+    warmup = getattr(args, "warmup", WARMUP)
+    cmd = train_cmd([*hogwild_overrides(args.size, args.budget, args.eval_every_s, warmup), f"workers={workers}",
                      f"train.seed={seed}", f"run_dir={run_dir}", *args.override, *extra], args.machines,
                     launcher="hogwild.cli.launch")
     # A process group of its own (to kill the job's tree), not a session: with the kernel's
@@ -164,7 +165,7 @@ def ddp_arm(args: argparse.Namespace, slow: Optional[Slow], seed: int) -> dict[s
     port = free_port()
     procs = [subprocess.Popen([sys.executable, str(ARMS_SCRIPT), "--arm", "ddp", "--rank", str(r),
                                "--world", str(args.workers), "--port", str(port), "--size", args.size,
-                               "--budget", str(args.budget),
+                               "--budget", str(args.budget), "--warmup", str(getattr(args, "warmup", WARMUP)),
                                "--lr", str(args.lr), "--eval-every-s", str(args.eval_every_s), "--seed", str(seed)],
                               cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in range(args.workers)]
