@@ -67,13 +67,24 @@ def hogwild_overrides(size: str, budget: float, eval_every_s: float, warmup: int
             "eval.max_batches=1", "checkpoint.every_s=100000"]
 
 
-def rate(lr: float, budget: float, warmup: int = WARMUP) -> Callable[[int, float], float]:
-    """Warm-up over the first ``warmup`` steps, times a cosine over the budget's seconds. hogwild's
-    schedule under ``train.max_time`` is the same where the run outlasts its warm-up; a run shorter
-    than its warm-up never decays there (the warm-up climbs to the cosine's start), where this one
-    does, so a race whose runs are that short gives every arm a shorter ``--warmup``."""
-    return lambda step, spent: lr * min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(spent / budget,
-                                                                                                    1.0)))
+def rate(lr: float, budget: float, warmup: int = WARMUP, schedule: str = "clock") -> Callable[[int, float], float]:
+    """The rate of step ``step`` after ``spent`` seconds of a ``budget``. ``clock``: warm-up over the first
+    ``warmup`` steps, times a cosine over the budget's seconds. ``steps``: hogwild's own schedule under
+    ``train.max_time`` (hogwild/replica/lr_schedule.py): the warm-up climbs to the peak, then a cosine
+    runs over the steps the budget allows at the pace so far. The two agree where a run outlasts its
+    warm-up; a run shorter than its warm-up never decays under ``steps`` (the 0.47 s and 1 s steps'
+    75-95 step runs), where ``clock`` anneals with the clock anyway."""
+    if schedule == "clock":
+        return lambda step, spent: lr * min(1.0, (step + 1) / warmup) * 0.5 * (
+            1 + math.cos(math.pi * min(spent / budget, 1.0)))
+
+    def steps(step: int, spent: float) -> float:
+        if step < warmup:
+            return lr * (step + 1) / warmup
+        done = spent / budget
+        total = step / min(done, 1.0) if done > 0 and step > 0 else math.inf
+        return lr * 0.5 * (1 + math.cos(math.pi * min((step - warmup) / max(total - warmup, 1.0), 1.0)))
+    return steps
 
 
 def adamw(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
@@ -174,7 +185,7 @@ def ddp_rank(args: argparse.Namespace) -> Optional[dict[str, Any]]:
     net = torch.nn.parallel.DistributedDataParallel(race.model)
     _hook(net, args)
     opt = adamw(race.model, args.lr)
-    lr_at = rate(args.lr, args.budget, args.warmup)
+    lr_at = rate(args.lr, args.budget, args.warmup, args.schedule)
     step, t0, spent = 0, None, 0.0
     over = torch.zeros(1)
     while True:
@@ -226,7 +237,7 @@ def diloco_rank(args: argparse.Namespace) -> Optional[dict[str, Any]]:
                       init_sync=False, lighthouse_addr=f"http://{args.addr}:{args.port}",
                       timeout=timedelta(seconds=600), quorum_timeout=timedelta(seconds=600),
                       connect_timeout=timedelta(seconds=600))
-    lr_at = rate(args.lr, args.budget, args.warmup)
+    lr_at = rate(args.lr, args.budget, args.warmup, args.schedule)
     step, t0, spent, per_step = 0, None, 0.0, 0.0
     try:
         with DiLoCo(manager, [race.model], inner, outer, sync_every=args.interval):
@@ -274,6 +285,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=LR)
     ap.add_argument("--eval-every-s", type=float, default=10.0)
     ap.add_argument("--warmup", type=int, default=WARMUP, help="optimizer steps of the rate's linear warm-up")
+    ap.add_argument("--schedule", choices=("clock", "steps"), default="clock",
+                    help="the cosine over the budget's seconds, times the warm-up (clock), or hogwild's own (steps)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--powersgd-rank", type=int, default=2)
     ap.add_argument("--powersgd-start", type=int, default=2,

@@ -7,6 +7,8 @@ hundred, ``gpt_large`` about a second on this host), a straggler (scripts/races/
 
 - ``adamw``: hogwild 1 x W on the barrier (its defaults, and every ``--variant``) against DDP on W
   processes, both under the race's AdamW recipe (scripts/harness/arms.py), every arm evaluated alike;
+  ``--ddp-schedule clock steps`` races DDP under its cosine on the clock (``ddp``) and under hogwild's
+  own schedule function (``ddp_steps``);
 - ``sgd``: hogwild 1 x W on the Hogwild path (``optim.name=sgd``), where a slow worker should cost the
   others nothing; its samples a second against the limit is the whole figure.
 
@@ -71,10 +73,10 @@ def share(slow: str, workers: int, cores: int = os.cpu_count() or 1) -> float:
 
 
 def _run_args(args: argparse.Namespace, size: str, workers: int, override: tuple[str, ...],
-              warmup: int = WARMUP) -> argparse.Namespace:
+              warmup: int = WARMUP, schedule: str = "clock") -> argparse.Namespace:
     return argparse.Namespace(workers=workers, machines=1, stragglers=1, slowed=slowed_ranks(1, workers, 1), size=size,
                               budget=args.budget, eval_every_s=args.eval_every_s, override=list(override),
-                              lr=args.ddp_lr, warmup=warmup)
+                              lr=args.ddp_lr, warmup=warmup, schedule=schedule)
 
 
 def warmup_steps(spec: str, unit: float, budget: float) -> int:
@@ -113,7 +115,8 @@ def point(args: argparse.Namespace, size: str, slow: str, optim: str, workers: i
         arms["before"] = arms["hogwild"]
     if optim == "adamw":
         arms.update({name: tuple(o.split(",")) for name, _, o in (v.partition("=") for v in args.variant)})
-        arms["ddp"] = ()
+        for i, schedule in enumerate(args.ddp_schedule):  # the first is "ddp", every arm's reference
+            arms["ddp" if i == 0 else f"ddp_{schedule}"] = (schedule,)
     runs: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
     _, core, label = slowing(slow)
     warmup = warmup_steps(args.warmup, unit, args.budget)
@@ -122,8 +125,8 @@ def point(args: argparse.Namespace, size: str, slow: str, optim: str, workers: i
             for arm, override in arms.items():
                 logger.info("%s %s %s W=%d, repeat %d/%d: %s", size, optim, slow, workers, rep + 1, args.repeats, arm)
                 try:
-                    if arm == "ddp":
-                        r = ddp_arm(_run_args(args, size, workers, (), warmup), slowing(slow)[0], 0)
+                    if arm.startswith("ddp"):
+                        r = ddp_arm(_run_args(args, size, workers, (), warmup, override[0]), slowing(slow)[0], 0)
                         r["samples_per_s"] = r["tokens_per_s"] / BLOCK
                     else:
                         checkout = args.baseline if arm == "before" else REPO
@@ -225,6 +228,8 @@ def main() -> None:
                     help="a checkout of an earlier commit (git worktree add DIR REV): its hogwild is the arm 'before'")
     ap.add_argument("--warmup", default="auto",
                     help="every arm's warm-up in optimizer steps, or auto: a fifth of a balanced run's, at most 100")
+    ap.add_argument("--ddp-schedule", nargs="+", choices=("clock", "steps"), default=["clock"],
+                    help="DDP's schedule, an arm each (scripts/harness/arms.py's rate): the first is the arm 'ddp'")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=REPO / "bench_results" / "pace_grid")
     ap.add_argument("--name", default="grid")

@@ -166,6 +166,7 @@ def ddp_arm(args: argparse.Namespace, slow: Optional[Slow], seed: int) -> dict[s
     procs = [subprocess.Popen([sys.executable, str(ARMS_SCRIPT), "--arm", "ddp", "--rank", str(r),
                                "--world", str(args.workers), "--port", str(port), "--size", args.size,
                                "--budget", str(args.budget), "--warmup", str(getattr(args, "warmup", WARMUP)),
+                               "--schedule", getattr(args, "schedule", "clock"),
                                "--lr", str(args.lr), "--eval-every-s", str(args.eval_every_s), "--seed", str(seed)],
                               cwd=REPO, env=clean_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in range(args.workers)]
