@@ -71,9 +71,9 @@ def rate(lr: float, budget: float, warmup: int = WARMUP, schedule: str = "clock"
     """The rate of step ``step`` after ``spent`` seconds of a ``budget``. ``clock``: warm-up over the first
     ``warmup`` steps, times a cosine over the budget's seconds. ``steps``: hogwild's own schedule under
     ``train.max_time`` (hogwild/replica/lr_schedule.py): the warm-up climbs to the peak, then a cosine
-    runs over the steps the budget allows at the pace so far. The two agree where a run outlasts its
-    warm-up; a run shorter than its warm-up never decays under ``steps`` (the 0.47 s and 1 s steps'
-    75-95 step runs), where ``clock`` anneals with the clock anyway."""
+    runs over the steps the budget allows at the pace so far. The clock's cosine starts at the first
+    second, under the warm-up; a run shorter than its warm-up never decays under ``steps`` (the 1 s
+    step's 75-95 step runs), where ``clock`` anneals anyway."""
     if schedule == "clock":
         return lambda step, spent: lr * min(1.0, (step + 1) / warmup) * 0.5 * (
             1 + math.cos(math.pi * min(spent / budget, 1.0)))

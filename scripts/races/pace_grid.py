@@ -20,11 +20,14 @@ every 3 s, ``W x 2/3`` beside the busy process (three processes on two cores). A
 evaluations without a peer, so the balanced run is the fairer unit (as the issue's own figure: 954
 samples a second unthrottled, 715 the limit with one worker at half a core).
 
-Every arm warms its rate up over the same optimizer steps: the recipe's 100, or under ``--warmup auto``
-(the default) a fifth of the steps the balanced run would make in the budget, if fewer. At the 0.47 s and
-1 s steps a run makes 75-95 steps: inside a warm-up of 100, hogwild's schedule (warm-up, then a cosine over
+Every arm warms its rate up over the same optimizer steps: the recipe's 100 (the default), or under
+``--warmup auto`` a fifth of the steps the balanced run would make in the budget, if fewer. At the 1 s step
+a 120 s run makes 75-95 steps: inside a warm-up of 100, hogwild's schedule (warm-up, then a cosine over
 the steps the budget allows) never reaches its cosine, while the outside arms' (warm-up times a cosine
-over the budget's seconds) anneals anyway, which the grid's figures before 2026-11-29 carry.
+over the budget's seconds) anneals anyway, which the grid's figures there before 2026-11-29 carry. Under
+a fifth of that (``auto``: 18 steps) 6e-3 stalled both arms (benchmarks/stragglers.md §23), the rate
+having been chosen under the recipe's 100: so 100 stays, and ``--ddp-schedule clock steps`` races DDP
+under hogwild's schedule too.
 
 Each hogwild run also records where its workers' seconds went (metrics.json's ``time_s.per_worker``:
 forward and backward, barrier wait, update), so a gap to the limit is traced, not guessed.
@@ -226,8 +229,9 @@ def main() -> None:
                     help="one more hogwild arm under AdamW, e.g. backup=pace.policy=backup (repeatable)")
     ap.add_argument("--baseline", type=Path, default=None,
                     help="a checkout of an earlier commit (git worktree add DIR REV): its hogwild is the arm 'before'")
-    ap.add_argument("--warmup", default="auto",
-                    help="every arm's warm-up in optimizer steps, or auto: a fifth of a balanced run's, at most 100")
+    ap.add_argument("--warmup", default=str(WARMUP),
+                    help="every arm's warm-up in optimizer steps (the recipe's 100), or auto: a fifth of a balanced "
+                         "run's, at most 100")
     ap.add_argument("--ddp-schedule", nargs="+", choices=("clock", "steps"), default=["clock"],
                     help="DDP's schedule, an arm each (scripts/harness/arms.py's rate): the first is the arm 'ddp'")
     ap.add_argument("--repeats", type=int, default=3)
