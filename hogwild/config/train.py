@@ -173,7 +173,8 @@ class SchedConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
     """The scheduler _target_'s keyword arguments, gathered from the keys under sched."""
     warmup_steps: int = 0
-    """Linear warm-up from optim.lr / warmup_steps to optim.lr over the replica's first steps."""
+    """Linear warm-up from optim.lr / warmup_steps to optim.lr over the replica's first steps (a run
+    that ends inside it never decays: the leader warns)."""
     min_lr: float = 0.0
     """cosine: the learning rate at the last step."""
     step_size: int = 1000

@@ -211,6 +211,7 @@ class Leader:
             self.out_of_time = True
             logger.info("train.max_time=%gs spent: stopping with a final round and checkpoint",
                         float(self.cfg.train.max_time))
+            crew.tel.ends_now(crew.board, f"train.max_time={float(self.cfg.train.max_time):g}s")
         return crew.target.met or self.out_of_time
 
     def _loop(self, crew: Crew) -> None:

@@ -78,6 +78,20 @@ class LRSchedule:
         except OverflowError:  # float ** int past any float (sched.gamma=1e10): a rate of inf
             return math.inf
 
+    def unfinished_warmup(self, step: int, ends: str) -> Optional[str]:
+        """What to warn of when ``ends`` (the key that stops the run) stops it at optimizer step
+        ``step``, inside ``sched.warmup_steps``; None when the warm-up is over by then."""
+        # A warm-up climbs to where the schedule after it begins, so a run shorter than its warm-up
+        # ends at its highest rate, never decayed: what a short train.max_time does to a warm-up
+        # copied from a longer recipe (as Hugging Face's cosine with warm-up does), silently.
+        warm = self.cfg.warmup_steps
+        if not warm or step >= warm:
+            return None
+        return (f"{ends} ends the run at optimizer step {step}, inside sched.warmup_steps={warm}, so the learning "
+                f"rate climbs to {step / warm:.2f} of its peak and never decays; a warm-up of a fifth of the run "
+                f"(sched.warmup_steps={max(1, step // 5)}) leaves the schedule room to anneal, and reaches "
+                f"optim.lr={self.base:g} sooner (a rate tuned under the longer warm-up may be too high)")
+
     def key(self) -> str:
         """The keys that chose this schedule, as the user would write them."""
         c = self.cfg

@@ -94,6 +94,19 @@ class Telemetry:
         self._per_step = plan.batches_per_step
         self.lr = LRSchedule(self.cfg.sched, self.cfg.optim.lr, plan.schedule_steps(total_steps))  # as the workers
         board.control["next_report_at"] = initial
+        t = self.cfg.train
+        if t.max_time is None:  # the planned steps end it: known now
+            ends = f"train.max_steps={t.max_steps}" if t.max_steps is not None else f"train.epochs={t.epochs}"
+            self._warn(self.lr.unfinished_warmup(self.lr.total, ends))
+
+    def ends_now(self, board: Board, ends: str) -> None:
+        """``ends`` (a key) stops the run at the replica's step now: a warning if its warm-up is not over."""
+        if self.lr is not None:
+            self._warn(self.lr.unfinished_warmup(int(board.replica_pos()) // self._per_step, ends))
+
+    def _warn(self, msg: Optional[str]) -> None:
+        if msg and self.is_rank0:
+            logger.warning(msg)
 
     def next_due(self) -> float:
         """The time of the next sample that no worker will wake the leader for."""

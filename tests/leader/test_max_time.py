@@ -39,6 +39,12 @@ def test_the_schedule_ends_with_the_budget_or_the_steps_whichever_comes_first() 
     sched = LRSchedule(SchedConfig(name="cosine", warmup_steps=10), 1.0, 1000)
     assert sched.lr_at(4, 40) == pytest.approx(sched.lr_at(4))  # warm-up counts steps either way
     assert sched.lr_at(40, 40) == pytest.approx(0.0) and sched.lr_at(40) > 0.9
+    # A run that ends inside its warm-up is told so, naming the keys; one past it is not.
+    said = sched.unfinished_warmup(8, "train.max_time=60s")
+    assert said is not None and said.startswith("train.max_time=60s ends the run at optimizer step 8, inside "
+                                                "sched.warmup_steps=10, so the learning rate climbs to 0.80")
+    assert sched.unfinished_warmup(10, "train.max_time=60s") is None
+    assert LRSchedule(SchedConfig(name="cosine"), 1.0, 5).unfinished_warmup(3, "x") is None
 
 
 @pytest.mark.slow
@@ -46,7 +52,7 @@ def test_the_schedule_ends_with_the_budget_or_the_steps_whichever_comes_first() 
 def test_a_run_stops_cleanly_when_its_time_is_spent(tmp_path: Path) -> None:
     run = tmp_path / "run"
     out = run_cli(["train.max_steps=100000000", "train.max_time=3", "workers=2", "sched.name=cosine",
-                   f"run_dir={run}"], cwd=tmp_path)
+                   "sched.warmup_steps=100000000", f"run_dir={run}"], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     m = metrics(run)
     assert m["status"] == "ok" and m["max_time_reached"] is True, m
@@ -54,3 +60,6 @@ def test_a_run_stops_cleanly_when_its_time_is_spent(tmp_path: Path) -> None:
     assert 3.0 <= m["train_s"] < 30.0, m["train_s"]
     assert (run / "checkpoints" / "last.pt").is_file()
     assert "train.max_time=3s spent" in out.stderr + out.stdout
+    # A warm-up the budget never finishes ends the run at its highest rate: said, with the key.
+    assert "train.max_time=3s ends the run at optimizer step" in out.stderr + out.stdout
+    assert "inside sched.warmup_steps=100000000" in out.stderr + out.stdout
