@@ -78,12 +78,15 @@ def rate(lr: float, budget: float, warmup: int = WARMUP, schedule: str = "clock"
         return lambda step, spent: lr * min(1.0, (step + 1) / warmup) * 0.5 * (
             1 + math.cos(math.pi * min(spent / budget, 1.0)))
 
+    from hogwild.config.train import SchedConfig
+    from hogwild.replica.lr_schedule import LRSchedule
+
+    endless = 2**62  # train.max_steps=100000000 in hogwild's arm: the budget's projection is always fewer
+    sched = LRSchedule(SchedConfig(name="cosine", warmup_steps=warmup), lr, endless)
+
     def steps(step: int, spent: float) -> float:
-        if step < warmup:
-            return lr * (step + 1) / warmup
-        done = spent / budget
-        total = step / min(done, 1.0) if done > 0 and step > 0 else math.inf
-        return lr * 0.5 * (1 + math.cos(math.pi * min((step - warmup) / max(total - warmup, 1.0), 1.0)))
+        done = spent / budget  # as hogwild.replica.worker.schedule_length projects the run's length
+        return sched.lr_at(step, min(endless, int(step / min(done, 1.0))) if done > 0 and step > 0 else endless)
     return steps
 
 
