@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 # The memory sampler lives with the leader's own (report/memory.py); importing it here stays cheap:
 # that module needs the standard library only.
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from hogwild.data.datasets import Dataset, ShardSampler
 
 __all__ = ["Coordinator", "PeakPss", "available_cores", "build_model", "checkpoints", "digits", "evaluate",
-           "last_checkpoint", "read_board", "round_rules", "serve_coordinator", "shard_sampler",
+           "budget_rate", "last_checkpoint", "read_board", "round_rules", "shard_sampler",
            "swarm_member", "sync_round", "sync_rule", "watch_members"]
 
 
@@ -94,6 +94,18 @@ def evaluate(model: nn.Module, split: Any, task: str = "classification") -> dict
     if isinstance(split, tuple):
         split = Split((split[0],), split[1])
     return run(model, split, torch.device("cpu"), Task(task, DEFAULT_LOSS[task]))
+
+
+def budget_rate(lr: float, warmup_steps: int, budget_s: float, name: str = "cosine") -> Callable[[int, float], float]:
+    """hogwild's rate under ``train.max_time=BUDGET_S sched.name=NAME sched.warmup_steps=WARMUP_STEPS``,
+    peak ``lr``, by optimizer step and seconds spent: the warm-up climbs over its steps, then the schedule
+    runs over the steps the budget allows at the pace so far. A baseline on it anneals as hogwild does."""
+    from hogwild.config.train import SchedConfig
+    from hogwild.replica.lr_schedule import LRSchedule, projected_length
+
+    endless = 2**62
+    sched = LRSchedule(SchedConfig(name=name, warmup_steps=warmup_steps), lr, endless)
+    return lambda step, spent: sched.lr_at(step, projected_length(step, spent / budget_s, endless))
 
 
 # ---------------------------------------------------------------------------- sync rounds
@@ -230,21 +242,22 @@ def last_checkpoint(run_dir: Union[str, Path]) -> Optional[CheckpointReading]:
 
 
 # ------------------------------------------------------------------------ elastic jobs
-def serve_coordinator(port: int, host: str = "127.0.0.1") -> threading.Event:
-    """A coordinator for elastic jobs (what ``hogwild-coordinator`` serves) on a daemon thread of
-    this process, listening when this returns; set the returned event to stop it."""
-    from hogwild.elastic.coordinator import serve
-
-    ready, stop = threading.Event(), threading.Event()
-    threading.Thread(target=serve, args=(host, port, ready, stop), daemon=True).start()
-    ready.wait(30)
-    return stop
-
-
 class Coordinator:
     """What an elastic job (``elastic.coordinator=HOST:PORT``) keeps at its coordinator, read by a
     client of the script's own: it connects when first asked, and again after the coordinator
-    went away (killed, restarted). Scripts may rely on :meth:`whole` and :meth:`position`."""
+    went away (killed, restarted). Scripts may rely on :meth:`serve`, :meth:`whole` and
+    :meth:`position`."""
+
+    @staticmethod
+    def serve(port: int, host: str = "127.0.0.1") -> threading.Event:
+        """A coordinator for elastic jobs (what ``hogwild-coordinator`` serves) on a daemon thread of
+        this process, listening when this returns; set the returned event to stop it."""
+        from hogwild.elastic.coordinator import serve
+
+        ready, stop = threading.Event(), threading.Event()
+        threading.Thread(target=serve, args=(host, port, ready, stop), daemon=True).start()
+        ready.wait(30)
+        return stop
 
     def __init__(self, port: int, host: str = "127.0.0.1", timeout_s: float = 3.0) -> None:
         self.host, self.port, self.timeout_s = host, port, timeout_s

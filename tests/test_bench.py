@@ -122,14 +122,14 @@ def test_hogwild_bench_reads_the_coordinator_as_an_elastic_job_writes_it() -> No
     import numpy as np
     import torch.distributed as dist
 
-    from hogwild.bench import Coordinator, serve_coordinator
+    from hogwild.bench import Coordinator
     from hogwild.elastic.membership import Epoch
     from hogwild.leader.elastic import slot_record
     from hogwild.replica.board import Counts
     from tests.conftest import free_port
 
     port = free_port()
-    stop = serve_coordinator(port)
+    stop = Coordinator.serve(port)
     try:
         view = Coordinator(port)
         assert not view.whole(2) and view.position(1) is None  # no epoch formed, nothing published
@@ -192,3 +192,16 @@ def test_adam_staleness_replicas_split_a_global_batch(tmp_path: Path, monkeypatc
         model.main()
     assert refused.value.code == 2 and "--global-batch 24: not a multiple of every --workers count" in \
         capsys.readouterr().err
+
+
+def test_budget_rate_is_the_rate_a_worker_sets_under_a_time_budget() -> None:
+    """A baseline annealed by ``budget_rate`` follows hogwild's run: warm-up by steps, then a cosine
+    over the steps the budget allows at the pace so far (tests/leader/test_max_time.py: the worker's)."""
+    from hogwild.bench import budget_rate
+    from hogwild.config.train import SchedConfig
+    from hogwild.replica.lr_schedule import LRSchedule
+
+    rate, sched = budget_rate(1.0, 10, 10.0), LRSchedule(SchedConfig(name="cosine", warmup_steps=10), 1.0, 10**9)
+    assert rate(4, 5.0) == pytest.approx(0.5)  # inside the warm-up the clock does not matter
+    assert rate(20, 5.0) == pytest.approx(sched.lr_at(20, 40))  # 20 steps in half the budget: 40 in all
+    assert rate(40, 10.0) == pytest.approx(0.0, abs=1e-9) and rate(40, 0.0) > 0.99  # spent: annealed

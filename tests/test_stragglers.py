@@ -188,6 +188,7 @@ def test_every_arm_of_the_pace_grid_warms_up_alike_and_a_short_run_s_warm_up_fit
     hogwild = LRSchedule(SchedConfig(name="cosine", warmup_steps=100), 6e-3, 10**8)
     steps = arms.rate(6e-3, 120.0, 100, "steps")  # type: ignore[attr-defined]
     for step, spent in ((0, 0.0), (50, 30.0), (88, 119.0), (150, 60.0), (250, 100.0), (400, 130.0)):
+        # the run's length as a worker projects it (hogwild.replica.worker.schedule_length)
         total = min(10**8, int(step / min(spent / 120.0, 1.0))) if spent > 0 and step > 0 else 10**8
         assert steps(step, spent) == pytest.approx(hogwild.lr_at(step, total), rel=1e-2, abs=1e-9), (step, spent)
     assert steps(88, 119.0) > 5e-3  # inside its warm-up at the budget's end: never decayed

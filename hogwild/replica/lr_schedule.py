@@ -20,6 +20,15 @@ from hogwild.config.train import SchedConfig
 from hogwild.errors import PASSES, ConfigError, first_line, user_call
 
 
+def projected_length(steps: int, spent: float, total: int) -> int:
+    """The run's length in steps under a time budget: ``total`` (the planned steps), or, when the
+    ``steps`` made so far in the ``spent`` fraction of the budget project fewer, that projection, so
+    a schedule ends when the budget does. Before the first step or the first instant it is ``total``."""
+    if steps < 1 or spent <= 0:
+        return total
+    return max(1, min(total, int(steps / min(spent, 1.0))))
+
+
 class LRSchedule:
     def __init__(self, cfg: SchedConfig, base_lr: float, total_steps: int) -> None:
         self.cfg, self.base, self.total = cfg, base_lr, max(int(total_steps), 1)

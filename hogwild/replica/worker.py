@@ -31,7 +31,7 @@ from hogwild.errors import escaped, first_line, save_traceback, say
 from hogwild.replica.board import Board
 from hogwild.replica.compiled import compile_model, warm_up_in_training_mode
 from hogwild.replica import faults
-from hogwild.replica.lr_schedule import LRSchedule
+from hogwild.replica.lr_schedule import LRSchedule, projected_length
 from hogwild.replica.bound import build_bound
 from hogwild.replica.meeting import Meeting
 from hogwild.replica.optim import (FlatOptimizer, Optimizer, bind_views, clip_grad_norm, grads_finite, make_optimizer,
@@ -336,12 +336,9 @@ def schedule_length(pos: int, ctrl: np.void, total: int, time_budget_s: Optional
     under ``train.max_time`` the steps the budget will allow at the pace so far (``pos`` steps made),
     if fewer, so a schedule ends when the run does. Steps stay steps: warm-up is unchanged, and a torch
     scheduler (its own length) is never stepped ahead."""
-    if time_budget_s is None or pos < 1:
+    if time_budget_s is None:
         return total
-    spent = (time.monotonic() - float(ctrl["go_at"])) / time_budget_s
-    if spent <= 0:
-        return total
-    return max(1, min(total, int(pos / min(spent, 1.0))))
+    return projected_length(pos, (time.monotonic() - float(ctrl["go_at"])) / time_budget_s, total)
 
 
 def _rate(recipe: Recipe, ctrl: np.void) -> Optional[Callable[[int], float]]:

@@ -26,7 +26,7 @@ from typing import Any, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
 from scripts.harness.common import free_port, metrics, table_head, train_cmd, write_results  # noqa: E402
 
-from hogwild.bench import Coordinator, read_board, serve_coordinator  # noqa: E402
+from hogwild.bench import Coordinator, read_board  # noqa: E402
 
 logger = logging.getLogger("failover")
 REPLICAS, KILL_AT = 3, 200
@@ -78,7 +78,7 @@ def torchrun_job(kill: bool, root: Path) -> dict[str, Any]:
 def elastic_job(kill: bool, root: Path) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(dir=root))
     port = free_port()
-    stop = serve_coordinator(port)
+    stop = Coordinator.serve(port)
     args = [*COMMON, f"elastic.coordinator=127.0.0.1:{port}", f"elastic.replicas={REPLICAS}", f"run_dir={run_dir}",
             "elastic.peer_timeout_s=2"]
 

@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from hogwild.bench import budget_rate  # noqa: E402
 from scripts.harness.common import put_result  # noqa: E402
 
 WD, WARMUP, CLIP, BATCH, CONTEXT = 0.05, 100, 1.0, 32, 64
@@ -78,16 +79,7 @@ def rate(lr: float, budget: float, warmup: int = WARMUP, schedule: str = "clock"
         return lambda step, spent: lr * min(1.0, (step + 1) / warmup) * 0.5 * (
             1 + math.cos(math.pi * min(spent / budget, 1.0)))
 
-    from hogwild.config.train import SchedConfig
-    from hogwild.replica.lr_schedule import LRSchedule
-
-    endless = 2**62  # train.max_steps=100000000 in hogwild's arm: the budget's projection is always fewer
-    sched = LRSchedule(SchedConfig(name="cosine", warmup_steps=warmup), lr, endless)
-
-    def steps(step: int, spent: float) -> float:
-        done = spent / budget  # as hogwild.replica.worker.schedule_length projects the run's length
-        return sched.lr_at(step, min(endless, int(step / min(done, 1.0))) if done > 0 and step > 0 else endless)
-    return steps
+    return budget_rate(lr, warmup, budget)
 
 
 def adamw(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
