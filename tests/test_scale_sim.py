@@ -105,6 +105,17 @@ def test_a_ring_hop_pays_the_one_way_latency_twice() -> None:
     assert extra == pytest.approx(2 * 7 * 2 * 0.008)
 
 
+def test_a_shaper_s_bucket_lets_a_round_s_bytes_through_at_line_speed_when_the_link_idled() -> None:
+    """tbf's burst (links.py): a round after an idle spell sends what the bucket refilled at line speed,
+    so at 10 Mbit/s a small model's round is mostly latency; without a bucket every byte pays the rate."""
+    plain = _job(params=10_000, rate_bps=1e7, interval=10, step_s=0.01, wire="fp32")  # 40 KB: 32 ms at the rate
+    shaped = dataclasses.replace(plain, burst_bytes=256 * 1024)
+    assert sim.simulate(plain, max_steps=200).round_s > 0.032
+    assert sim.simulate(shaped, max_steps=200).round_s < 0.032 / 2
+    # A bucket smaller than a round's bytes frees only itself.
+    assert sim.simulate(dataclasses.replace(plain, burst_bytes=10_000), max_steps=200).round_s > 0.032 * 0.7
+
+
 def test_project_fills_every_cell_with_a_utilisation_a_bottleneck_and_settings(tmp_path: Path) -> None:
     rows = []
     sim.SCALES, sim.LINKS = (2, 1024), sim.LINKS[:1] + sim.LINKS[-1:]  # two of each, for time

@@ -64,6 +64,10 @@ LOOPBACK = False
 """--loopback: the machines are processes on 127.0.0.1, no namespaces, no shaping."""
 RUN_TIMEOUT_S = 3600.0
 """--run-timeout-s: a run past it counts as missed, its time unknown."""
+TBF_BURST_BYTES = 256 * 1024
+"""tbf's bucket (tc's ``256kb`` is kilobytes): a sender idle long enough sends this many bytes at line
+speed before the rate holds it, so the rate is an average over bursts, not every round's pace
+(scripts/models/scale_sim.py models it: ``Job.burst_bytes``)."""
 CORES = 1
 """Cores per machine (``--cores-per-machine``): machine i holds cores i*CORES .. i*CORES + CORES - 1."""
 
@@ -90,7 +94,7 @@ def _machine(i: int, rate: str, netem_ms: float = 0) -> None:
     sh("ip", "-n", ns(i), "link", "set", iface(i), "up")
     sh("ip", "-n", ns(i), "link", "set", "lo", "up")
     qdisc = (["netem", "delay", f"{netem_ms:g}ms", "rate", rate] if netem_ms
-             else ["tbf", "rate", rate, "burst", "256kb", "latency", "400ms"])
+             else ["tbf", "rate", rate, "burst", f"{TBF_BURST_BYTES // 1024}kb", "latency", "400ms"])
     sh("tc", "-n", ns(i), "qdisc", "add", "dev", iface(i), "root", *qdisc)
 
 

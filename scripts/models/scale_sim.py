@@ -15,7 +15,9 @@ The model follows one job round by round (every replica in numpy, so R = 1,024 r
   an int8 all_gather in R - 1 hops of B / 4, a fragment of 1 / F of either. Each hop costs the link's
   one-way latency twice (``LATENCY_TRIPS``: Gloo's rendezvous) plus its bytes over the rate, plus, where
   the host runs more processes than it has cores,
-  the wait for a receiver the scheduler has not run yet (``SCHED_WAIT_S``). ``algo="tree"``
+  the wait for a receiver the scheduler has not run yet (``SCHED_WAIT_S``). Behind a token-bucket
+  shaper (this host's shaped runs: ``burst_bytes``) the bytes the bucket refilled while the link idled
+  leave at line speed. ``algo="tree"``
   (halving-doubling: 2 log2 R hops, the same bytes) is what a tree reduction would do.
 - **The leader's CPU** per round (a fixed part, one per hop, one per value synced) comes out of
   the cores its workers use.
@@ -51,6 +53,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from hogwild.bench import round_rules  # noqa: E402  (the paced interval and the wire's ladder, the code's)
+from scripts.harness.links import TBF_BURST_BYTES  # noqa: E402
 
 _RULES = round_rules()
 PACE_WALL, PACE_CPU, PACE_FLOOR, UNEVEN = _RULES["wall"], _RULES["cpu"], _RULES["floor"], _RULES["uneven"]
@@ -101,6 +104,9 @@ class Job:
     host_cores: Optional[float] = None
     """All replicas on one host of this many cores (this host's runs); None: a machine each."""
     rate_bps: float = math.inf
+    burst_bytes: float = 0.0
+    """A token-bucket shaper's burst (links.py's tbf: TBF_BURST_BYTES): the bytes a machine sends at
+    line speed after its link idled, refilled at the rate while idle. 0: a plain link, every byte at the rate."""
     latency_s: float = 0.0
     """The link's one-way latency (a real link: 50 us in a rack, 1-10 ms across); a hop pays it
     LATENCY_TRIPS times, on top of HOP_S."""
@@ -226,8 +232,9 @@ def simulate(job: Job, budget_s: float = 600.0, seed: int = 0, max_steps: Option
     if job.host_cores is None:
         steal = cpu / job.cores if job.workers >= job.cores else 0.0
     else:
-        hops, _ = hops_and_bytes(job, wire, frags)
-        steal = (cpu - hops * HOP_CPU_S) * job.replicas / job.host_cores
+        steal = (cpu - hops_and_bytes(job, wire, frags)[0] * HOP_CPU_S) * job.replicas / job.host_cores
+    hops, per_hop = hops_and_bytes(job, wire, frags)
+    credit = job.burst_bytes  # the shaper's bucket, full at the start
     arrive = np.zeros(job.replicas)
     end = 0.0
     steps = np.zeros(job.replicas)
@@ -241,7 +248,13 @@ def simulate(job: Job, budget_s: float = 600.0, seed: int = 0, max_steps: Option
         if job.quota_period_s:
             made += rng.uniform(0.0, 1.0, job.replicas) * (1 - np.minimum(speed, 1.0)) * job.quota_period_s
         start = max(made.max(), end)
+        # A shaper's bucket refills while the link idles between rounds; what it holds leaves at line speed.
         finish = start + clock
+        if job.burst_bytes:
+            credit = min(job.burst_bytes, credit + (start - end) * job.rate_bps / 8)
+            free = min(credit, hops * per_hop)
+            credit -= free
+            finish -= free * 8 / job.rate_bps
         in_round.append(float((finish - made).mean()))
         # Workers ran on from their arrival; past max_lag steps they waited for the round's end.
         ahead = made + lag * step / speed
@@ -398,7 +411,7 @@ def one_host_cases() -> list[Case]:
         loopback.job = replace(loopback.job, step_s=step)
         out.append(loopback)
         out.append(_repeats(f"R = 2 at {rate} (namespaces), 1000 steps, the step its twin's", twin["shaped"]["2"],
-                            replace(mlp_job(2, cores=1, rate_bps=bps), step_s=step), 1000))
+                            replace(mlp_job(2, cores=1, rate_bps=bps, burst_bytes=TBF_BURST_BYTES), step_s=step), 1000))
     return out
 
 
@@ -421,7 +434,7 @@ def link_cases() -> list[Case]:
                             ("1 Gbit/s", 1e9, "link/gpt_large_2x_1gbit_defaults3.json")):
         m = _median_run(path, "steps_per_replica")
         job = Job(replicas=2, step_s=worker_step_s(m, m["steps_per_replica"]), params=GPT_LARGE, cores=1,
-                  rate_bps=bps, eval_share=m["eval_fraction"], samples_per_step=TOKENS)
+                  rate_bps=bps, burst_bytes=TBF_BURST_BYTES, eval_share=m["eval_fraction"], samples_per_step=TOKENS)
         out.append(Case(f"GPT 1.8M, 2 x 1 at {rate}", job, {
             "steps_per_replica": m["steps_per_replica"], "interval": m["steps_per_sync"],
             "round_s": m["link_s"] / m["syncs"]}, budget_s=m["train_s"]))
@@ -438,7 +451,7 @@ def link_cases() -> list[Case]:
             if r == "2":
                 continue
             # A machine each in a network namespace, each held to an equal share of the 2 cores.
-            job = mlp_job(int(r), cores=1, rate_bps=bps, speeds=(2 / int(r),) * int(r),
+            job = mlp_job(int(r), cores=1, rate_bps=bps, burst_bytes=TBF_BURST_BYTES, speeds=(2 / int(r),) * int(r),
                           quota_period_s=LINKS_PERIOD_S)
             out.append(Case(f"R = {r} at {rate} (namespaces, {2 / int(r):g} core each)", job, {
                 "train_s": m[0]["train_s"], "round_s": m[0]["in_collectives_s"]}, max_steps=200,
