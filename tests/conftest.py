@@ -49,35 +49,61 @@ def pytest_configure(config: pytest.Config) -> None:
         os.sched_setaffinity(0, cores_of_this_test_process())
 
 
-# The longest tests (seconds on a 2-core host, node-id prefixes) start first. pytest-xdist's worksteal
-# hands each test process a contiguous share of the collection and lets an idle one take the back
-# half of another's queue: long tests collected last (the root files are) left one core finishing
-# them alone while the other idled. Longest first, what is left to share at the end is short. A
-# stale figure only costs balance. Tests that share a module fixture keep one key, so they stay
-# together (test_wheel.py builds its wheel and venv once per test process).
+# The longest tests (seconds on a 2-core host under -n 3, node-id prefixes; 2026-11-30) start first.
+# pytest-xdist's worksteal hands each test process a contiguous share of the collection and lets an
+# idle one take the back half of another's queue: long tests collected last (the root files are) left
+# one core finishing them alone while the other idled. Longest first, what is left to share at the end
+# is short. A stale figure only costs balance. Tests that share a module fixture keep one key, so they
+# stay together (test_wheel.py builds its wheel and venv once per test process).
 LONG = {
-    "tests/elastic/test_elastic.py::test_kills_at_random": 40,
-    "tests/cli/test_examples.py::test_resnet18": 33,
-    "tests/test_bench.py::test_bench_sections": 31,
-    "tests/leader/test_faults.py::test_torchrun_restart": 23,
-    "tests/replica/test_barrier.py::test_a_dead_worker_holds": 20,
-    "tests/elastic/test_elastic.py::test_a_restarted_writer": 20,
-    "tests/elastic/test_elastic.py::test_every_replica_restarted": 20,
-    "tests/elastic/test_elastic.py::test_a_coordinator_killed": 20,
-    "tests/data/test_streams.py::test_a_2_by_2_stream": 20,
-    "tests/cli/test_clients.py::test_hugging_face_models": 17,
-    "tests/elastic/test_elastic.py::test_a_coordinator_that_stays_away": 16,
-    "tests/replica/test_compile.py::test_the_cli_trains": 15,
-    "tests/elastic/test_elastic.py::test_a_stream_restored": 15,
-    "tests/leader/test_distributed.py::test_drift_grows": 13,
-    "tests/test_wheel.py::": 13,
-    "tests/replica/test_barrier.py::test_a_slow_worker_computes": 12,
-    "tests/elastic/test_elastic.py::test_a_writer_stopped": 12,
-    "tests/replica/test_compile.py::test_a_compiled_worker": 11,
-    "tests/leader/test_distributed.py::test_max_lag_bounds": 11,
-    "tests/cli/test_user_model.py::test_image_folder": 11,
+    "tests/elastic/test_elastic.py::test_kills_at_random_replicas": 55,
+    "tests/test_bench.py::test_bench_sections_train_every": 47,
+    "tests/cli/test_examples.py::test_resnet18_with_batchnorm_on": 45,
+    "tests/elastic/test_elastic.py::test_every_replica_restarted_starts": 34,
+    "tests/test_wheel.py::": 33,
+    "tests/elastic/test_elastic.py::test_a_restarted_writer_and": 31,
+    "tests/cli/test_hostile.py::test_a_second_job_on": 30,
+    "tests/elastic/test_elastic.py::test_a_coordinator_killed_and": 27,
+    "tests/leader/test_faults.py::test_torchrun_restart_after_leader": 26,
+    "tests/data/test_streams.py::test_a_2_by_2": 24,
+    "tests/replica/test_compile.py::test_the_cli_trains_the": 24,
+    "tests/replica/test_barrier.py::test_a_dead_worker_holds": 23,
+    "tests/cli/test_examples.py::test_char_language_model_two": 21,
+    "tests/replica/test_recipe_runs.py::test_a_resumed_run_continues": 21,
+    "tests/elastic/test_elastic.py::test_a_coordinator_that_stays": 21,
+    "tests/leader/test_distributed.py::test_target_drift_adapts_interval": 21,
+    "tests/cli/test_user_model.py::test_image_folder_of_digit": 20,
+    "tests/cli/test_clients.py::test_hugging_face_models_built": 20,
+    "tests/sync/test_buffers_sync.py::test_every_rule_keeps_batchnorm": 17,
+    "tests/replica/test_compile.py::test_auto_on_a_broken": 17,
+    "tests/data/test_streams.py::test_a_map_style_datasets": 17,
+    "tests/elastic/test_elastic.py::test_a_stream_restored_in": 17,
+    "tests/replica/test_compile.py::test_an_explicit_mode_on": 16,
+    "tests/leader/test_distributed.py::test_drift_grows_with_the": 16,
+    "tests/leader/test_distributed.py::test_max_lag_bounds_the": 15,
+    "tests/elastic/test_elastic.py::test_a_writer_stopped_past": 14,
+    "tests/replica/test_barrier.py::test_a_slow_worker_computes": 13,
+    "tests/cli/test_clients.py::test_a_nanogpt_style_gpt": 13,
+    "tests/leader/test_distributed.py::test_a_replica_done_first": 13,
+    "tests/cli/test_hostile.py::test_hostile_case": 13,
+    "tests/leader/test_group_sigterm.py::test_launch_local_sh_on": 13,
+    "tests/replica/test_barrier.py::test_a_slow_worker_in": 13,
+    "tests/test_bench.py::test_outer_rules_reports_each": 13,
+    "tests/cli/test_bad_input.py::test_user_code_that_calls": 13,
+    "tests/leader/test_group_sigterm.py::test_launch_local_sh_with": 13,
+    "tests/elastic/test_jobs.py::test_the_elastic_roles_train": 12,
+    "tests/replica/test_barrier.py::test_a_resumed_run_takes": 12,
+    "tests/config/test_pace.py::test_the_documented_way_to": 12,
+    "tests/leader/test_distributed.py::test_two_replicas_reach_bar": 12,
+    "tests/leader/test_distributed.py::test_row_sparse_rounds_on": 12,
+    "tests/config/test_properties.py::test_any_value_for_any": 11,
+    "tests/leader/test_distributed.py::test_broadcast_mode": 11,
+    "tests/data/test_streams.py::test_the_text_blocks_example": 11,
+    "tests/leader/test_distributed.py::test_a_slower_replica_rounds": 11,
+    "tests/elastic/test_elastic.py::test_a_minority_waits_writes": 11,
+    "tests/replica/test_barrier.py::test_a_slow_worker_holds": 11,
+    "tests/data/test_streams.py::test_a_run_killed_halfway": 11,
     "tests/elastic/test_signal_shm.py::": 9,
-    "tests/config/test_pace.py::test_the_documented": 8,
 }
 
 
