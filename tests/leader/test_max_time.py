@@ -63,3 +63,15 @@ def test_a_run_stops_cleanly_when_its_time_is_spent(tmp_path: Path) -> None:
     # A warm-up the budget never finishes ends the run at its highest rate: said, with the key.
     assert "train.max_time=3s ends the run at optimizer step" in out.stderr + out.stdout
     assert "inside sched.warmup_steps=100000000" in out.stderr + out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_planned_steps_shorter_than_the_warm_up_are_told_once_even_under_a_time_budget(tmp_path: Path) -> None:
+    # train.max_time may end the run sooner, never later: the planned steps' warning holds either way,
+    # said at the start, and not said again if the budget ends the run first.
+    out = run_cli(["train.max_steps=6", "train.max_time=600", "workers=1", "sched.name=cosine",
+                   "sched.warmup_steps=1000", f"run_dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = (out.stderr + out.stdout).count("inside sched.warmup_steps=1000")
+    assert said == 1 and "train.max_steps=6 ends the run at optimizer step" in out.stderr + out.stdout, said
