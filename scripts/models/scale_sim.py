@@ -229,11 +229,11 @@ def simulate(job: Job, budget_s: float = 600.0, seed: int = 0, max_steps: Option
     # A leader's CPU slows its own workers where they fill its machine's cores. On one host the hops'
     # CPU is inside the hops' time (every leader is in the ring at once); the rest of every leader's
     # round comes out of the host's cores.
+    hops, per_hop = hops_and_bytes(job, wire, frags)
     if job.host_cores is None:
         steal = cpu / job.cores if job.workers >= job.cores else 0.0
     else:
-        steal = (cpu - hops_and_bytes(job, wire, frags)[0] * HOP_CPU_S) * job.replicas / job.host_cores
-    hops, per_hop = hops_and_bytes(job, wire, frags)
+        steal = (cpu - hops * HOP_CPU_S) * job.replicas / job.host_cores
     credit = job.burst_bytes  # the shaper's bucket, full at the start
     arrive = np.zeros(job.replicas)
     end = 0.0
@@ -248,9 +248,8 @@ def simulate(job: Job, budget_s: float = 600.0, seed: int = 0, max_steps: Option
         if job.quota_period_s:
             made += rng.uniform(0.0, 1.0, job.replicas) * (1 - np.minimum(speed, 1.0)) * job.quota_period_s
         start = max(made.max(), end)
-        # A shaper's bucket refills while the link idles between rounds; what it holds leaves at line speed.
         finish = start + clock
-        if job.burst_bytes:
+        if job.burst_bytes:  # the bucket refills while the link idles between rounds; what it holds leaves at once
             credit = min(job.burst_bytes, credit + (start - end) * job.rate_bps / 8)
             free = min(credit, hops * per_hop)
             credit -= free
