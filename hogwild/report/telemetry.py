@@ -68,7 +68,6 @@ class Telemetry:
         self._eval_cost = 0.0  # the last evaluation's seconds: what the next one is expected to take
         self.progress: Optional[Progress] = None
         self.lr: Optional[LRSchedule] = None
-        self._warmup_told = False  # the start said the run ends inside its warm-up
         self._per_step = 1
 
     def warm_up(self, step: int) -> None:
@@ -99,18 +98,17 @@ class Telemetry:
         # The planned steps end the run at the latest (train.max_time may end it sooner), so a warm-up
         # longer than them is never finished either way: said now, and not again at the end.
         ends = f"train.max_steps={t.max_steps}" if t.max_steps is not None else f"train.epochs={t.epochs}"
-        self._warmup_told = self._warn(self.lr.unfinished_warmup(self.lr.total, ends))
+        self._warn(self.lr.unfinished_warmup(self.lr.total, ends))
 
     def ends_now(self, board: Board, ends: str) -> None:
         """``ends`` (a key) stops the run at the replica's step now: a warning if its warm-up is not over."""
-        if self.lr is not None and not self._warmup_told:
+        # A run whose planned steps end inside the warm-up was told so at the start: not again.
+        if self.lr is not None and self.lr.unfinished_warmup(self.lr.total, ends) is None:
             self._warn(self.lr.unfinished_warmup(int(board.replica_pos()) // self._per_step, ends))
 
-    def _warn(self, msg: Optional[str]) -> bool:
-        """Log ``msg`` on rank 0; whether there was one."""
+    def _warn(self, msg: Optional[str]) -> None:
         if msg and self.is_rank0:
             logger.warning(msg)
-        return bool(msg)
 
     def next_due(self) -> float:
         """The time of the next sample that no worker will wake the leader for."""
