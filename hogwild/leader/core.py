@@ -72,6 +72,7 @@ class Leader:
         own) to the final checkpoint."""
         self.t_train: Optional[float] = None
         self.cpu_train = 0.0
+        self.group_s = 0.0  # before each round, the group's own work (elastic: the coordinator's keys)
         """This process's CPU seconds when training began (time_s.leader.cpu counts from there)."""
         self.out_of_time = False
         """``train.max_time`` was spent (this replica's clock)."""
@@ -120,7 +121,9 @@ class Leader:
     # ---------------------------------------------------------------- rounds
     def _round(self, crew: Crew, done: bool, stop: bool, final: bool = False) -> tuple[bool, bool]:
         ctl, group = self.ctl, self.group
+        t0 = time.perf_counter()
         reform = self.group.before_round()
+        self.group_s += time.perf_counter() - t0
         # A leader stopped by a signal or a fault may have a dead peer (torchrun SIGTERMs
         # survivors): bound the wait. A job that simply ended is not stopping, and its final round
         # may take as long as any round: a dense 128 MB round needs 11 s at 100 Mbit/s, and a
@@ -359,7 +362,7 @@ class Leader:
         board = crew.board
         return {"workers": worker_time(job, crew.workers * self.env.world_size, train_s),
                 "per_worker": [worker_time(board.worker_counts(i), 1, train_s) for i in range(board.workers)],
-                "leader": _leader_time(crew, sync_stats, time.process_time() - self.cpu_train)}
+                "leader": _leader_time(crew, sync_stats, time.process_time() - self.cpu_train, self.group_s)}
 
     def _report(self, crew: Crew, train_s: float, job: Counts, sync_stats: SyncStats, verdict: Verdict) -> RunResult:
         """metrics.json, and TensorBoard's hyperparameters, from the writer."""
@@ -401,13 +404,15 @@ class Leader:
                          run_dir=crew.run_dir, metrics=strict(metrics))  # as metrics.json holds it
 
 
-def _leader_time(crew: Crew, sync_stats: SyncStats, cpu_s: float) -> dict[str, float]:
+def _leader_time(crew: Crew, sync_stats: SyncStats, cpu_s: float, group_s: float) -> dict[str, float]:
     """metrics.json's ``time_s.leader``: the writer's leader during training. ``rounds`` is the wall
     time of this attempt's rounds in this process (the workers train on meanwhile, up to
-    sync.max_lag); ``cpu`` covers everything the process did (evaluation, rounds, the chair, the
-    memory sampler) on the core its workers need."""
+    sync.max_lag); ``group`` the wall time before them that the group's own work took (elastic
+    mode: publishing positions, looking for a newer epoch or a joiner at the coordinator); ``cpu``
+    covers everything the process did (evaluation, rounds, the chair, the memory sampler) on the
+    core its workers need."""
     chair = crew.pool.chair
-    return {"evaluation": crew.tel.eval_s, "rounds": sum(crew.rounds.times),
+    return {"evaluation": crew.tel.eval_s, "rounds": sum(crew.rounds.times), "group": group_s,
             "rounds_cpu": sync_stats.cpu_s, "chair_cpu": chair.cpu_s if chair is not None else 0.0, "cpu": cpu_s}
 
 

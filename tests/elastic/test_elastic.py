@@ -172,6 +172,8 @@ def assert_consensus(job: Job, replicas: int = SLOTS) -> dict:  # type: ignore[t
     assert all(p == positions[0] for p in positions), positions
     # And every step that reached the model counted, a killed slot's earlier processes' included.
     assert abs(m["steps"] - sum(positions)) <= 0.01 * sum(positions), (m["steps"], positions)
+    # Before each round the writer published its positions and looked for a newer epoch.
+    assert m["time_s"]["leader"]["group"] > 0, m["time_s"]["leader"]
     return m
 
 
