@@ -68,6 +68,12 @@ TBF_BURST_BYTES = 256 * 1024
 """tbf's bucket (tc's ``256kb`` is kilobytes): a sender idle long enough sends this many bytes at line
 speed before the rate holds it, so the rate is an average over bursts, not every round's pace
 (scripts/models/scale_sim.py models it: ``Job.burst_bytes``)."""
+CONGESTION: Optional[str] = None
+"""``--congestion``: every machine's TCP congestion control (``net.ipv4.tcp_congestion_control`` in
+its namespace); None: what a new namespace takes from the host. It is not neutral: BBR (this host's
+default) paces a round's burst at a rate it estimates from the round trip, so at 10 ms one way a
+round of 19 KB hops took 12 ms more under BBR than under cubic at R = 2 (docs/scale.md, "The latency
+term, measured"). Every shaped run's ``shaping`` names the one it ran under."""
 CORES = 1
 """Cores per machine (``--cores-per-machine``): machine i holds cores i*CORES .. i*CORES + CORES - 1."""
 
@@ -93,6 +99,8 @@ def _machine(i: int, rate: str, netem_ms: float = 0) -> None:
     sh("ip", "-n", ns(i), "addr", "add", f"{addr(i)}/24", "dev", iface(i))
     sh("ip", "-n", ns(i), "link", "set", iface(i), "up")
     sh("ip", "-n", ns(i), "link", "set", "lo", "up")
+    if CONGESTION:
+        sh("ip", "netns", "exec", ns(i), "sysctl", "-qw", f"net.ipv4.tcp_congestion_control={CONGESTION}")
     qdisc = (["netem", "delay", f"{netem_ms:g}ms", "rate", rate] if netem_ms
              else ["tbf", "rate", rate, "burst", f"{TBF_BURST_BYTES // 1024}kb", "latency", "400ms"])
     sh("tc", "-n", ns(i), "qdisc", "add", "dev", iface(i), "root", *qdisc)
@@ -122,7 +130,7 @@ def setup(machines: int, rate: str, delay_ms: float) -> str:
         _machine(i, rate, delay_ms)
         sh("ip", "link", "set", f"{iface(i)}b", "master", BRIDGE)
         sh("ip", "link", "set", f"{iface(i)}b", "up")
-    shaping = f"tbf {rate}" + (f" + netem {delay_ms:g} ms" if delay_ms else "")
+    shaping = f"tbf {rate}" + (f" + netem {delay_ms:g} ms" if delay_ms else "") + congestion_in_use()
     logger.info("%d machines, link shaping: %s", machines, shaping)
     return shaping
 
@@ -139,9 +147,23 @@ def setup_routed(machines: int, rate: str, delay_ms: float) -> str:
         sh("ip", "link", "set", f"{iface(i)}b", "netns", delay_router.ROUTER_NS)
         sh("ip", "-n", delay_router.ROUTER_NS, "link", "set", f"{iface(i)}b", "up")
     delay_router.start({f"{iface(i)}b": addr(i) for i in range(machines)}, delay_ms)
-    shaping = f"tbf {rate} + {delay_ms:g} ms one way (a userspace router over TUN: this kernel lacks sch_netem)"
+    shaping = (f"tbf {rate} + {delay_ms:g} ms one way (a userspace router over TUN: this kernel lacks sch_netem)"
+               + congestion_in_use())
     logger.info("%d machines, link shaping: %s", machines, shaping)
     return shaping
+
+
+def congestion_in_use() -> str:
+    """``, tcp NAME``: the congestion control machine 0's connections use (see :data:`CONGESTION`)."""
+    return ", tcp " + sh("ip", "netns", "exec", ns(0), "sysctl", "-n", "net.ipv4.tcp_congestion_control").stdout.strip()
+
+
+def congestion_choices() -> list[str]:
+    """The congestion controls this kernel offers (``--congestion``'s choices)."""
+    try:
+        return Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
+    except OSError:
+        return []
 
 
 def available() -> Optional[str]:

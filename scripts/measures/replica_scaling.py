@@ -6,6 +6,7 @@ R = 2 to 32, under torchrun and in elastic mode (docs/scale.md, "Many replicas o
     python scripts/measures/replica_scaling.py --replicas 32 --launch torchrun --repeats 5   # R = 32, 5 runs
     python scripts/measures/replica_scaling.py --replicas 2 4 8 --launch shaped --rate 10mbit   # root: shaped links
     python scripts/measures/replica_scaling.py --replicas 2 4 8 --launch shaped --rate 1gbit --delay-ms 5   # + latency
+    python scripts/measures/replica_scaling.py --replicas 2 4 8 --launch shaped --delay-ms 10 --congestion cubic
     python scripts/measures/replica_scaling.py --replicas 16 32 --launch torchrun --interval auto \
         --override optim.name=adamw --checkout /tmp/before   # the wire's ladder, against an earlier tree's
 
@@ -206,6 +207,9 @@ def main() -> None:
     ap.add_argument("--rate", default="100mbit", help="tc's rate of each machine's egress (--launch shaped)")
     ap.add_argument("--delay-ms", type=float, default=0.0,
                     help="one-way latency between machines (--launch shaped): netem, else a userspace router")
+    ap.add_argument("--congestion", default=None, metavar="NAME",
+                    help="every machine's TCP congestion control, e.g. cubic (--launch shaped; default: the host's, "
+                         "which its results name)")
     ap.add_argument("--pin", action="store_true",
                     help="with R at most the cores: each replica on a core of its own (torchrun and elastic)")
     ap.add_argument("--repeats", type=int, default=1)
@@ -240,6 +244,9 @@ def main() -> None:
         why = links.available()
         if why:
             ap.error(f"--launch shaped: {why}")
+        if args.congestion is not None and args.congestion not in links.congestion_choices():
+            ap.error(f"--congestion {args.congestion}: this kernel offers {' '.join(links.congestion_choices())}")
+        links.CONGESTION = args.congestion
     runners = {"torchrun": torchrun, "elastic": partial(elastic, peer_timeout_s=args.peer_timeout),
                "shaped": partial(shaped, rate=args.rate, delay_ms=args.delay_ms)}
     results: dict[str, dict[int, list[dict[str, Any]]]] = {k: {r: [] for r in args.replicas} for k in args.launch}
