@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 
@@ -164,3 +165,13 @@ def test_every_script_is_listed_by_its_question_in_docs_benchmarks() -> None:
     missing = [str(p.relative_to(scripts)) for p in scripts.rglob("*.py")
                if p.name != "__init__.py" and f"`{p.name}`" not in page]
     assert not missing, missing
+
+
+def test_replica_scaling_refuses_a_congestion_control_without_shaped_machines() -> None:
+    """``--congestion`` sets the namespaces' TCP congestion control: asked of a run on loopback it
+    would change nothing, so it is refused in one line naming the option."""
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "measures" / "replica_scaling.py"), "--launch",
+                           "torchrun", "--congestion", "cubic"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith("--congestion: shaped machines only (--launch shaped)")
+    assert "Traceback" not in proc.stderr

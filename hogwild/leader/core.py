@@ -72,8 +72,9 @@ class Leader:
         own) to the final checkpoint."""
         self.t_train: Optional[float] = None
         self.cpu_train = 0.0
-        self.group_s = 0.0  # before each round, the group's own work (elastic: the coordinator's keys)
         """This process's CPU seconds when training began (time_s.leader.cpu counts from there)."""
+        self.group_s = 0.0
+        """Wall seconds before the rounds on the group's own work (time_s.leader.group)."""
         self.out_of_time = False
         """``train.max_time`` was spent (this replica's clock)."""
         self.here: Optional[Here] = None

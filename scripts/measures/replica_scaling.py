@@ -231,6 +231,8 @@ def main() -> None:
         ap.error("--replicas at least 2, --repeats at least 1, --interval auto or at least 1 and at most --steps")
     if args.checkout is not None and not (args.checkout / "hogwild" / "cli" / "train.py").is_file():
         ap.error(f"--checkout {args.checkout}: no hogwild/cli/train.py there")
+    if args.congestion is not None and "shaped" not in args.launch:
+        ap.error("--congestion: shaped machines only (--launch shaped)")
     if args.checkout is not None and "shaped" in args.launch:
         ap.error("--checkout: torchrun and elastic runs only (shaped machines run this tree)")
     global CHECKOUT, PIN
