@@ -151,6 +151,10 @@ def elastic(replicas: int, steps: int, interval: str, work: Path, timeout_s: flo
                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     logs = [work / f"elastic{replicas}_slot{s}.log" for s in range(replicas)]
     members: list[subprocess.Popen[bytes]] = []
+    # Each member in a session of its own, as torchrun starts each rank: where the kernel groups the
+    # scheduler's shares by session (sched_autogroup), R members in one session share one group, and
+    # on this 2-core host R = 16 members of one session trained in 2.5 s what 16 sessions, Popen's or
+    # torchrun's, trained in 1.1-1.4 s (sync.max_lag=1000, 2 runs each; docs/scale.md).
     try:
         time.sleep(1.0)  # the coordinator's import; a member retries its first connection anyway
         cpu0, t0 = _cpu_s(coord.pid), time.perf_counter()
@@ -160,7 +164,7 @@ def elastic(replicas: int, steps: int, interval: str, work: Path, timeout_s: flo
                 [*pin(s), sys.executable, "-m", "hogwild.cli.train", *_args(run_dir, steps, interval),
                  f"elastic.coordinator=127.0.0.1:{port}", f"elastic.replicas={replicas}", f"elastic.slot={s}",
                  f"elastic.peer_timeout_s={peer_timeout_s:g}"], cwd=CHECKOUT, env=env, stdout=log.open("wb"),
-                stderr=subprocess.STDOUT))
+                stderr=subprocess.STDOUT, start_new_session=True))
         codes = [p.wait(timeout=timeout_s) for p in members]
         wall, coord_cpu = time.perf_counter() - t0, _cpu_s(coord.pid) - cpu0
     finally:

@@ -384,12 +384,13 @@ def mlp_job(replicas: int, **shape: Any) -> Job:
 
 def one_host_cases() -> list[Case]:
     """R = 2..32 replicas of the digits MLP on this host's 2 cores, a round every 10 steps: 200 steps
-    (torchrun: scaling_r3; elastic: scaling_elastic_r3) and, for the short runs of R = 2 and 4, 1,000
+    (torchrun: scaling_r3; elastic: scaling_sessions_r3, each member in a session of its own as
+    torchrun starts its ranks) and, for the short runs of R = 2 and 4, 1,000
     steps (scaling_long), medians of 3; R = 2 with each replica pinned to a core (scaling_pinned,
     medians of 5)."""
     out = []
     for launch, path, steps in (("torchrun", "scaling_r3/scaling.json", 200),
-                                ("elastic", "scaling_elastic_r3/scaling.json", 200),
+                                ("elastic", "scaling_sessions_r3/scaling.json", 200),
                                 ("torchrun", "scaling_long/scaling.json", 1000),
                                 ("elastic", "scaling_long/scaling.json", 1000)):
         for r, runs in _load(path)["results"][launch].items():
