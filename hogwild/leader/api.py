@@ -243,10 +243,6 @@ class Group(ABC):
         """Before each round: whether this member asks the group to re-form after it."""
         return False
 
-    def after_round(self, last: bool) -> None:
-        """After each round that completed here (``last``: the job's final or finishing round),
-        before a re-formation it asked for."""
-
     def reform(self) -> None:
         """After the round that asked for it; every leader calls it after the same round."""
 

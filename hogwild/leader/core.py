@@ -74,7 +74,7 @@ class Leader:
         self.cpu_train = 0.0
         """This process's CPU seconds when training began (time_s.leader.cpu counts from there)."""
         self.group_s = 0.0
-        """Wall seconds around the rounds on the group's own work (time_s.leader.group)."""
+        """Wall seconds before the rounds on the group's own work (time_s.leader.group)."""
         self.out_of_time = False
         """``train.max_time`` was spent (this replica's clock)."""
         self.here: Optional[Here] = None
@@ -135,9 +135,6 @@ class Leader:
                                                self._reached(crew), reform, final), timeout_s=wait_s)
         crew.tel.round(out.stats)
         crew.pool.release()  # workers waiting at the lag limit may go on
-        t1 = time.perf_counter()
-        self.group.after_round(final or out.all_done or out.any_stop or out.reached)
-        self.group_s += time.perf_counter() - t1
         if out.checkpoint and not final:
             self._checkpoint(crew)
         # A round that ends the job admits nobody: the members go on to their final collectives,

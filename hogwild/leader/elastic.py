@@ -93,8 +93,6 @@ class ElasticGroup(Group):
         self.tally = {"replicas_lost": 0, "replicas_joined": 0}  # as this slot saw them, for TensorBoard
         self.round_t0 = time.monotonic()  # when the current round began (a survivor's stall counts from it)
         self._here: Optional[Here] = None
-        self._record: Optional[dict[str, bytes]] = None  # the positions and totals the current round publishes
-        self._changed = False  # the coordinator, after the last round: the group should re-form
 
     @property
     def writer(self) -> bool:
@@ -267,7 +265,6 @@ class ElasticGroup(Group):
 
     def regroup(self) -> None:
         """Move to the next epoch, whatever the reason; rejoin if the others dropped us."""
-        self._changed = False  # what the last round saw is what this epoch answers
         while True:
             try:
                 try:
@@ -281,16 +278,12 @@ class ElasticGroup(Group):
             except PeerLost as e:  # a member died while the group formed: next epoch
                 logger.warning("%s", e)
 
-    def publish(self, record: Optional[dict[str, bytes]] = None) -> None:
-        """This slot's data positions and totals (``record``: as :meth:`record` took them; default:
-        now), for a restarted slot to go on from and for the job's count while the slot is away."""
-        for key, raw in (record or self.record()).items():
-            self.keys.put(key, raw)
-
-    def record(self) -> dict[str, bytes]:
-        """This slot's data positions and totals as they are now, taken together."""
+    def publish(self) -> None:
+        """This slot's data positions and totals, for a restarted slot to go on from and for the
+        job's count while the slot is away."""
         totals = Counts.from_tensor(self.ledger.own(self.here.totals().to_tensor()))
-        return slot_record(self.env.rank, self.here.positions(), totals)
+        for key, raw in slot_record(self.env.rank, self.here.positions(), totals).items():
+            self.keys.put(key, raw)
 
     @property
     def ledger(self) -> Ledger:
@@ -328,26 +321,14 @@ class ElasticGroup(Group):
             self.liveness.moving()
 
     def before_round(self) -> bool:
-        # Nothing here waits on the coordinator: a round begins when its slowest member arrives, and
-        # the calls this made there before each round (five: the positions and totals, the epoch
-        # and the join requests) held every round at R = 32 on one host for 0.1-0.2 s while one
-        # member waited for its answers, and let each member's workers run 4-5 steps past the
-        # interval. They are made after the round (:meth:`after_round`), what they send taken here.
         self.round_t0 = time.monotonic()
-        self._record = self.record()  # before the round's snapshot: all of it is in what the round merges
+        self.publish()
         self.elect()  # the writer may take the lock a dropped writer has let go
         away = self.keys.away_for()
         if away > self.cfg.sync.timeout_s:  # the group could not change any more: stop while it is whole
             self.ctl.fail(f"elastic.coordinator {self.membership.endpoint} unreachable for {away:.0f}s "
                           "(sync.timeout_s); stopping with a final sync and checkpoint")
-        return not self.ctl.stopping and self._changed
-
-    def after_round(self, last: bool) -> None:
-        # Published once the round completed here, so the coordinator never holds positions the
-        # group has not merged (a member lost during the round leaves its last round's).
-        self.publish(self._record)
-        # Seen now, acted on at the next round: a join request waits one interval more.
-        self._changed = not last and self.membership.changed()
+        return not self.ctl.stopping and self.membership.changed()
 
     def reform(self) -> None:
         try:
