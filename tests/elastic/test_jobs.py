@@ -84,3 +84,31 @@ def test_the_torchx_component_hands_torchx_these_roles() -> None:
     (plain,) = train(replicas=2).roles
     assert plain.num_replicas == 2 and "hogwild.cli.launch" in plain.args[1]
     assert REPO.joinpath("hogwild", "components.py").is_file()  # the path torchx run takes from a checkout
+
+
+def _torchx() -> str:
+    """The ``torchx`` command of this interpreter's environment (the ``torchx`` extra), else skip."""
+    pytest.importorskip("torchx.specs", reason="the torchx extra is not installed")
+    cli = Path(sys.executable).with_name("torchx")
+    if not cli.is_file():
+        pytest.skip(f"no torchx command beside {sys.executable}")
+    return str(cli)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("shape", [[], ["--elastic", "True", "--grace_s", "0"]], ids=["torchrun", "elastic"])
+def test_torchx_local_scheduler_runs_four_replicas_to_one_model(tmp_path: Path, shape: list[str]) -> None:
+    """``torchx run -s local_cwd`` with the component, as docs/machines.md shows it: 4 replicas on
+    this host, torchrun-style or elastic (a coordinator role first), train to the end on one model
+    and TorchX reports the job SUCCEEDED."""
+    run_dir = tmp_path / "run"
+    env = clean_env(OMP_NUM_THREADS="1", LOCAL_WORLD_SIZE="4", PATH=f"{Path(sys.executable).parent}:/usr/bin:/bin")
+    proc = subprocess.run([_torchx(), "run", "-s", "local_cwd", "--wait", "--log", "hogwild/components.py:train",
+                           "--replicas", "4", "--run_dir", str(run_dir), "--port", str(free_port()), *shape, "--",
+                           "workers=1", "train.max_steps=40", "sync.interval=5", "eval.every_s=1000"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Job finished: SUCCEEDED" in out, out[-3000:]
+    m = json.loads((run_dir / "metrics.json").read_text())
+    assert m["replicas"] == 4 and m["steps"] == 160, m
+    assert len(m["replica_final_state"]) == 4 and len({s["model"] for s in m["replica_final_state"]}) == 1
