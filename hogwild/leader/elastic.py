@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -93,6 +94,9 @@ class ElasticGroup(Group):
         self.tally = {"replicas_lost": 0, "replicas_joined": 0}  # as this slot saw them, for TensorBoard
         self.round_t0 = time.monotonic()  # when the current round began (a survivor's stall counts from it)
         self._here: Optional[Here] = None
+        self._calls: Optional[threading.Thread] = None  # this round's calls to the coordinator (before_round)
+        self._calls_error: Optional[BaseException] = None
+        self._changed = False  # the last round's calls saw a newer epoch or a join request
 
     @property
     def writer(self) -> bool:
@@ -265,6 +269,8 @@ class ElasticGroup(Group):
 
     def regroup(self) -> None:
         """Move to the next epoch, whatever the reason; rejoin if the others dropped us."""
+        self.settle()
+        self._changed = False  # what the last rounds saw is what this epoch answers
         while True:
             try:
                 try:
@@ -278,12 +284,16 @@ class ElasticGroup(Group):
             except PeerLost as e:  # a member died while the group formed: next epoch
                 logger.warning("%s", e)
 
-    def publish(self) -> None:
-        """This slot's data positions and totals, for a restarted slot to go on from and for the
-        job's count while the slot is away."""
-        totals = Counts.from_tensor(self.ledger.own(self.here.totals().to_tensor()))
-        for key, raw in slot_record(self.env.rank, self.here.positions(), totals).items():
+    def publish(self, record: Optional[dict[str, bytes]] = None) -> None:
+        """This slot's data positions and totals (``record``: as :meth:`record` took them; default:
+        now), for a restarted slot to go on from and for the job's count while the slot is away."""
+        for key, raw in (record or self.record()).items():
             self.keys.put(key, raw)
+
+    def record(self) -> dict[str, bytes]:
+        """This slot's data positions and totals as they are now, taken together."""
+        totals = Counts.from_tensor(self.ledger.own(self.here.totals().to_tensor()))
+        return slot_record(self.env.rank, self.here.positions(), totals)
 
     @property
     def ledger(self) -> Ledger:
@@ -304,7 +314,15 @@ class ElasticGroup(Group):
     def absent(self) -> list[int]:
         return [s for s in range(self.env.world_size) if s not in self.membership.epoch.members]
 
+    def _settle_quietly(self) -> None:
+        """:meth:`settle` at the job's end, where what the last calls raised no longer matters."""
+        try:
+            self.settle()
+        except Exception:  # noqa: BLE001
+            logger.debug("the last round's calls to the coordinator failed", exc_info=True)
+
     def close(self, degraded: bool) -> None:
+        self._settle_quietly()
         if not degraded:
             destroy_group()
         if self.lock is not None:
@@ -321,14 +339,42 @@ class ElasticGroup(Group):
             self.liveness.moving()
 
     def before_round(self) -> bool:
+        # A round's calls to the coordinator (this slot's positions and totals, the epoch, the join
+        # requests) run on a thread of their own while the round goes on: made here, before the
+        # round, they held every round for its slowest member's answers (150 ms a round at R = 32
+        # on one host) and let each member's workers run 4-5 steps past the interval. Made after
+        # the round, every member made them at the same moment (docs/scale.md). What they publish is
+        # taken here, before the round's snapshot; what they see is acted on at the next round.
         self.round_t0 = time.monotonic()
-        self.publish()
+        self.settle()
+        record = self.record()
         self.elect()  # the writer may take the lock a dropped writer has let go
         away = self.keys.away_for()
         if away > self.cfg.sync.timeout_s:  # the group could not change any more: stop while it is whole
             self.ctl.fail(f"elastic.coordinator {self.membership.endpoint} unreachable for {away:.0f}s "
                           "(sync.timeout_s); stopping with a final sync and checkpoint")
-        return not self.ctl.stopping and self.membership.changed()
+        asks = not self.ctl.stopping and self._changed
+        self._calls = threading.Thread(target=self._round_calls, args=(record,), name="hogwild-round-calls",
+                                       daemon=True)
+        self._calls.start()
+        return asks
+
+    def _round_calls(self, record: dict[str, bytes]) -> None:
+        try:
+            self.publish(record)
+            self._changed = self.membership.changed()
+        except BaseException as e:  # noqa: BLE001 - raised in the leader's thread by settle()
+            self._calls_error = e
+
+    def settle(self) -> None:
+        """Wait for the last round's calls to the coordinator (long done, unless it is slow), and
+        raise what they raised: the membership is the leader's thread's again."""
+        if self._calls is not None:
+            self._calls.join()
+            self._calls = None
+        if self._calls_error is not None:
+            e, self._calls_error = self._calls_error, None
+            raise e
 
     def reform(self) -> None:
         try:
@@ -378,6 +424,7 @@ class ElasticGroup(Group):
         return Counts.from_tensor(self.ledger.job(total, self.absent(), fetch))
 
     def finish(self, result: RunResult) -> RunResult:
+        self._settle_quietly()
         if self.ctl.degraded:
             return result
         self.keys.put(FINISHED, str(self.membership.epoch.number))  # a replica that wakes later exits
