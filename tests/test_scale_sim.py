@@ -85,6 +85,9 @@ def test_check_prints_predicted_against_every_measured_run(tmp_path: Path) -> No
     # A namespace run is judged against its own twin: a ratio, its pairs' range beside it.
     twin = next(r for r in rows if r["run"].startswith("R = 2 at 10mbit (namespaces)"))
     assert twin["spread"][0] <= twin["measured"] <= twin["spread"][1] and twin["measured"] > 1.5, twin
+    # So is an elastic run on one host, against torchrun's of its invocation; the model has no launch term.
+    elastic = next(r for r in rows if r["run"].startswith("elastic R = 32 on one host, 200 steps, against"))
+    assert elastic["figure"] == "train_s / twin's" and elastic["predicted"] == pytest.approx(1.0), elastic
     assert all(math.isfinite(r["error"]) for r in rows)
     assert "| run | figure | measured | repeats' range | predicted | error |" in proc.stdout
     # A repeated run shows its repeats' lowest and highest beside its median.
