@@ -3,8 +3,9 @@ registers with the coordinator, and the group survives losing a replica.
 
 - A failed collective (a peer killed, stopped or dropped) does not stop the job: the
   survivors form the next epoch's group (elastic/membership.py) and go on; their workers never stop.
-- A (re)started replica joins at the group's next round and, before its workers start,
-  receives the live model, shared optimizer state, sync-rule state and counters from the
+- A (re)started replica is seen by the members during a round (each round's calls to the
+  coordinator run beside it, on a thread of their own), joins after the next and, before its
+  workers start, receives the live model, shared optimizer state, sync-rule state and counters from the
   most advanced member; its data positions come from the coordinator, where every
   leader publishes its own each round, so its shard resumes where its slot left off.
 - Each member decides a peer's loss on its own, so a round can complete for some members and
