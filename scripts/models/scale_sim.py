@@ -417,11 +417,17 @@ def elastic_twin_rows() -> list[dict[str, object]]:
             job = mlp_job(int(r), cores=cores) if cores else mlp_job(int(r), host_cores=2)
             predicted = simulate(replace(job, launch="elastic"), max_steps=steps).train_s / simulate(
                 replace(job, launch="torchrun"), max_steps=steps).train_s
-            rows.append({"run": f"elastic R = {r} on one host{shape}, {steps} steps, against its torchrun twin "
-                                f"(median of {len(ratios)} pairs)", "figure": "train_s / twin's",
-                         "measured": statistics.median(ratios), "predicted": predicted,
-                         "spread": (min(ratios), max(ratios))})
+            rows.append(_pairs_row(f"elastic R = {r} on one host{shape}, {steps} steps, against its torchrun twin",
+                                   ratios, predicted))
     return rows
+
+
+def _pairs_row(run: str, measured: list[float], predicted: float) -> dict[str, object]:
+    """A check row of runs judged pair by pair against their twins: the median of the pairs' ratios,
+    their range beside it."""
+    return {"run": f"{run} (median of {len(measured)} pairs)", "figure": "train_s / twin's",
+            "measured": statistics.median(measured), "predicted": predicted,
+            "spread": (min(measured), max(measured))}
 
 
 def step_fit(job: Job, train_s: float, steps: int) -> float:
@@ -515,10 +521,8 @@ def twin_rows() -> list[dict[str, object]]:
             job = replace(mlp_job(2, cores=1, rate_bps=bps, burst_bytes=TBF_BURST_BYTES), step_s=step)
             measured.append(shaped["train_s"] / loop["train_s"])
             predicted.append(simulate(job, max_steps=1000).train_s / loop["train_s"])
-        rows.append({"run": f"R = 2 at {rate} (namespaces), 1000 steps, against its loopback twin "
-                            f"(median of {len(measured)} pairs)",
-                     "figure": "train_s / twin's", "measured": statistics.median(measured),
-                     "predicted": statistics.median(predicted), "spread": (min(measured), max(measured))})
+        rows.append(_pairs_row(f"R = 2 at {rate} (namespaces), 1000 steps, against its loopback twin", measured,
+                               statistics.median(predicted)))
     return rows
 
 
