@@ -23,7 +23,8 @@ That holds whatever the run's exit code: a run that recovered and finished well 
 from __future__ import annotations
 
 import threading
-from typing import Callable, Optional, TypeVar
+import time
+from typing import Callable, Generic, Optional, TypeVar
 
 from hogwild.errors import StopNow
 
@@ -95,16 +96,37 @@ class Bounded:
             return self._stuck is not None
 
     def call(self, fn: Callable[[], T], what: str) -> T:
+        return self.start(fn, what).result()
+
+    def start(self, fn: Callable[[], T], what: str) -> Pending[T]:
+        """``fn`` started on its thread now, its deadline counted from now; :meth:`Pending.result`
+        waits for it."""
         if self.stuck():
             raise CallTimedOut(f"{what}: an earlier call is still blocked")
         thread, box = _start(fn, self.name)
-        thread.join(self.deadline_s)
-        if thread.is_alive():
-            with self._lock:
-                self._stuck = thread
-            leave(thread)
-            raise CallTimedOut(f"{what}: no answer within {self.deadline_s:g}s")
-        return _result(box)
+        return Pending(self, thread, box, what, time.monotonic() + self.deadline_s)
+
+    def give_up(self, thread: threading.Thread) -> None:
+        """``thread`` overran its deadline: later calls fail at once until it returns."""
+        with self._lock:
+            self._stuck = thread
+        leave(thread)
+
+
+class Pending(Generic[T]):
+    """A call under way on a thread of its own (:meth:`Bounded.start`)."""
+
+    def __init__(self, owner: Bounded, thread: threading.Thread, box: dict[str, object], what: str,
+                 deadline_at: float) -> None:
+        self._owner, self._thread, self._box, self._what, self._deadline_at = owner, thread, box, what, deadline_at
+
+    def result(self) -> T:
+        """What the call returned or raised, waited for until its deadline (then :class:`CallTimedOut`)."""
+        self._thread.join(max(0.0, self._deadline_at - time.monotonic()))
+        if self._thread.is_alive():
+            self._owner.give_up(self._thread)
+            raise CallTimedOut(f"{self._what}: no answer within {self._owner.deadline_s:g}s")
+        return _result(self._box)
 
 
 def until_stopped(fn: Callable[[], T], stopped: Callable[[], bool], name: str, poll_s: float = 0.2) -> T:

@@ -44,15 +44,16 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, TypeVar
 
 from hogwild.elastic.coordinator import FINISHED
 from hogwild.elastic.keys import JobKeys
-from hogwild.elastic.link import CoordinatorAway, Link, Memory, call_deadline
+from hogwild.elastic.link import Batch, CoordinatorAway, Link, Memory, call_deadline
 from hogwild.elastic.liveness import POLL_S, Heartbeat, Liveness, Progress
 from hogwild.elastic.signing import Signer, parse, token_from_env
 from hogwild.errors import Fault, StopNow, UserError
 
+T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 # A member watches the heartbeats of this many members after it in its epoch's order, not every
@@ -261,6 +262,10 @@ class Membership:
         if self.slot in ep.joiners:
             self.memory.forget(f"want/{self.slot}")
             self.wanted(self.slot, None)
+
+    def start(self, fn: Callable[[], T], what: str) -> Batch[T]:
+        """``fn``'s calls to the coordinator on one thread of their own, started now (:meth:`Link.start`)."""
+        return self.link.start(fn, what)
 
     def changed(self) -> bool:
         """A newer epoch exists, or some slot asks to join: the group should re-form. While the

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -35,7 +34,7 @@ from hogwild.config.schema import Config
 from hogwild.elastic.comm import ElasticComm
 from hogwild.elastic.coordinator import FINISHED
 from hogwild.elastic.ledger import Ledger
-from hogwild.elastic.link import CoordinatorAway
+from hogwild.elastic.link import Batch, CoordinatorAway
 from hogwild.elastic.membership import Dropped, Epoch, Membership
 from hogwild.elastic.outputs import outputs_of
 from hogwild.errors import Fault, StopNow, UserError
@@ -95,8 +94,7 @@ class ElasticGroup(Group):
         self.tally = {"replicas_lost": 0, "replicas_joined": 0}  # as this slot saw them, for TensorBoard
         self.round_t0 = time.monotonic()  # when the current round began (a survivor's stall counts from it)
         self._here: Optional[Here] = None
-        self._calls: Optional[threading.Thread] = None  # this round's calls to the coordinator (before_round)
-        self._calls_error: Optional[BaseException] = None
+        self._calls: Optional[Batch[bool]] = None  # this round's calls to the coordinator (before_round)
         self._changed = False  # the last round's calls saw a newer epoch or a join request
 
     @property
@@ -344,8 +342,9 @@ class ElasticGroup(Group):
         # requests) run on a thread of their own while the round goes on: made here, before the
         # round, they held every round for its slowest member's answers (150 ms a round at R = 32
         # on one host) and let each member's workers run 4-5 steps past the interval. Made after
-        # the round, every member made them at the same moment (docs/scale.md). What they publish is
-        # taken here, before the round's snapshot; what they see is acted on at the next round.
+        # the round, every member made them at the same moment (docs/scale.md). The four run on one
+        # thread, one after the other, not on a thread each. What they publish is taken here,
+        # before the round's snapshot; what they see is acted on at the next round.
         self.round_t0 = time.monotonic()
         self.settle()
         record = self.record()
@@ -355,27 +354,26 @@ class ElasticGroup(Group):
             self.ctl.fail(f"elastic.coordinator {self.membership.endpoint} unreachable for {away:.0f}s "
                           "(sync.timeout_s); stopping with a final sync and checkpoint")
         asks = not self.ctl.stopping and self._changed
-        self._calls = threading.Thread(target=self._round_calls, args=(record,), name="hogwild-round-calls",
-                                       daemon=True)
-        self._calls.start()
+        try:
+            self._calls = self.membership.start(lambda: self._round_calls(record), "a round's calls")
+        except CoordinatorAway:  # an earlier batch is still blocked there: this round makes none
+            self._calls = None
         return asks
 
-    def _round_calls(self, record: dict[str, bytes]) -> None:
-        try:
-            self.publish(record)
-            self._changed = self.membership.changed()
-        except BaseException as e:  # noqa: BLE001 - raised in the leader's thread by settle()
-            self._calls_error = e
+    def _round_calls(self, record: dict[str, bytes]) -> bool:
+        self.publish(record)
+        return self.membership.changed()
 
     def settle(self) -> None:
         """Wait for the last round's calls to the coordinator (long done, unless it is slow), and
         raise what they raised: the membership is the leader's thread's again."""
-        if self._calls is not None:
-            self._calls.join()
-            self._calls = None
-        if self._calls_error is not None:
-            e, self._calls_error = self._calls_error, None
-            raise e
+        calls, self._calls = self._calls, None
+        if calls is None:
+            return
+        try:
+            self._changed = calls.result()
+        except CoordinatorAway:  # past their deadline: the coordinator counts as away
+            self._changed = False
 
     def reform(self) -> None:
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -157,3 +157,68 @@ def test_reading_a_key_that_another_replica_deletes_never_blocks(proxy: Pausable
         stop.set()
         churner.join(10)
     assert seen <= {None, b"1.0"} and memory.away_since is None, "a read blocked on a deleted key"
+
+
+class ThreadsSeen:
+    """A store client that notes the thread each call runs on."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.seen = store, list[threading.Thread]()  # the objects: an ident is reused
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self.store, name)
+
+        def noted(*args: Any) -> Any:
+            self.seen.append(threading.current_thread())
+            return fn(*args)
+        return noted
+
+    def threads(self) -> int:
+        return len({id(t) for t in self.seen})
+
+
+def test_a_batch_of_calls_runs_on_one_thread_and_answers_what_it_read(proxy: PausableProxy) -> None:
+    link = Link(f"127.0.0.1:{proxy.port}", 30.0, Memory(), call_s=CALL_S)
+    link._store = store = ThreadsSeen(link._store)  # type: ignore[assignment]
+
+    def calls() -> int:
+        link.set("pos/0", b"1")
+        link.set("done/0", b"2")
+        return link.add("epoch", 0) + link.add("wants", 0)
+
+    assert link.start(calls, "a round's calls").result() == 0
+    # One thread for the batch, not one a call: a thread a call is what cost a leader its CPU.
+    assert store.threads() == 1 and threading.current_thread() not in store.seen
+    store.seen.clear()
+    assert link.get("pos/0") == b"1" and link.get("done/0") == b"2"
+    assert store.threads() == 2  # lone calls: each on a thread of its own, under its own deadline
+
+
+def test_a_batch_to_a_stopped_coordinator_gives_up_at_one_deadline_and_blocks_no_later_call(
+        proxy: PausableProxy) -> None:
+    memory = Memory()
+    link = Link(f"127.0.0.1:{proxy.port}", 30.0, memory, call_s=CALL_S, retry_s=0.1)
+    assert link.add("epoch", 0) == 0
+    proxy.pause()
+    t0 = time.monotonic()
+    batch = link.start(lambda: [link.add("epoch", 0) for _ in range(4)], "a round's calls")
+    assert time.monotonic() - t0 < 1.0  # started, not waited for
+    with pytest.raises(CoordinatorAway, match="unreachable"):
+        batch.result()
+    assert time.monotonic() - t0 < CALL_S + 3  # one deadline for the four, not one each
+    assert memory.away_since is not None
+    t0 = time.monotonic()
+    with pytest.raises(CoordinatorAway):  # the blocked batch holds no later call for a deadline
+        link.check("epoch")
+    with pytest.raises(CoordinatorAway):
+        link.start(lambda: link.check("epoch"), "the next round's calls")
+    assert time.monotonic() - t0 < 1.0
+    proxy.resume()
+    deadline = time.monotonic() + 30
+    while True:  # calls go through again once the batch has returned
+        try:
+            assert link.add("epoch", 0) == 0
+            break
+        except CoordinatorAway:
+            assert time.monotonic() < deadline, "the link never came back after the coordinator woke"
+            time.sleep(0.1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -16,6 +16,7 @@ import torch
 from hogwild.elastic.ledger import Ledger
 from hogwild.errors import UserError
 from hogwild.leader.elastic import ElasticGroup, floats
+from hogwild.native import Bounded, Pending
 from hogwild.replica.board import Counts
 
 
@@ -46,6 +47,9 @@ class Coordinator:
     def away_for(self) -> float:  # the member's own memory of the coordinator: no call
         return 0.0
 
+    def start(self, fn: Callable[[], bool], what: str) -> Pending[bool]:  # as a link starts a batch of calls
+        return Bounded(10.0).start(fn, what)
+
 
 class Replica:
     def __init__(self) -> None:
@@ -70,7 +74,7 @@ def member() -> tuple[ElasticGroup, Coordinator, Replica]:
     group.ctl = SimpleNamespace(stopping=False)
     group.lock, group.lock_refused, group.is_writer = None, False, False
     group._ledger, group._here = Ledger(2, 2), rep
-    group._calls, group._calls_error, group._changed = None, None, False
+    group._calls, group._changed = None, False
     return group, coord, rep
 
 
