@@ -154,7 +154,7 @@ class Link:
         self._store: Optional[dist.TCPStore] = connect(endpoint, timeout_s)
         self._next_try = 0.0
         self._bounded = Bounded(call_s)
-        self._inside = threading.local()  # .batch: this thread runs a batch of calls (start())
+        self._batches: set[int] = set()  # the threads running a batch of calls now (start())
 
     @property
     def store(self) -> dist.TCPStore:
@@ -168,7 +168,7 @@ class Link:
         return self._store
 
     def _bounded_call(self, fn: Callable[[], T], what: str) -> T:
-        if getattr(self._inside, "batch", False):  # the batch's thread is under a deadline already
+        if threading.get_ident() in self._batches:  # the batch's thread is under a deadline already
             return fn()
         try:
             return self._bounded.call(fn, what)
@@ -182,8 +182,12 @@ class Link:
         A thread a call cost an elastic leader 1.2 ms of CPU a round at R = 8 on 2 cores, where the
         cores are the workers' (docs/scale.md). :meth:`Batch.result` waits for it."""
         def batch() -> T:
-            self._inside.batch = True
-            return fn()
+            me = threading.get_ident()
+            self._batches.add(me)
+            try:
+                return fn()
+            finally:
+                self._batches.discard(me)
 
         try:
             return Batch(self, self._bounded.start(batch, what))
