@@ -11,8 +11,8 @@ def swarm_member(endpoint: str, slot: int, slots: int, peer_timeout_s: float, ti
                  stopped: Callable[[], bool]) -> Any:
     """A leader's client of the coordinator (elastic/membership.py), with no training behind it.
     Scripts may rely on ``join``, ``changed``, ``advance``, ``superseded``, ``lost_peers``,
-    ``settled``, ``tick``, ``keys.put`` and ``close``; its waits raise (a stop, a drop, a
-    timeout) as a leader's do."""
+    ``settled``, ``tick``, ``keys.put``, ``start`` (a round's calls on one thread) and ``close``;
+    its waits raise (a stop, a drop, a timeout) as a leader's do."""
     from hogwild.elastic.membership import Membership
 
     return Membership(endpoint, slot, slots, peer_timeout_s, None, timeout_s, stopped)
