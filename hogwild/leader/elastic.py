@@ -356,8 +356,12 @@ class ElasticGroup(Group):
         asks = not self.ctl.stopping and self._changed
         try:
             self._calls = self.membership.start(lambda: self._round_calls(record), "a round's calls")
-        except CoordinatorAway:  # an earlier batch is still blocked there: this round makes none
+        except CoordinatorAway:
+            # An earlier batch is still blocked there: none this round. Publishing keeps the record
+            # in this member's memory (its sets fail at once), so a restore after the outage puts
+            # back this round's positions, not the last ones before it.
             self._calls = None
+            self.publish(record)
         return asks
 
     def _round_calls(self, record: dict[str, bytes]) -> bool:

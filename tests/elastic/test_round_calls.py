@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from hogwild.elastic.ledger import Ledger
+from hogwild.elastic.link import CoordinatorAway
 from hogwild.errors import UserError
 from hogwild.leader.elastic import ElasticGroup, floats
 from hogwild.native import Bounded, Pending
@@ -22,7 +23,8 @@ from hogwild.replica.board import Counts
 
 class Coordinator:
     """Every call a member makes there, in order. ``answer``: held until set (a slow coordinator);
-    ``joining``: a slot asks to join; ``broken``: what the next look raises."""
+    ``joining``: a slot asks to join; ``broken``: what the next look raises; ``blocked``: an earlier
+    batch is still blocked there, so the link refuses new ones at once."""
 
     def __init__(self) -> None:
         self.calls: list[str] = []
@@ -32,6 +34,7 @@ class Coordinator:
         self.joining = False
         self.broken: Exception | None = None
         self.endpoint = "127.0.0.1:1"
+        self.blocked = False
 
     def put(self, key: str, raw: bytes) -> None:
         assert self.answer.wait(10)
@@ -48,6 +51,8 @@ class Coordinator:
         return 0.0
 
     def start(self, fn: Callable[[], bool], what: str) -> Pending[bool]:  # as a link starts a batch of calls
+        if self.blocked:
+            raise CoordinatorAway("elastic.coordinator 127.0.0.1:1 unreachable: an earlier call is still blocked")
         return Bounded(10.0).start(fn, what)
 
 
@@ -120,3 +125,15 @@ def test_what_the_calls_raise_stops_the_leader_at_the_next_round(
     group.before_round()
     with pytest.raises(UserError, match="want/3"):
         group.before_round()
+
+
+def test_while_an_earlier_batch_is_blocked_a_round_still_keeps_what_it_held(
+        member: tuple[ElasticGroup, Coordinator, Replica]) -> None:
+    group, coord, rep = member
+    coord.blocked = True
+    rep.steps = 40
+    assert group.before_round() is False
+    # put() keeps the record in the member's memory before its set fails, so what a restore puts
+    # back after the outage is this round's, not the last one before it
+    assert coord.calls == ["put pos/1", "put done/1"]
+    assert _counts(coord.kept["done/1"]).steps == 40
