@@ -173,8 +173,12 @@ class Link:
         try:
             return self._bounded.call(fn, what)
         except CallTimedOut as e:
-            self._lost(e)
-            raise CoordinatorAway(f"elastic.coordinator {self.endpoint} unreachable: {e}") from None
+            raise self.gave_up(e) from None
+
+    def gave_up(self, e: CallTimedOut) -> CoordinatorAway:
+        """A call (or a batch) past its deadline: the coordinator counts as lost from now."""
+        self._lost(e)
+        return CoordinatorAway(f"elastic.coordinator {self.endpoint} unreachable: {e}")
 
     def start(self, fn: Callable[[], T], what: str) -> Batch[T]:
         """``fn``, a few calls of this link, started now on one thread under one deadline: its
@@ -192,8 +196,7 @@ class Link:
         try:
             return Batch(self, self._bounded.start(batch, what))
         except CallTimedOut as e:
-            self._lost(e)
-            raise CoordinatorAway(f"elastic.coordinator {self.endpoint} unreachable: {e}") from None
+            raise self.gave_up(e) from None
 
     def _do(self, op: str, *args: object) -> object:
         if not _OBSERVERS:
@@ -314,8 +317,7 @@ class Batch(Generic[T]):
         try:
             return self._pending.result()
         except CallTimedOut as e:
-            self._link._lost(e)
-            raise CoordinatorAway(f"elastic.coordinator {self._link.endpoint} unreachable: {e}") from None
+            raise self._link.gave_up(e) from None
 
 
 def _bytes(value: Union[str, bytes]) -> bytes:
