@@ -35,6 +35,7 @@ import argparse
 import logging
 import os
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -142,6 +143,19 @@ def shaped(replicas: int, steps: int, interval: str, work: Path, timeout_s: floa
 
 
 
+def _listening(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Wait until the coordinator ``proc`` accepts connections on ``port``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the coordinator on port {port} never listened (exit {proc.poll()})") from None
+            time.sleep(0.05)
+
+
 def elastic(replicas: int, steps: int, interval: str, work: Path, timeout_s: float,
             peer_timeout_s: float = 10.0) -> dict[str, Any]:
     run_dir, port = work / f"elastic{replicas}", free_port()
@@ -156,7 +170,9 @@ def elastic(replicas: int, steps: int, interval: str, work: Path, timeout_s: flo
     # on this 2-core host R = 16 members of one session trained in 2.5 s what 16 sessions, Popen's or
     # torchrun's, trained in 1.1-1.4 s (sync.max_lag=1000, 2 runs each; docs/scale.md).
     try:
-        time.sleep(1.0)  # the coordinator's import; a member retries its first connection anyway
+        # Its load counts from when it listens: the CPU of its own import of torch (1-2 s on this
+        # host) was counted before 2026-11-30, and made most of the 0.06 cores it showed at R = 2.
+        _listening(port, coord, timeout_s)
         cpu0, t0 = _cpu_s(coord.pid), time.perf_counter()
         pin = (lambda s: ["taskset", "-c", str(s)]) if _pinned(replicas) else (lambda s: [])
         for s, log in enumerate(logs):
