@@ -175,3 +175,20 @@ def test_replica_scaling_refuses_a_congestion_control_without_shaped_machines() 
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].endswith("--congestion: shaped machines only (--launch shaped)")
     assert "Traceback" not in proc.stderr
+
+
+def test_a_congestion_control_the_host_does_not_allow_in_namespaces_is_named_with_its_fix(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A namespace may pick only from the host's allowed list: ``--congestion cubic`` on a host that
+    offers cubic but allows "reno bbr" used to fail inside the first namespace with a traceback."""
+    from scripts.harness import links
+
+    allowed = tmp_path / "tcp_allowed_congestion_control"
+    allowed.write_text("reno bbr\n")
+    monkeypatch.setattr(links, "ALLOWED_CONGESTION", allowed)
+    monkeypatch.setattr(links, "congestion_choices", lambda: ["reno", "bbr", "cubic"])
+    problem = links.congestion_problem("cubic")
+    assert problem is not None and "sysctl -w net.ipv4.tcp_allowed_congestion_control='reno bbr cubic'" in problem
+    assert "offers reno bbr cubic" in (links.congestion_problem("vegas") or "")
+    allowed.write_text("reno bbr cubic\n")
+    assert links.congestion_problem("cubic") is None

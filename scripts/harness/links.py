@@ -76,6 +76,13 @@ round of 19 KB hops took 12 ms more under BBR than under cubic at R = 2 (docs/sc
 term, measured"). Every shaped run's ``shaping`` names the one it ran under."""
 CORES = 1
 """Cores per machine (``--cores-per-machine``): machine i holds cores i*CORES .. i*CORES + CORES - 1."""
+SHARE = "quota"
+"""``--share``, where there are more machines than cores: ``quota``, each machine a cgroup with an
+equal CFS quota (:func:`cpu_shares`); ``pin``, machine i on core i mod the cores, no quota, so the
+machines on a core take turns as the scheduler sees fit. A quota throttles a machine that spent it
+until the next period, and that stall falls inside the hops its peers wait on: at R = 8 of 1/4 of a
+core each, a round's time at 10 ms one way less its time at 2 ms was 24 one-way delays, 28 pinned
+(the ring's 2 (R - 1) hops of 2 each: docs/scale.md, "The latency term, measured")."""
 
 
 def addr(i: int) -> str:
@@ -166,6 +173,25 @@ def congestion_choices() -> list[str]:
         return []
 
 
+ALLOWED_CONGESTION = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+
+
+def congestion_problem(name: str) -> Optional[str]:
+    """None where every machine's namespace may run congestion control ``name``, else why not: a
+    namespace other than the host's may pick only from the host's allowed list, which can be
+    shorter than what the kernel offers (a fresh host here allowed "reno bbr" of "reno bbr cubic")."""
+    if name not in congestion_choices():
+        return f"this kernel offers {' '.join(congestion_choices())}"
+    try:
+        allowed = ALLOWED_CONGESTION.read_text().split()
+    except OSError:
+        return None
+    if name in allowed:
+        return None
+    return (f"a namespace may pick only from the host's allowed list ({' '.join(allowed)}); as root: "
+            f"sysctl -w net.ipv4.tcp_allowed_congestion_control='{' '.join([*allowed, name])}'")
+
+
 def available() -> Optional[str]:
     """None when namespaces can be made here, else the reason they cannot."""
     if os.geteuid() != 0:
@@ -228,6 +254,8 @@ def cpu_shares(machines: int) -> Optional[str]:
     cores = os.cpu_count() or 1
     if machines <= cores:
         return None
+    if SHARE == "pin":
+        return f"machine i on core i mod {cores} ({cores} cores shared by the scheduler, no quota)"
     period = CFS_PERIOD_US
     try:
         for i in range(machines):
@@ -253,6 +281,8 @@ def _placement(i: int, machines: int) -> list[str]:
     """The prefix that puts machine i's processes on its CPU: its cgroup (entered before the
     namespace, whose /sys hides the host's cgroup mount) or a core of its own."""
     cores = os.cpu_count() or 1
+    if machines > cores and SHARE == "pin":
+        return ["taskset", "-c", str(i % cores)]
     if machines > cores:
         procs = CGROUP_CPU / ns(i) / "cgroup.procs"
         return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh"]

@@ -7,6 +7,8 @@ R = 2 to 32, under torchrun and in elastic mode (docs/scale.md, "Many replicas o
     python scripts/measures/replica_scaling.py --replicas 2 4 8 --launch shaped --rate 10mbit   # root: shaped links
     python scripts/measures/replica_scaling.py --replicas 2 4 8 --launch shaped --rate 1gbit --delay-ms 5   # + latency
     python scripts/measures/replica_scaling.py --replicas 2 4 8 --launch shaped --delay-ms 10 --congestion cubic
+    python scripts/measures/replica_scaling.py --replicas 2 4 8 --launch shaped --delay-ms 10 --congestion cubic \
+        --share pin   # the machines share the cores by the scheduler, not by CFS quotas
     python scripts/measures/replica_scaling.py --replicas 16 32 --launch torchrun --interval auto \
         --override optim.name=adamw --checkout /tmp/before   # the wire's ladder, against an earlier tree's
 
@@ -22,7 +24,8 @@ members share the host (``LOCAL_WORLD_SIZE``, as torchrun says it). Formation is
 last member's setup (its "replica i/R" line) to the first epoch's group at slot 0, its workers'
 warm-up included; the coordinator's load is its CPU seconds over the run's. ``--launch shaped`` is
 torchrun with each replica a machine: a network namespace with its egress shaped to ``--rate``, an
-equal share of the cores, and ``--delay-ms`` of one-way latency between machines (netem where the
+equal share of the cores (a CFS quota each; ``--share pin``: machine i on core i mod the cores, no
+quota), and ``--delay-ms`` of one-way latency between machines (netem where the
 kernel has it; this host's kernel has none, so there every packet goes through a userspace router
 that holds it that long, scripts/harness/delay_router.py, which carries some hundreds of Mbit/s at
 most); rounds at two rates tell a round's bandwidth term (bytes over the rate) from the rest, and
@@ -126,19 +129,20 @@ def shaped(replicas: int, steps: int, interval: str, work: Path, timeout_s: floa
     from scripts.harness import links
 
     shaping = links.setup(replicas, rate, delay_ms)
-    links.cpu_shares(replicas)
+    shares = links.cpu_shares(replicas)
     run_dir = work / f"shaped{replicas}"
     cmds = links.torchrun_on_machines(replicas, _args(run_dir, steps, interval))
     t0 = time.perf_counter()
     try:
         links.on_machines(cmds, timeout_s)
     except RuntimeError as e:
-        return {"error": str(e).strip().splitlines()[-1:], "delay_ms": delay_ms, "shaping": shaping}
+        return {"error": str(e).strip().splitlines()[-1:], "delay_ms": delay_ms, "shaping": shaping,
+                "cpu_share": shares}
     finally:
         links.teardown(replicas)
         links.drop_cpu_shares(replicas)
     return {**_figures(metrics(run_dir), time.perf_counter() - t0, replicas), "delay_ms": delay_ms,
-            "shaping": shaping}
+            "shaping": shaping, "cpu_share": shares}
 
 
 
@@ -230,6 +234,9 @@ def main() -> None:
     ap.add_argument("--congestion", default=None, metavar="NAME",
                     help="every machine's TCP congestion control, e.g. cubic (--launch shaped; default: the host's, "
                          "which its results name)")
+    ap.add_argument("--share", choices=["quota", "pin"], default="quota",
+                    help="--launch shaped with more machines than cores: an equal CFS quota each (default), or "
+                         "machine i on core i mod the cores, no quota (scripts/harness/links.py: SHARE)")
     ap.add_argument("--pin", action="store_true",
                     help="with R at most the cores: each replica on a core of its own (torchrun and elastic)")
     ap.add_argument("--repeats", type=int, default=1)
@@ -266,9 +273,10 @@ def main() -> None:
         why = links.available()
         if why:
             ap.error(f"--launch shaped: {why}")
-        if args.congestion is not None and args.congestion not in links.congestion_choices():
-            ap.error(f"--congestion {args.congestion}: this kernel offers {' '.join(links.congestion_choices())}")
-        links.CONGESTION = args.congestion
+        problem = links.congestion_problem(args.congestion) if args.congestion is not None else None
+        if problem:
+            ap.error(f"--congestion {args.congestion}: {problem}")
+        links.CONGESTION, links.SHARE = args.congestion, args.share
     runners = {"torchrun": torchrun, "elastic": partial(elastic, peer_timeout_s=args.peer_timeout),
                "shaped": partial(shaped, rate=args.rate, delay_ms=args.delay_ms)}
     results: dict[str, dict[int, list[dict[str, Any]]]] = {k: {r: [] for r in args.replicas} for k in args.launch}

@@ -537,30 +537,51 @@ def _delays(paths: list[Path]) -> dict[float, dict[str, list[float]]]:
     return at
 
 
+THIS_HOST_CORES = 2
+"""The cores of the host the namespace runs shared: past that many machines they share cores."""
+
+
 def latency_rows() -> list[dict[str, object]]:
     """The latency term alone: R = 2, 4, 8 machines at 100 Mbit/s through delay_router.py at 2 and
     10 ms one way, a round's time in collectives at 10 ms less at 2 ms (medians of the runs), against
-    the model's (everything but the latency cancels). Judged under TCP cubic (scaling_delay_cubic/,
-    several invocations of both delays); shown, not counted, under this host's default BBR
-    (scaling_delay_*), which paces a round's burst at a rate it estimates from the round trip, so
-    the bytes cost more at 10 ms than at 2 and the difference is not the latency alone (the R = 2
-    sweep of bench_results/congestion/: 34, 45 and 47 ms under BBR as a hop grows from 7 to 19 to
-    77 KB, 31, 31 and 33 under cubic, the model's 32)."""
+    the model's (everything but the latency cancels). Judged under TCP cubic, with the machines past
+    the host's cores sharing them by the scheduler (scaling_delay_cubic_pinned/, ``--share pin``);
+    shown, not counted, with each of them under a CFS quota instead (scaling_delay_cubic/, R = 4 and
+    8: a machine throttled mid-round stalls its peers' hops, and at 10 ms part of that stall hides
+    in the wait, so the difference falls short of the latency: 24 one-way delays at R = 8 against 28
+    pinned), and under this host's default BBR (scaling_delay_*), which paces a round's burst at a
+    rate it estimates from the round trip, so the bytes cost more at 10 ms than at 2 and the
+    difference is not the latency alone (the R = 2 sweep of bench_results/congestion/: 34, 45 and 47
+    ms under BBR as a hop grows from 7 to 19 to 77 KB, 31, 31 and 33 under cubic, the model's 32).
+    With no more machines than cores each has a core of its own either way: those runs are pooled."""
+    quota = _delays(sorted((RESULTS / "scaling_delay_cubic").glob("*/scaling.json")))
+    pinned = _delays(sorted((RESULTS / "scaling_delay_cubic_pinned").glob("*/scaling.json")))
+    bbr = _delays([RESULTS / f"scaling_delay_{d}/scaling.json" for d in (2, 10)])
+    sets: list[tuple[str, dict[float, dict[str, list[float]]], str]] = []
+    for r in sorted(set(quota.get(2.0, {})) | set(pinned.get(2.0, {})), key=int):
+        one = lambda at: {d: {r: at.get(d, {}).get(r, [])} for d in (2.0, 10.0)}  # noqa: E731
+        if int(r) <= THIS_HOST_CORES:
+            both = {d: {r: one(quota)[d][r] + one(pinned)[d][r]} for d in (2.0, 10.0)}
+            sets.append(("TCP cubic, a core each", both, ""))
+        else:
+            sets.append((f"TCP cubic, {THIS_HOST_CORES} cores shared by the scheduler", one(pinned), ""))
+            sets.append((f"TCP cubic, a CFS quota of {THIS_HOST_CORES}/{r} core each", one(quota),
+                         "CFS quota slices: a throttled machine stalls its peers' hops"))
+    for r in sorted(bbr.get(2.0, {}), key=int):
+        sets.append(("TCP BBR", {d: {r: bbr[d][r]} for d in (2.0, 10.0)},
+                     "TCP BBR's pacing: a round's bytes cost more at 10 ms than at 2"))
     rows: list[dict[str, object]] = []
-    for tcp, paths, outside in (
-            ("cubic", sorted((RESULTS / "scaling_delay_cubic").glob("*/scaling.json")), ""),
-            ("BBR", [RESULTS / f"scaling_delay_{d}/scaling.json" for d in (2, 10)],
-             "TCP BBR's pacing: a round's bytes cost more at 10 ms than at 2")):
-        at = _delays(paths)
-        for r in sorted(at[2.0], key=int):
-            near, far = at[2.0][r], at[10.0][r]
-            job = mlp_job(int(r), rate_bps=1e8)
-            predicted = (round_cost(replace(job, latency_s=0.010), "fp32", 1)[0]
-                         - round_cost(replace(job, latency_s=0.002), "fp32", 1)[0])
-            rows.append({"run": f"R = {r} at 100 Mbit/s, TCP {tcp}, 10 ms one way less 2 ms (medians of {len(far)} "
-                                f"and {len(near)})", "figure": "round's latency term (s)",
-                         "measured": statistics.median(far) - statistics.median(near), "predicted": predicted,
-                         "outside": outside})
+    for how, at, outside in sets:
+        (r, near), far = next(iter(at[2.0].items())), next(iter(at[10.0].values()))
+        if not near or not far:
+            continue
+        job = mlp_job(int(r), rate_bps=1e8)
+        predicted = (round_cost(replace(job, latency_s=0.010), "fp32", 1)[0]
+                     - round_cost(replace(job, latency_s=0.002), "fp32", 1)[0])
+        rows.append({"run": f"R = {r} at 100 Mbit/s, {how}, 10 ms one way less 2 ms (medians of {len(far)} "
+                            f"and {len(near)})", "figure": "round's latency term (s)",
+                     "measured": statistics.median(far) - statistics.median(near), "predicted": predicted,
+                     "outside": outside})
     return rows
 
 
