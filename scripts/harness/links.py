@@ -81,8 +81,8 @@ SHARE = "quota"
 equal CFS quota (:func:`cpu_shares`); ``pin``, machine i on core i mod the cores, no quota, so the
 machines on a core take turns as the scheduler sees fit. A quota throttles a machine that spent it
 until the next period, and that stall falls inside the hops its peers wait on: at R = 8 of 1/4 of a
-core each, a round's time at 10 ms one way less its time at 2 ms was 24 one-way delays, 28 pinned
-(the ring's 2 (R - 1) hops of 2 each: docs/scale.md, "The latency term, measured")."""
+core each, a round's time at 10 ms one way less its time at 2 ms was 24 one-way delays, 25 pinned
+(the model's 28: the ring's 2 (R - 1) hops of 2 each; docs/scale.md, "The latency term, measured")."""
 
 
 def addr(i: int) -> str:

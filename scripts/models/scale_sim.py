@@ -548,8 +548,8 @@ def latency_rows() -> list[dict[str, object]]:
     the host's cores sharing them by the scheduler (scaling_delay_cubic_pinned/, ``--share pin``);
     shown, not counted, with each of them under a CFS quota instead (scaling_delay_cubic/, R = 4 and
     8: a machine throttled mid-round stalls its peers' hops, and at 10 ms part of that stall hides
-    in the wait, so the difference falls short of the latency: 24 one-way delays at R = 8 against 28
-    pinned), and under this host's default BBR (scaling_delay_*), which paces a round's burst at a
+    in the wait, so the difference falls short of the latency: 24 one-way delays at R = 8 against 25
+    pinned, the model's 28), and under this host's default BBR (scaling_delay_*), which paces a round's burst at a
     rate it estimates from the round trip, so the bytes cost more at 10 ms than at 2 and the
     difference is not the latency alone (the R = 2 sweep of bench_results/congestion/: 34, 45 and 47
     ms under BBR as a hop grows from 7 to 19 to 77 KB, 31, 31 and 33 under cubic, the model's 32).
@@ -557,22 +557,23 @@ def latency_rows() -> list[dict[str, object]]:
     quota = _delays(sorted((RESULTS / "scaling_delay_cubic").glob("*/scaling.json")))
     pinned = _delays(sorted((RESULTS / "scaling_delay_cubic_pinned").glob("*/scaling.json")))
     bbr = _delays([RESULTS / f"scaling_delay_{d}/scaling.json" for d in (2, 10)])
-    sets: list[tuple[str, dict[float, dict[str, list[float]]], str]] = []
+
+    def runs(at: dict[float, dict[str, list[float]]], r: str) -> tuple[list[float], list[float]]:
+        return at.get(2.0, {}).get(r, []), at.get(10.0, {}).get(r, [])
+
+    sets: list[tuple[str, str, tuple[list[float], list[float]], str]] = []
     for r in sorted(set(quota.get(2.0, {})) | set(pinned.get(2.0, {})), key=int):
-        one = lambda at: {d: {r: at.get(d, {}).get(r, [])} for d in (2.0, 10.0)}  # noqa: E731
+        (qn, qf), (pn, pf) = runs(quota, r), runs(pinned, r)
         if int(r) <= THIS_HOST_CORES:
-            both = {d: {r: one(quota)[d][r] + one(pinned)[d][r]} for d in (2.0, 10.0)}
-            sets.append(("TCP cubic, a core each", both, ""))
+            sets.append((r, "TCP cubic, a core each", (qn + pn, qf + pf), ""))
         else:
-            sets.append((f"TCP cubic, {THIS_HOST_CORES} cores shared by the scheduler", one(pinned), ""))
-            sets.append((f"TCP cubic, a CFS quota of {THIS_HOST_CORES}/{r} core each", one(quota),
+            sets.append((r, f"TCP cubic, {THIS_HOST_CORES} cores shared by the scheduler", (pn, pf), ""))
+            sets.append((r, f"TCP cubic, a CFS quota of {THIS_HOST_CORES}/{r} core each", (qn, qf),
                          "CFS quota slices: a throttled machine stalls its peers' hops"))
     for r in sorted(bbr.get(2.0, {}), key=int):
-        sets.append(("TCP BBR", {d: {r: bbr[d][r]} for d in (2.0, 10.0)},
-                     "TCP BBR's pacing: a round's bytes cost more at 10 ms than at 2"))
+        sets.append((r, "TCP BBR", runs(bbr, r), "TCP BBR's pacing: a round's bytes cost more at 10 ms than at 2"))
     rows: list[dict[str, object]] = []
-    for how, at, outside in sets:
-        (r, near), far = next(iter(at[2.0].items())), next(iter(at[10.0].values()))
+    for r, how, (near, far), outside in sets:
         if not near or not far:
             continue
         job = mlp_job(int(r), rate_bps=1e8)
