@@ -76,7 +76,7 @@ def test_check_prints_predicted_against_every_measured_run(tmp_path: Path) -> No
     runs = {r["run"] for r in rows}
     for name in ("torchrun R = 32 on one host", "GPT 1.8M, 2 x 1 at 100 Mbit/s", "GPT 1.8M, 2 x 1 at 1 Gbit/s",
                  "GPT 1.8M, 4 x 4 at 1 Gbit/s (lent host)", "GPT 0.1M, 3 x 1 at 1, 1/2, 1/4 of a core",
-                 "R = 16 elastic, 20 kills (chaos16)",
+                 "R = 16 elastic, 20 kills (chaos16_v2)",
                  "R = 8 at 100 Mbit/s, TCP cubic, 2 cores shared by the scheduler, 10 ms one way less 2 ms",
                  "R = 2 at 1gbit (namespaces), 1000 steps, against its loopback twin"):
         assert any(run.startswith(name) for run in runs), (name, runs)
