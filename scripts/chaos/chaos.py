@@ -46,7 +46,7 @@ from typing import Any, Callable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
 import numpy as np  # noqa: E402
-from scripts.harness.common import clean_env, free_port, write_results  # noqa: E402
+from scripts.harness.common import clean_env, connects, free_port, write_results  # noqa: E402
 
 from hogwild.bench import Coordinator, checkpoints, last_checkpoint, read_board  # noqa: E402
 
@@ -106,7 +106,7 @@ class Run:
         self.coordinator = subprocess.Popen(
             [sys.executable, "-m", "hogwild.cli.coordinator", "--host", "127.0.0.1", "--port", str(self.port)],
             stdout=log, stderr=subprocess.STDOUT, env=clean_env(OMP_NUM_THREADS="1"))
-        _until(lambda: _connects(self.port), 60, "the coordinator to listen")
+        _until(lambda: connects(self.port), 60, "the coordinator to listen")
 
     def start(self, slot: int) -> subprocess.Popen[bytes]:
         log = self.dir / f"slot{slot}_{len(self.logs[slot])}.log"
@@ -417,16 +417,6 @@ def table(faults: list[Fault], runs: list[dict[str, Any]], seed: int, kinds: Opt
 
 
 # ------------------------------------------------------------------ helpers
-def _connects(port: int) -> bool:
-    import socket
-
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
-
-
 def _until(cond: Callable[[], bool], bound_s: float, what: str) -> None:
     deadline = time.monotonic() + bound_s
     while not cond():

@@ -42,6 +42,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def connects(port: int) -> bool:
+    """Something on 127.0.0.1 accepts connections on ``port`` now (a coordinator that listens)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """This environment without :data:`LAUNCHERS`' variables, unbuffered, with ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHERS)}

@@ -38,7 +38,6 @@ import argparse
 import logging
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,7 +49,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
-from scripts.harness.common import clean_env, free_port, metrics, table_head, train_cmd, write_results  # noqa: E402
+from scripts.harness.common import clean_env, connects, free_port, metrics, table_head, train_cmd, write_results  # noqa: E402
 
 logger = logging.getLogger("scaling")
 REPO = Path(__file__).resolve().parents[2]
@@ -150,14 +149,10 @@ def shaped(replicas: int, steps: int, interval: str, work: Path, timeout_s: floa
 def _listening(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     """Wait until the coordinator ``proc`` accepts connections on ``port``."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the coordinator on port {port} never listened (exit {proc.poll()})") from None
-            time.sleep(0.05)
+    while not connects(port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the coordinator on port {port} never listened (exit {proc.poll()})")
+        time.sleep(0.05)
 
 
 def elastic(replicas: int, steps: int, interval: str, work: Path, timeout_s: float,
