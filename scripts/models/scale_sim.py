@@ -402,19 +402,21 @@ def one_host_cases() -> list[Case]:
 def elastic_twin_rows() -> list[dict[str, object]]:
     """Elastic runs on one host, each beside a torchrun run of the same invocation, with a round's
     calls to the coordinator batched on one thread: R = 8, 16 and 32 at 200 steps
-    (scaling_round_batch: 10, 11 and 6 pairs), R = 2 and 4 at 1,000 steps (scaling_long_v3: 16 and 8)
-    and R = 2 pinned a core each (scaling_pinned_v3: 10). This host's speed moved by a quarter between
-    the days these were measured (torchrun R = 2, 1,000 steps: 1.43 s in scaling_long, 1.05-1.22 in
-    scaling_long_v2), more than the launches differ, so each pair is judged on its own: the figure is
-    the elastic run's time over its twin's (the median of the pairs). The model has no term for the
-    launch: it predicts 1."""
+    (scaling_round_batch: 10, 11 and 6 pairs), R = 2 and 4 at 1,000 steps (scaling_long_v3: 16 and 8;
+    R = 2 pools them with the 24 pairs of scaling_long_v4, half of them with the torchrun run first,
+    as decided before they ran) and R = 2 pinned a core each (scaling_pinned_v3: 10). This host's
+    speed moved by a quarter between the days these were measured (torchrun R = 2, 1,000 steps:
+    1.43 s in scaling_long, 1.05-1.22 in scaling_long_v2), more than the launches differ, so each
+    pair is judged on its own: the figure is the elastic run's time over its twin's (the median of
+    the pairs). The model has no term for the launch: it predicts 1."""
     rows: list[dict[str, object]] = []
-    for path, steps, shape, cores in (("scaling_round_batch", 200, "", None),
-                                      ("scaling_long_v3", 1000, "", None),
-                                      ("scaling_pinned_v3", 1000, ", a core each", 1.0)):
-        runs = _load(f"{path}/scaling.json")["results"]
-        for r in sorted(runs["elastic"], key=int):
-            ratios = [e["train_s"] / t["train_s"] for e, t in zip(runs["elastic"][r], runs["torchrun"][r])]
+    for paths, steps, shape, cores in ((("scaling_round_batch",), 200, "", None),
+                                       (("scaling_long_v3", "scaling_long_v4"), 1000, "", None),
+                                       (("scaling_pinned_v3",), 1000, ", a core each", 1.0)):
+        sets = [_load(f"{path}/scaling.json")["results"] for path in paths]
+        for r in sorted(sets[0]["elastic"], key=int):
+            ratios = [e["train_s"] / t["train_s"] for runs in sets if r in runs["elastic"]
+                      for e, t in zip(runs["elastic"][r], runs["torchrun"][r])]
             job = mlp_job(int(r), cores=cores) if cores else mlp_job(int(r), host_cores=2)
             predicted = simulate(replace(job, launch="elastic"), max_steps=steps).train_s / simulate(
                 replace(job, launch="torchrun"), max_steps=steps).train_s
