@@ -56,8 +56,8 @@ def test_failures_cost_more_at_more_machines_and_more_under_torchrun() -> None:
     def util(r: int, **kw: object) -> float:
         return float(sim.simulate(_job(replicas=r, mtbf_h=50.0, **kw), budget_s=60.0).utilisation)
 
-    assert util(512) < util(8)
-    assert util(512, launch="torchrun") < util(512)
+    assert util(512, launch="elastic") < util(8, launch="elastic")
+    assert util(512) < util(512, launch="elastic")  # torchrun, the default: every replica restarts
     assert sim.simulate(_job(replicas=8), budget_s=60.0).utilisation > util(8)
 
 
@@ -90,9 +90,10 @@ def test_check_prints_predicted_against_every_measured_run(tmp_path: Path) -> No
     # A namespace run is judged against its own twin: a ratio, its pairs' range beside it.
     twin = next(r for r in rows if r["run"].startswith("R = 2 at 10mbit (namespaces)"))
     assert twin["spread"][0] <= twin["measured"] <= twin["spread"][1] and twin["measured"] > 1.5, twin
-    # So is an elastic run on one host, against torchrun's of its invocation; the model has no launch term.
+    # So is an elastic run on one host, against torchrun's of its invocation: the launch's term is an
+    # elastic leader's CPU a round (ELASTIC_CPU_S), a few per cent of a round of the digits MLP here.
     elastic = next(r for r in rows if r["run"].startswith("elastic R = 32 on one host, 200 steps, against"))
-    assert elastic["figure"] == "train_s / twin's" and elastic["predicted"] == pytest.approx(1.0), elastic
+    assert elastic["figure"] == "train_s / twin's" and 1.01 < elastic["predicted"] < 1.1, elastic
     assert all(math.isfinite(r["error"]) for r in rows)
     assert "| run | figure | measured | repeats' range | predicted | error |" in proc.stdout
     # A repeated run shows its repeats' lowest and highest beside its median.
