@@ -46,7 +46,7 @@ from typing import Any, Callable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
 import numpy as np  # noqa: E402
-from scripts.harness.common import clean_env, connects, free_port, write_results  # noqa: E402
+from scripts.harness.common import clean_env, free_port, start_coordinator, write_results  # noqa: E402
 
 from hogwild.bench import Coordinator, checkpoints, last_checkpoint, read_board  # noqa: E402
 
@@ -103,10 +103,10 @@ class Run:
     def start_coordinator(self) -> None:
         self.view = Coordinator(self.port)  # a client of the driver's own, to read epochs
         log = (self.dir / "coordinator.log").open("ab")
-        self.coordinator = subprocess.Popen(
-            [sys.executable, "-m", "hogwild.cli.coordinator", "--host", "127.0.0.1", "--port", str(self.port)],
-            stdout=log, stderr=subprocess.STDOUT, env=clean_env(OMP_NUM_THREADS="1"))
-        _until(lambda: connects(self.port), 60, "the coordinator to listen")
+        try:
+            self.coordinator = start_coordinator(self.port, clean_env(OMP_NUM_THREADS="1"), log)
+        except RuntimeError as e:
+            raise Broken(str(e)) from None
 
     def start(self, slot: int) -> subprocess.Popen[bytes]:
         log = self.dir / f"slot{slot}_{len(self.logs[slot])}.log"

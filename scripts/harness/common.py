@@ -12,6 +12,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
@@ -42,6 +43,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cpu_s(pid: int) -> float:
+    """A live process's user + system CPU seconds, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def connects(port: int) -> bool:
     """Something on 127.0.0.1 accepts connections on ``port`` now (a coordinator that listens)."""
     try:
@@ -49,6 +56,22 @@ def connects(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def start_coordinator(port: int, env: Optional[dict[str, str]] = None, out: Any = subprocess.DEVNULL,
+                      timeout_s: float = 60.0) -> subprocess.Popen[bytes]:
+    """``hogwild-coordinator`` on 127.0.0.1:``port`` in a process of its own (``out``: where its lines
+    go), returned once it accepts connections: its own import of torch takes a second or two, which a
+    measurement of its load must not count and a member's first call need not wait out."""
+    proc = subprocess.Popen([sys.executable, "-m", "hogwild.cli.coordinator", "--host", "127.0.0.1", "--port",
+                             str(port)], stdout=out, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + timeout_s
+    while not connects(port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"the coordinator on port {port} never listened (exit {proc.wait()})")
+        time.sleep(0.05)
+    return proc
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -41,7 +41,6 @@ import json
 import logging
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -52,23 +51,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness
-from scripts.harness.common import REPO, table_head, write_results  # noqa: E402
+from scripts.harness.common import REPO, cpu_s, free_port, start_coordinator, table_head, write_results  # noqa: E402
 
 logger = logging.getLogger("coordinator_swarm")
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def percentile(xs: list[float], q: float) -> Optional[float]:
     if not xs:
         return None
@@ -240,13 +225,11 @@ class MemberProc:
 def swarm(n: int, args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(args.checkout), "OMP_NUM_THREADS": "1"}
-    coord = subprocess.Popen([sys.executable, "-m", "hogwild.cli.coordinator", "--host", "127.0.0.1", "--port",
-                              str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    coord = start_coordinator(port, env)
     procs_n = min(args.procs, n)
     procs: list[subprocess.Popen[str]] = []
     t_start = time.time()
     try:
-        time.sleep(1.0)
         for i in range(procs_n):
             procs.append(subprocess.Popen(
                 [sys.executable, __file__, "--member-proc", "--index", str(i), "--procs", str(procs_n), "--slots",

@@ -49,7 +49,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness, examples
-from scripts.harness.common import clean_env, connects, free_port, metrics, table_head, train_cmd, write_results  # noqa: E402
+from scripts.harness.common import (clean_env, cpu_s, free_port, metrics, start_coordinator, table_head,  # noqa: E402
+                                    train_cmd, write_results)
 
 logger = logging.getLogger("scaling")
 REPO = Path(__file__).resolve().parents[2]
@@ -65,12 +66,6 @@ CHECKOUT = REPO
 def _args(run_dir: Path, steps: int, interval: str) -> list[str]:
     return ["workers=1", f"train.max_steps={steps}", f"sync.interval={interval}", "eval.every_s=100000",
             "checkpoint.every_s=100000", f"run_dir={run_dir}", "resume=false", *OVERRIDES]
-
-
-def _cpu_s(pid: int) -> float:
-    """A live process's user + system CPU seconds, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _when(log: str, pattern: str) -> Optional[float]:
@@ -146,22 +141,14 @@ def shaped(replicas: int, steps: int, interval: str, work: Path, timeout_s: floa
 
 
 
-def _listening(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    """Wait until the coordinator ``proc`` accepts connections on ``port``."""
-    deadline = time.monotonic() + timeout_s
-    while not connects(port):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the coordinator on port {port} never listened (exit {proc.poll()})")
-        time.sleep(0.05)
-
-
 def elastic(replicas: int, steps: int, interval: str, work: Path, timeout_s: float,
             peer_timeout_s: float = 10.0) -> dict[str, Any]:
     run_dir, port = work / f"elastic{replicas}", free_port()
     work.mkdir(parents=True, exist_ok=True)
     env = clean_env(OMP_NUM_THREADS="1", LOCAL_WORLD_SIZE=str(replicas))
-    coord = subprocess.Popen([sys.executable, "-m", "hogwild.cli.coordinator", "--host", "127.0.0.1", "--port",
-                              str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    # Its load counts from when it listens: the CPU of its own import of torch (1-2 s on this host)
+    # was counted before 2026-11-30, and made most of the 0.06 cores it showed at R = 2.
+    coord = start_coordinator(port, env, timeout_s=timeout_s)
     logs = [work / f"elastic{replicas}_slot{s}.log" for s in range(replicas)]
     members: list[subprocess.Popen[bytes]] = []
     # Each member in a session of its own, as torchrun starts each rank: where the kernel groups the
@@ -169,10 +156,7 @@ def elastic(replicas: int, steps: int, interval: str, work: Path, timeout_s: flo
     # on this 2-core host R = 16 members of one session trained in 2.5 s what 16 sessions, Popen's or
     # torchrun's, trained in 1.1-1.4 s (sync.max_lag=1000, 2 runs each; docs/scale.md).
     try:
-        # Its load counts from when it listens: the CPU of its own import of torch (1-2 s on this
-        # host) was counted before 2026-11-30, and made most of the 0.06 cores it showed at R = 2.
-        _listening(port, coord, timeout_s)
-        cpu0, t0 = _cpu_s(coord.pid), time.perf_counter()
+        cpu0, t0 = cpu_s(coord.pid), time.perf_counter()
         pin = (lambda s: ["taskset", "-c", str(s)]) if _pinned(replicas) else (lambda s: [])
         for s, log in enumerate(logs):
             members.append(subprocess.Popen(
@@ -181,7 +165,7 @@ def elastic(replicas: int, steps: int, interval: str, work: Path, timeout_s: flo
                  f"elastic.peer_timeout_s={peer_timeout_s:g}"], cwd=CHECKOUT, env=env, stdout=log.open("wb"),
                 stderr=subprocess.STDOUT, start_new_session=True))
         codes = [p.wait(timeout=timeout_s) for p in members]
-        wall, coord_cpu = time.perf_counter() - t0, _cpu_s(coord.pid) - cpu0
+        wall, coord_cpu = time.perf_counter() - t0, cpu_s(coord.pid) - cpu0
     finally:
         for p in [*members, coord]:
             if p.poll() is None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -27,16 +26,10 @@ from typing import Callable
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness
-from scripts.harness.common import free_port, table_head, write_results  # noqa: E402
+from scripts.harness.common import free_port, start_coordinator, table_head, write_results  # noqa: E402
 
 logger = logging.getLogger("round_calls_cpu")
 WAYS = ("lone", "batch")
-
-
-def coordinator(port: int) -> subprocess.Popen[bytes]:
-    """``hogwild-coordinator`` on 127.0.0.1:``port``, in a process of its own."""
-    return subprocess.Popen([sys.executable, "-m", "hogwild.cli.coordinator", "--host", "127.0.0.1", "--port",
-                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def cpu_per_round(endpoint: str, way: str, rounds: int) -> float:
@@ -76,9 +69,8 @@ def main() -> int:
     if args.rounds < 1 or args.repeats < 1:
         ap.error("--rounds and --repeats at least 1")
     port = free_port()
-    coord = coordinator(port)
+    coord = start_coordinator(port)
     try:
-        time.sleep(2.0)  # its import; a member retries its first connection anyway
         ms: dict[str, list[float]] = {w: [] for w in WAYS}
         for i in range(args.repeats):
             for way in WAYS:
