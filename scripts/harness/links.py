@@ -180,8 +180,9 @@ def congestion_problem(name: str) -> Optional[str]:
     """None where every machine's namespace may run congestion control ``name``, else why not: a
     namespace other than the host's may pick only from the host's allowed list, which can be
     shorter than what the kernel offers (a fresh host here allowed "reno bbr" of "reno bbr cubic")."""
-    if name not in congestion_choices():
-        return f"this kernel offers {' '.join(congestion_choices())}"
+    offered = congestion_choices()
+    if name not in offered:
+        return f"this kernel offers {' '.join(offered)}"
     try:
         allowed = ALLOWED_CONGESTION.read_text().split()
     except OSError:

@@ -54,6 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # scripts.harness
 from scripts.harness.common import REPO, cpu_s, free_port, start_coordinator, table_head, write_results  # noqa: E402
 
 logger = logging.getLogger("coordinator_swarm")
+
+
 def percentile(xs: list[float], q: float) -> Optional[float]:
     if not xs:
         return None
